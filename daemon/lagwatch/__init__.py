@@ -1,0 +1,3 @@
+"""lagwatch: truthful PostgreSQL replica lag."""
+
+__version__ = "0.1.0"

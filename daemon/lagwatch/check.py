@@ -1,0 +1,106 @@
+"""`lagwatch check`: two polls one interval apart, a table, a Nagios exit code.
+
+A one-shot check cannot see more staleness than the time it watched for, so it also uses
+the walsender's replay_lag while the replica is behind in bytes: a floor, not the headline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import TextIO
+
+from lagwatch.config import Config
+from lagwatch.durations import format_duration
+from lagwatch.snapshot import ReplicaState, Snapshot
+
+OK, WARNING, CRITICAL, UNKNOWN = 0, 1, 2, 3
+STATE_NAMES = {OK: "OK", WARNING: "WARNING", CRITICAL: "CRITICAL", UNKNOWN: "UNKNOWN"}
+# How bad each state is when combining rows: CRITICAL outranks UNKNOWN outranks WARNING.
+_SEVERITY = {OK: 0, WARNING: 1, UNKNOWN: 2, CRITICAL: 3}
+
+
+def worse(a: int, b: int) -> int:
+    return a if _SEVERITY[a] >= _SEVERITY[b] else b
+
+
+@dataclass(frozen=True)
+class CheckRow:
+    cluster: str
+    replica: str
+    state: int
+    lag: float | None
+    replay_bytes: int | None
+    note: str
+
+
+def replica_lag_floor(r: ReplicaState) -> float | None:
+    candidates = [r.staleness] if r.staleness is not None else []
+    ws = r.walsender
+    if ws is not None and (ws.lag_bytes("replay") or 0) > 0:
+        replay_lag = ws.lag_seconds("replay")
+        if replay_lag is not None:
+            candidates.append(replay_lag)
+    return max(candidates) if candidates else None
+
+
+def evaluate(snapshot: Snapshot, warning: float, critical: float) -> tuple[int, list[CheckRow], list[str]]:
+    rows: list[CheckRow] = []
+    problems: list[str] = []
+    worst = OK
+    for cluster in snapshot.clusters:
+        primary = next((n for n in cluster.nodes if n.role == "primary"), None)
+        if primary is None or not primary.up:
+            worst = worse(worst, UNKNOWN)
+            problems.append(f"{cluster.name}: primary unreachable ({primary.last_error if primary else '?'})")
+        for r in cluster.replicas:
+            lag = replica_lag_floor(r)
+            state, note = OK, "streaming" if r.streaming else ""
+            if r.node_up is False:
+                state, note = CRITICAL, "unreachable"
+            elif not r.streaming:
+                state, note = CRITICAL, f"not streaming ({r.wal_receiver_status or 'no WAL receiver'})"
+            if lag is None:
+                state, note = worse(state, UNKNOWN), note or "lag unknown"
+            elif lag >= critical:
+                state = CRITICAL
+            elif lag >= warning:
+                state = worse(state, WARNING)
+            if r.replay_paused:
+                note += ", replay paused"
+            ws = r.walsender
+            rows.append(CheckRow(cluster.name, r.name, state, lag, ws.lag_bytes("replay") if ws else None, note))
+            if state != OK:
+                problems.append(f"{cluster.name}/{r.name}: {STATE_NAMES[state]} {note}".rstrip())
+            worst = worse(worst, state)
+    return worst, rows, problems
+
+
+def render(rows: list[CheckRow]) -> str:
+    header = ("CLUSTER", "REPLICA", "STATE", "LAG", "REPLAY BYTES", "NOTE")
+    table = [header] + [(r.cluster, r.replica, STATE_NAMES[r.state],
+                         "?" if r.lag is None else format_duration(r.lag),
+                         "?" if r.replay_bytes is None else str(r.replay_bytes), r.note) for r in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in table)
+
+
+def run_check(config: Config, *, warning: float, critical: float, out: TextIO) -> int:
+    from lagwatch.daemon import Daemon
+
+    daemon = Daemon(config)
+
+    async def two_polls() -> Snapshot:
+        try:
+            await daemon.cycle()
+            await asyncio.sleep(config.interval)
+            return await daemon.cycle()
+        finally:
+            await daemon.close()
+
+    snapshot = asyncio.run(two_polls())
+    code, rows, problems = evaluate(snapshot, warning, critical)
+    summary = "; ".join(problems) if problems else f"{len(rows)} replica(s) within {format_duration(warning)}"
+    print(f"LAGWATCH {STATE_NAMES[code]} - {summary}", file=out)
+    print(render(rows), file=out)
+    return code

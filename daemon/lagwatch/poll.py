@@ -1,0 +1,242 @@
+"""Talking to PostgreSQL: one long-lived connection per node, one round trip per cycle.
+
+Each node has its own ``NodePoller``; ``poll_cluster`` runs them concurrently and gives
+every node its own client-side deadline, so a hung host (whose server-side
+``statement_timeout`` can never fire) delays nothing but its own answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+import psycopg.conninfo
+from psycopg.rows import dict_row
+
+from lagwatch.config import ClusterConfig, Config, NodeConfig
+from lagwatch.lsn import format_lsn
+from lagwatch.redact import redact_text
+from lagwatch.snapshot import ErrorKind, NodeObservation, Role
+from lagwatch.views import CYCLE_VIEWS, probe, walinspect
+from lagwatch.views.base import View
+from lagwatch.views.probe import Capabilities
+
+log = logging.getLogger("lagwatch.poll")
+
+MIN_VERSION_NUM = 130000
+
+
+class NodeError(Exception):
+    def __init__(self, kind: ErrorKind, message: str) -> None:
+        super().__init__(message)
+        self.kind: ErrorKind = kind
+
+
+def build_conninfo(node: NodeConfig, connect_timeout: float, statement_timeout: float) -> str:
+    """The node's DSN plus what lagwatch always sets; the password is added only here."""
+    params = psycopg.conninfo.conninfo_to_dict(node.dsn)
+    options = str(params.get("options", ""))
+    extra: dict[str, Any] = {
+        "application_name": "lagwatch",
+        # libpq's connect_timeout is whole seconds, minimum 2; the client-side deadline
+        # in NodePoller is the real budget.
+        "connect_timeout": max(2, round(connect_timeout)),
+        "options": f"{options} -c statement_timeout={max(1, int(statement_timeout * 1000))}".strip(),
+    }
+    password = node.password()
+    if password is not None:
+        extra["password"] = password
+    return psycopg.conninfo.make_conninfo(node.dsn, **extra)
+
+
+class NodePoller:
+    """Polls one node. Keeps its connection, its capabilities and its reconnect backoff."""
+
+    def __init__(self, cluster: ClusterConfig, node: str, role: Role, node_config: NodeConfig,
+                 config: Config) -> None:
+        self.cluster = cluster
+        self.node = node
+        self.role = role
+        self.node_config = node_config
+        self.interval = config.interval
+        self.connect_timeout = config.effective_connect_timeout
+        self.query_timeout = config.effective_query_timeout
+        self.backoff_max = config.reconnect_backoff_max
+        self._conn: psycopg.AsyncConnection[dict[str, Any]] | None = None
+        self._caps: Capabilities | None = None
+        self._failures = 0
+        self._next_attempt = 0.0
+        self._walinspect_from: int | None = None
+        self._walinspect_broken = False
+        self._last_current_lsn: int | None = None
+        self._said_skipped = False
+
+    async def poll(self) -> NodeObservation:
+        started = time.monotonic()
+        try:
+            fields = await self._poll_once()
+        except NodeError as exc:
+            return self._failed(exc.kind, str(exc), started)
+        except Exception as exc:  # a bug must not kill the cycle; it is logged with a trace
+            log.exception("unexpected error polling %s/%s", self.cluster.name, self.node)
+            return self._failed("query", f"internal error: {type(exc).__name__}", started)
+        self._failures = 0
+        now = time.monotonic()
+        return NodeObservation(cluster=self.cluster.name, node=self.node, role=self.role,
+                               observed_at=now, duration=now - started, **fields)
+
+    def _failed(self, kind: ErrorKind, message: str, started: float) -> NodeObservation:
+        message = redact_text(message, [self.node_config.password()])
+        if kind != "role":
+            self._failures += 1
+            # Retry at once after the first failure, then back off up to backoff_max.
+            delay = min(self.backoff_max, self.interval * (2 ** (self._failures - 2))) if self._failures > 1 else 0
+            self._next_attempt = time.monotonic() + delay
+        now = time.monotonic()
+        return NodeObservation(cluster=self.cluster.name, node=self.node, role=self.role,
+                               observed_at=now, duration=now - started, capabilities=self._caps,
+                               error_kind=kind, error=message)
+
+    async def _poll_once(self) -> dict[str, Any]:
+        conn = await self._connection()
+        assert self._caps is not None
+        try:
+            fields = await asyncio.wait_for(self._query(conn, self._caps), self.query_timeout)
+        except TimeoutError:
+            await self.close()
+            raise NodeError("timeout", f"no answer within {self.query_timeout:.3g}s") from None
+        except psycopg.OperationalError as exc:
+            await self.close()
+            raise NodeError("query", _one_line(exc)) from None
+        except psycopg.Error as exc:
+            # A failover can turn a query invalid for the role; probe again next cycle.
+            self._caps = None
+            raise NodeError("query", _one_line(exc)) from None
+        position = fields["position"]
+        if position.in_recovery != self._caps.in_recovery:
+            self._caps = None  # role changed under us: choose the queries again next cycle
+        if position.in_recovery != (self.role == "replica"):
+            actual = "a replica (in recovery)" if position.in_recovery else "a primary (not in recovery)"
+            raise NodeError("role", f"configured as the {self.role} but the server is {actual}")
+        return fields
+
+    async def _connection(self) -> psycopg.AsyncConnection[dict[str, Any]]:
+        if self._conn is not None and not self._conn.closed and self._caps is not None:
+            return self._conn
+        if self._conn is None or self._conn.closed:
+            if time.monotonic() < self._next_attempt:
+                raise NodeError("connect", "waiting to reconnect (backing off after errors)")
+            conninfo = build_conninfo(self.node_config, self.connect_timeout, self.query_timeout)
+            try:
+                self._conn = await asyncio.wait_for(
+                    psycopg.AsyncConnection.connect(conninfo, autocommit=True, row_factory=dict_row),
+                    self.connect_timeout)
+            except TimeoutError:
+                raise NodeError("connect", f"could not connect within {self.connect_timeout:.3g}s") from None
+            except psycopg.Error as exc:
+                raise NodeError("connect", _one_line(exc)) from None
+        assert self._conn is not None
+        try:
+            cur = await asyncio.wait_for(self._conn.execute(probe.SQL), self.query_timeout)
+            caps = probe.parse(await cur.fetchall())
+        except (TimeoutError, psycopg.Error) as exc:
+            await self.close()
+            raise NodeError("connect", f"probe failed: {_one_line(exc) or 'timeout'}") from None
+        if caps.version_num < MIN_VERSION_NUM:
+            await self.close()
+            raise NodeError("connect", f"PostgreSQL {caps.version_num} is not supported (13 or later)")
+        self._caps = caps
+        self._say_skipped(caps)
+        return self._conn
+
+    def _say_skipped(self, caps: Capabilities) -> None:
+        if self._said_skipped:
+            return
+        self._said_skipped = True
+        for view, why in caps.skipped().items():
+            log.warning("%s/%s: not reading %s: %s", self.cluster.name, self.node, view, why)
+        if caps.has_walinspect is False and self.cluster.walinspect == "auto" and not caps.in_recovery:
+            log.info("%s/%s: pg_walinspect is not installed; FPI byte statistics are off",
+                     self.cluster.name, self.node)
+
+    def _views(self, caps: Capabilities) -> list[View[Any]]:
+        role: Role = "replica" if caps.in_recovery else "primary"
+        # Without pg_read_all_stats the replication view still answers (LSNs are NULL);
+        # pg_ls_waldir() would fail outright, so it is left out.
+        return [v for v in CYCLE_VIEWS if role in v.roles and not (v.name == "wal_dir" and not caps.can_ls_waldir)]
+
+    async def _query(self, conn: psycopg.AsyncConnection[dict[str, Any]], caps: Capabilities) -> dict[str, Any]:
+        views = self._views(caps)
+        inspect_from = self._walinspect_start(caps)
+        cursors = []
+        inspect_cursor = None
+        # All statements go out in one pipeline: one network round trip per node.
+        async with conn.pipeline() as pipeline:
+            for view in views:
+                sql = view.sql_for(caps.version_num)
+                assert sql is not None
+                cursor = conn.cursor()
+                await cursor.execute(sql)
+                cursors.append((view, cursor))
+            if inspect_from is not None:
+                # Behind its own sync point, so an error here cannot lose the views above.
+                await pipeline.sync()
+                inspect_cursor = conn.cursor()
+                await inspect_cursor.execute(
+                    walinspect.SQL, {"start": format_lsn(inspect_from), "max_bytes": self.cluster.walinspect_max_bytes})
+        results = {view.name: view.parse(await cursor.fetchall()) for view, cursor in cursors}
+        fields: dict[str, Any] = {
+            "capabilities": caps,
+            "position": results["server"],
+            "walsenders": results.get("replication", ()),
+            "receiver": results.get("wal_receiver"),
+            "slots": results.get("slots", ()),
+            "wal": results.get("wal"),
+            "wal_dir": results.get("wal_dir"),
+        }
+        current = results["server"].current_lsn
+        self._last_current_lsn = current
+        if inspect_cursor is not None:
+            inspection = walinspect.parse(await inspect_cursor.fetchall())
+            fields["walinspect"] = inspection
+            self._walinspect_from = inspection.flush_lsn
+        elif self._walinspect_from is None and current is not None:
+            self._walinspect_from = current  # start counting from now
+        return fields
+
+    def _walinspect_start(self, caps: Capabilities) -> int | None:
+        if (self.cluster.walinspect == "off" or self._walinspect_broken or caps.in_recovery
+                or not (caps.has_walinspect and caps.can_walinspect)):
+            return None
+        return self._walinspect_from
+
+    async def close(self) -> None:
+        conn, self._conn, self._caps = self._conn, None, None
+        if conn is not None:
+            try:
+                await asyncio.wait_for(conn.close(), 1.0)
+            except (TimeoutError, psycopg.Error, OSError):
+                pass
+
+
+def _lsn_text(value: int) -> str:
+    return f"{value >> 32:X}/{value & 0xFFFFFFFF:X}"
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
+def pollers_for(cluster: ClusterConfig, config: Config) -> list[NodePoller]:
+    pollers = [NodePoller(cluster, "primary", "primary", cluster.primary, config)]
+    pollers += [NodePoller(cluster, r.name, "replica", r, config) for r in cluster.replicas]
+    return pollers
+
+
+async def poll_all(pollers: Sequence[NodePoller]) -> list[NodeObservation]:
+    """Every node at once; each poller enforces its own deadline and never raises."""
+    return list(await asyncio.gather(*(p.poll() for p in pollers)))

@@ -1,0 +1,123 @@
+"""The immutable values one cycle produces.
+
+A poll yields one ``NodeObservation`` per node; the tracker folds them into a
+``ClusterSnapshot``; the daemon publishes a ``Snapshot`` by swapping one reference.
+``/metrics``, ``/api/status`` and ``lagwatch check`` only ever read these.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from lagwatch.lag import HistogramCounts, WindowStats
+from lagwatch.views.probe import Capabilities
+from lagwatch.views.replication import WalSender
+from lagwatch.views.server import ServerPosition
+from lagwatch.views.slots import Slot
+from lagwatch.views.wal import WalStats
+from lagwatch.views.wal_dir import WalDir
+from lagwatch.views.wal_receiver import WalReceiver
+from lagwatch.views.walinspect import WalInspection
+
+Role = Literal["primary", "replica"]
+ErrorKind = Literal["connect", "timeout", "query", "role"]
+
+
+@dataclass(frozen=True)
+class NodeObservation:
+    """What one node said in one cycle (or why it said nothing)."""
+
+    cluster: str
+    node: str
+    role: Role  # configured role
+    observed_at: float  # monotonic time the answer arrived
+    duration: float  # seconds spent on this node this cycle
+    capabilities: Capabilities | None = None
+    position: ServerPosition | None = None
+    walsenders: tuple[WalSender, ...] = ()
+    receiver: WalReceiver | None = None
+    slots: tuple[Slot, ...] = ()
+    wal: WalStats | None = None
+    wal_dir: WalDir | None = None
+    walinspect: WalInspection | None = None
+    error_kind: ErrorKind | None = None
+    error: str | None = None  # one line, never containing a password
+
+    @property
+    def ok(self) -> bool:
+        return self.error_kind is None
+
+
+@dataclass(frozen=True)
+class ReplicaState:
+    """Everything lagwatch knows about one replica after a cycle."""
+
+    name: str
+    configured: bool  # in the config (else only seen in pg_stat_replication)
+    staleness: float | None  # the headline: age of the oldest unreplayed change, seconds
+    staleness_source: str | None  # where the replay LSN came from: replica | primary | last_known
+    window: WindowStats | None
+    histogram: HistogramCounts
+    replay_lsn: int | None
+    streaming: bool
+    node_up: bool | None  # None for replicas not in the config (not polled directly)
+    receive_lsn: int | None = None
+    receive_replay_bytes: int | None = None
+    replay_pause_state: str | None = None
+    wal_receiver_status: str | None = None
+    last_replay_age_seconds: float | None = None
+    walsender: WalSender | None = None
+
+    @property
+    def replay_paused(self) -> bool | None:
+        if self.replay_pause_state is None:
+            return None
+        return self.replay_pause_state != "not paused"
+
+
+@dataclass(frozen=True)
+class NodeHealth:
+    name: str
+    role: Role
+    up: bool
+    version_num: int | None
+    poll_duration: float
+    polls_total: int
+    errors_total: dict[str, int]  # by error kind; a frozen copy per snapshot
+    last_error: str | None
+    skipped: dict[str, str]  # view -> why it is not read on this connection
+
+
+@dataclass(frozen=True)
+class WalInspectTotals:
+    """pg_walinspect counters since lagwatch started (bytes)."""
+
+    inspected_bytes: int
+    skipped_bytes: int
+    fpi_bytes: int
+    record_bytes: int
+    last_interval_fpi_bytes: int
+    last_interval_bytes: int
+
+
+@dataclass(frozen=True)
+class ClusterSnapshot:
+    name: str
+    primary_lsn: int | None
+    wal_rate_bytes_per_second: float | None
+    replicas: tuple[ReplicaState, ...]
+    slots: tuple[Slot, ...]
+    wal: WalStats | None
+    wal_dir: WalDir | None
+    walinspect: WalInspectTotals | None
+    nodes: tuple[NodeHealth, ...]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    taken_at: float  # wall clock (for people), never used for lag
+    cycle_duration: float
+    cycles_total: int
+    overruns_total: int
+    clusters: tuple[ClusterSnapshot, ...]

@@ -1,0 +1,80 @@
+"""The snapshot as plain JSON-ready data, for /api/status and `lagwatch check --json`.
+
+It carries no DSNs and so no passwords; LSNs are shown the way PostgreSQL shows them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+from typing import Any
+
+from lagwatch.lsn import format_lsn
+from lagwatch.snapshot import ClusterSnapshot, ReplicaState, Snapshot
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+def replica_status(r: ReplicaState) -> dict[str, Any]:
+    ws = r.walsender
+    return {
+        "name": r.name,
+        "configured": r.configured,
+        "node_up": r.node_up,
+        "streaming": r.streaming,
+        "staleness_seconds": r.staleness,
+        "staleness_source": r.staleness_source,
+        "window": None if r.window is None else {"samples": r.window.count,
+                                                 **{f"p{int(q * 100)}" if q < 1 else "max": v
+                                                    for q, v in r.window.quantiles}},
+        "replay_lsn": format_lsn(r.replay_lsn),
+        "receive_lsn": format_lsn(r.receive_lsn),
+        "receive_replay_bytes": r.receive_replay_bytes,
+        "replay_pause_state": r.replay_pause_state,
+        "wal_receiver_status": r.wal_receiver_status,
+        "last_replay_timestamp_age_seconds": r.last_replay_age_seconds,
+        "walsender": None if ws is None else {
+            "state": ws.state,
+            "sync_state": ws.sync_state,
+            "client_addr": ws.client_addr,
+            "slot_name": ws.slot_name,
+            "lag_bytes": {s: ws.lag_bytes(s) for s in ("sent", "write", "flush", "replay")},
+            "lag_seconds": {s: ws.lag_seconds(s) for s in ("write", "flush", "replay")},
+        },
+    }
+
+
+def cluster_status(c: ClusterSnapshot) -> dict[str, Any]:
+    return {
+        "name": c.name,
+        "primary_lsn": format_lsn(c.primary_lsn),
+        "wal_rate_bytes_per_second": c.wal_rate_bytes_per_second,
+        "replicas": [replica_status(r) for r in c.replicas],
+        "slots": [asdict(s) for s in c.slots],
+        "wal": None if c.wal is None else asdict(c.wal),
+        "wal_dir": None if c.wal_dir is None else asdict(c.wal_dir),
+        "walinspect": None if c.walinspect is None else asdict(c.walinspect),
+        "nodes": [asdict(n) for n in c.nodes],
+    }
+
+
+def snapshot_status(snapshot: Snapshot | None) -> dict[str, Any]:
+    if snapshot is None:
+        return {"ready": False, "clusters": []}
+    cleaned: dict[str, Any] = _clean({
+        "ready": True,
+        "taken_at": snapshot.taken_at,
+        "cycle_duration_seconds": snapshot.cycle_duration,
+        "cycles_total": snapshot.cycles_total,
+        "overruns_total": snapshot.overruns_total,
+        "clusters": [cluster_status(c) for c in snapshot.clusters],
+    })
+    return cleaned

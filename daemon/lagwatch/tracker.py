@@ -1,0 +1,221 @@
+"""Folds each cycle's observations of one cluster into an immutable ClusterSnapshot.
+
+This is the only place that keeps history between cycles (the LSN clock, the windows, the
+counters); everything it keeps is bounded. It does no I/O: observations carry their own
+monotonic timestamps.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TypedDict
+
+from lagwatch.config import ClusterConfig
+from lagwatch.lag import HistogramCounts, LagHistogram, LagWindow, LsnClock, WindowStats
+from lagwatch.snapshot import (
+    ClusterSnapshot,
+    NodeHealth,
+    NodeObservation,
+    ReplicaState,
+    WalInspectTotals,
+)
+from lagwatch.views.replication import WalSender
+
+# The LSN clock must reach back further than any lag we want to measure exactly.
+_CLOCK_HORIZON_SECONDS = 3600.0
+_CLOCK_MAX_POINTS = 50_000
+_RATE_HORIZON_SECONDS = 60.0
+
+
+@dataclass
+class _NodeCounters:
+    polls: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+
+
+class _LagFields(TypedDict):
+    staleness: float | None
+    staleness_source: str | None
+    replay_lsn: int | None
+    window: WindowStats | None
+    histogram: HistogramCounts
+
+
+@dataclass(frozen=True)
+class _ReplayPosition:
+    lsn: int
+    at: float
+    source: str
+
+
+class ClusterTracker:
+    def __init__(self, cluster: ClusterConfig, interval: float, window: float) -> None:
+        self.cluster = cluster
+        self.interval = interval
+        self.window = window
+        horizon = max(window * 2, _CLOCK_HORIZON_SECONDS)
+        self.clock = LsnClock(min(_CLOCK_MAX_POINTS, math.ceil(horizon / interval) + 16))
+        self._window_samples = math.ceil(window / interval) * 2 + 16
+        self._windows: dict[str, LagWindow] = {}
+        self._histograms: dict[str, LagHistogram] = {}
+        self._last_replay: dict[str, int] = {}
+        self._last_seen: dict[str, float] = {}
+        self._counters: dict[str, _NodeCounters] = {}
+        self._rate: deque[tuple[float, int]] = deque(maxlen=math.ceil(_RATE_HORIZON_SECONDS / interval) + 1)
+        self._inspect = [0, 0, 0, 0]  # inspected, skipped, fpi, record bytes
+
+    def update(self, observations: Sequence[NodeObservation], now: float) -> ClusterSnapshot:
+        by_node = {o.node: o for o in observations}
+        primary = by_node.get("primary")
+        primary_ok = primary is not None and primary.ok and primary.position is not None
+        primary_lsn = None
+        if primary_ok:
+            assert primary is not None and primary.position is not None
+            primary_lsn = primary.position.current_lsn
+            if primary_lsn is not None:
+                self.clock.record(primary_lsn, primary.observed_at)
+                self._rate.append((primary.observed_at, primary_lsn))
+        senders = {s.application_name: s for s in primary.walsenders} if primary_ok and primary else {}
+
+        replicas = [self._configured_replica(r.name, r.walsender_name, by_node.get(r.name), senders, now)
+                    for r in self.cluster.replicas]
+        configured_names = {r.walsender_name for r in self.cluster.replicas}
+        for name in sorted(set(senders) - configured_names):
+            replicas.append(self._unconfigured_replica(name, senders[name], now))
+        self._forget_vanished({r.name for r in replicas}, now)
+
+        walinspect = self._walinspect(primary) if primary_ok else None
+        return ClusterSnapshot(
+            name=self.cluster.name,
+            primary_lsn=primary_lsn,
+            wal_rate_bytes_per_second=self._wal_rate(),
+            replicas=tuple(replicas),
+            slots=primary.slots if primary_ok and primary else (),
+            wal=primary.wal if primary_ok and primary else None,
+            wal_dir=primary.wal_dir if primary_ok and primary else None,
+            walinspect=walinspect,
+            nodes=tuple(self._health(o) for o in observations),
+        )
+
+    # -- replicas -------------------------------------------------------------------------
+
+    def _configured_replica(self, name: str, walsender_name: str, obs: NodeObservation | None,
+                            senders: dict[str, WalSender], now: float) -> ReplicaState:
+        sender = senders.get(walsender_name)
+        own = obs.position if obs is not None and obs.ok and obs.position is not None else None
+        if own is not None and own.in_recovery and own.replay_lsn is not None:
+            assert obs is not None
+            replay: _ReplayPosition | None = _ReplayPosition(own.replay_lsn, obs.observed_at, "replica")
+        else:
+            replay = self._replay_from_sender(name, sender, now)
+        receiver = obs.receiver if obs is not None and obs.ok else None
+        if receiver is not None:
+            streaming = receiver.streaming
+        else:  # not reachable ourselves: trust the primary's view of it
+            streaming = sender is not None and sender.state == "streaming"
+        return ReplicaState(
+            name=name,
+            configured=True,
+            node_up=obs.ok if obs is not None else False,
+            walsender=sender,
+            streaming=streaming,
+            receive_lsn=own.receive_lsn if own else None,
+            receive_replay_bytes=own.receive_replay_bytes if own else None,
+            replay_pause_state=own.replay_pause_state if own else None,
+            last_replay_age_seconds=own.last_replay_age_seconds if own else None,
+            wal_receiver_status=receiver.status if receiver else None,
+            **self._lag_fields(name, replay, now),
+        )
+
+    def _unconfigured_replica(self, name: str, sender: WalSender, now: float) -> ReplicaState:
+        return ReplicaState(
+            name=name,
+            configured=False,
+            node_up=None,
+            walsender=sender,
+            streaming=sender.state == "streaming",
+            **self._lag_fields(name, self._replay_from_sender(name, sender, now), now),
+        )
+
+    def _replay_from_sender(self, name: str, sender: WalSender | None, now: float) -> _ReplayPosition | None:
+        if sender is not None and sender.replay_lsn is not None:
+            return _ReplayPosition(sender.replay_lsn, now, "primary")
+        if name in self._last_replay:
+            # Nobody can tell us where it is now; it is at least as far behind as when we
+            # last knew, and that keeps growing while the primary writes.
+            return _ReplayPosition(self._last_replay[name], now, "last_known")
+        return None
+
+    def _lag_fields(self, name: str, replay: _ReplayPosition | None, now: float) -> _LagFields:
+        window = self._windows.setdefault(name, LagWindow(self.window, self._window_samples))
+        histogram = self._histograms.setdefault(name, LagHistogram())
+        self._last_seen[name] = now
+        staleness = None
+        if replay is not None:
+            self._last_replay[name] = replay.lsn
+            staleness = self.clock.staleness(replay.lsn, replay.at)
+        if staleness is not None:
+            window.add(now, staleness)
+            histogram.observe(staleness)
+        return {
+            "staleness": staleness,
+            "staleness_source": replay.source if replay is not None and staleness is not None else None,
+            "replay_lsn": replay.lsn if replay is not None else None,
+            "window": window.stats(now),
+            "histogram": histogram.snapshot(),
+        }
+
+    def _forget_vanished(self, present: set[str], now: float) -> None:
+        # A replica that stopped streaming drops out of the output at once; its history is
+        # kept one window in case it comes back, then dropped so memory stays bounded.
+        for name in [n for n, seen in self._last_seen.items() if n not in present and seen < now - self.window]:
+            for table in (self._windows, self._histograms, self._last_replay, self._last_seen):
+                table.pop(name, None)
+
+    # -- cluster-wide ---------------------------------------------------------------------
+
+    def _wal_rate(self) -> float | None:
+        if len(self._rate) < 2:
+            return None
+        (t0, lsn0), (t1, lsn1) = self._rate[0], self._rate[-1]
+        return (lsn1 - lsn0) / (t1 - t0) if t1 > t0 else None
+
+    def _walinspect(self, primary: NodeObservation | None) -> WalInspectTotals | None:
+        if primary is None:
+            return None
+        inspection = primary.walinspect
+        if inspection is not None:
+            for i, value in enumerate((inspection.inspected_bytes, inspection.skipped_bytes,
+                                       inspection.fpi_bytes, inspection.record_bytes)):
+                self._inspect[i] += value
+        elif not any(self._inspect):
+            return None
+        return WalInspectTotals(
+            inspected_bytes=self._inspect[0],
+            skipped_bytes=self._inspect[1],
+            fpi_bytes=self._inspect[2],
+            record_bytes=self._inspect[3],
+            last_interval_fpi_bytes=inspection.fpi_bytes if inspection else 0,
+            last_interval_bytes=inspection.inspected_bytes if inspection else 0,
+        )
+
+    def _health(self, obs: NodeObservation) -> NodeHealth:
+        counters = self._counters.setdefault(obs.node, _NodeCounters())
+        counters.polls += 1
+        if obs.error_kind is not None:
+            counters.errors[obs.error_kind] = counters.errors.get(obs.error_kind, 0) + 1
+        caps = obs.capabilities
+        return NodeHealth(
+            name=obs.node,
+            role=obs.role,
+            up=obs.ok,
+            version_num=caps.version_num if caps else None,
+            poll_duration=obs.duration,
+            polls_total=counters.polls,
+            errors_total=dict(counters.errors),
+            last_error=obs.error,
+            skipped=caps.skipped() if caps else {},
+        )

@@ -1,0 +1,69 @@
+"""The server's own position: role, current/receive/replay LSN, replay pause, replay timestamp.
+
+Read on every node. The LSN functions that only make sense in one role are guarded by
+``pg_is_in_recovery()`` so one statement serves both roles (and a failover shows as a
+role change, not an error).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from lagwatch.lsn import parse_lsn
+from lagwatch.views.base import Row, View, opt_float
+
+_COMMON = """
+    pg_is_in_recovery() AS in_recovery,
+    CASE WHEN NOT pg_is_in_recovery() THEN pg_current_wal_lsn()::text END AS current_lsn,
+    pg_last_wal_receive_lsn()::text AS receive_lsn,
+    pg_last_wal_replay_lsn()::text AS replay_lsn,
+    extract(epoch FROM clock_timestamp() - pg_last_xact_replay_timestamp())::float8
+        AS last_replay_age_seconds"""
+
+QUERIES = {
+    # pg_is_wal_replay_paused() cannot tell "pause requested" from "paused" before 14.
+    130000: f"""SELECT {_COMMON},
+    CASE WHEN pg_is_in_recovery() THEN
+        CASE WHEN pg_is_wal_replay_paused() THEN 'paused' ELSE 'not paused' END
+    END AS replay_pause_state""",
+    140000: f"""SELECT {_COMMON},
+    CASE WHEN pg_is_in_recovery() THEN pg_get_wal_replay_pause_state() END AS replay_pause_state""",
+}
+
+
+@dataclass(frozen=True)
+class ServerPosition:
+    in_recovery: bool
+    current_lsn: int | None  # primary only
+    receive_lsn: int | None  # replica only (NULL on a primary)
+    replay_lsn: int | None  # replica only
+    replay_pause_state: str | None  # 'not paused' | 'pause requested' | 'paused'; None on a primary
+    last_replay_age_seconds: float | None  # now() - pg_last_xact_replay_timestamp(): exported, never the headline
+
+    @property
+    def replay_paused(self) -> bool | None:
+        if self.replay_pause_state is None:
+            return None
+        return self.replay_pause_state != "not paused"
+
+    @property
+    def receive_replay_bytes(self) -> int | None:
+        if self.receive_lsn is None or self.replay_lsn is None:
+            return None
+        return max(0, self.receive_lsn - self.replay_lsn)
+
+
+def parse(rows: Sequence[Row]) -> ServerPosition:
+    (row,) = rows
+    return ServerPosition(
+        in_recovery=bool(row["in_recovery"]),
+        current_lsn=parse_lsn(row["current_lsn"]),
+        receive_lsn=parse_lsn(row["receive_lsn"]),
+        replay_lsn=parse_lsn(row["replay_lsn"]),
+        replay_pause_state=row["replay_pause_state"],
+        last_replay_age_seconds=opt_float(row["last_replay_age_seconds"]),
+    )
+
+
+VIEW = View("server", frozenset({"primary", "replica"}), QUERIES, parse)

@@ -1,0 +1,26 @@
+"""Size of pg_wal (pg_ls_waldir needs pg_monitor or superuser; probed at connect)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from lagwatch.views.base import Row, View
+
+QUERIES = {
+    130000: "SELECT coalesce(sum(size), 0)::float8 AS bytes, count(*)::int AS files FROM pg_ls_waldir()",
+}
+
+
+@dataclass(frozen=True)
+class WalDir:
+    bytes: int
+    files: int
+
+
+def parse(rows: Sequence[Row]) -> WalDir:
+    (row,) = rows
+    return WalDir(bytes=int(row["bytes"]), files=int(row["files"]))
+
+
+VIEW = View("wal_dir", frozenset({"primary", "replica"}), QUERIES, parse)

@@ -1,0 +1,91 @@
+"""HTTP endpoints: /metrics, /healthz, /readyz, /api/status. Reads snapshots only."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
+
+from lagwatch.daemon import SnapshotHolder
+from lagwatch.export import SnapshotCollector
+from lagwatch.status import snapshot_status
+
+log = logging.getLogger("lagwatch.web")
+
+
+class WebServer:
+    """A small threaded HTTP server; every response is rendered from the last snapshot."""
+
+    def __init__(self, host: str, port: int, holder: SnapshotHolder, interval: float) -> None:
+        self.holder = holder
+        self.interval = interval
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(SnapshotCollector(holder.get))
+        handler = _make_handler(self)
+        self.httpd = ThreadingHTTPServer((host, port), handler)
+        self.httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self.httpd.serve_forever, name="lagwatch-http", daemon=True)
+
+    @property
+    def port(self) -> int:
+        return int(self.httpd.server_address[1])
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def healthy(self) -> tuple[bool, str]:
+        snapshot = self.holder.get()
+        if snapshot is None:
+            return True, "starting"
+        # Liveness: cycles keep completing (a wedged scheduler is worth a restart).
+        age = time.time() - snapshot.taken_at
+        budget = max(30.0, self.interval * 10)
+        if age > budget:
+            return False, f"no cycle completed for {age:.0f}s"
+        return True, "ok"
+
+
+def _make_handler(server: WebServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "lagwatch"
+
+        def do_GET(self) -> None:
+            path = self.path.split("?", 1)[0]
+            if path == "/metrics":
+                encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
+                self._send(200, encoder(server.registry), content_type)
+            elif path == "/healthz":
+                ok, why = server.healthy()
+                self._send(200 if ok else 503, why.encode() + b"\n", "text/plain")
+            elif path == "/readyz":
+                ready = server.holder.get() is not None
+                self._send(200 if ready else 503, b"ready\n" if ready else b"waiting for the first poll\n",
+                           "text/plain")
+            elif path == "/api/status":
+                body = json.dumps(snapshot_status(server.holder.get()), indent=1).encode()
+                self._send(200, body, "application/json")
+            elif path == "/":
+                self._send(200, b"lagwatch: /metrics /healthz /readyz /api/status\n", "text/plain")
+            else:
+                self._send(404, b"not found\n", "text/plain")
+
+        def _send(self, code: int, body: bytes, content_type: str) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+            log.debug("%s %s", self.address_string(), format % args)
+
+    return Handler

@@ -1,0 +1,142 @@
+"""Config validation: every problem at once, with its path; nothing secret echoed."""
+
+import textwrap
+from pathlib import Path
+
+import pytest
+from lagwatch.cli import main
+from lagwatch.config import ConfigError, load_config, parse_config
+from lagwatch.durations import parse_duration
+from pydantic import ValidationError
+
+ISSUE_EXAMPLE = """\
+interval: 1s          # poll interval; accepts 250ms, 1s, 1m
+window: 5m            # window for the lag quantiles
+listen: 127.0.0.1:9847
+clusters:
+  - name: main
+    primary:
+      dsn: "host=127.0.0.1 port=55432 user=postgres dbname=postgres"
+    replicas:
+      - name: replica1
+        dsn: "host=127.0.0.2 port=55432 user=postgres dbname=postgres"
+      - name: replica2
+        dsn: "host=127.0.0.3 port=55432 user=postgres dbname=postgres"
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "lagwatch.yaml"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def problems(data: object) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        parse_config(data)
+    return info.value.problems
+
+
+@pytest.mark.parametrize("text,seconds", [("250ms", 0.25), ("1s", 1.0), ("1m", 60.0), ("1.5h", 5400.0), (2, 2.0)])
+def test_durations(text: object, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+def test_issue_example_loads_as_written(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, ISSUE_EXAMPLE))
+    assert config.interval == 1.0 and config.window == 300.0
+    assert config.listen_address == ("127.0.0.1", 9847)
+    (cluster,) = config.clusters
+    assert [r.name for r in cluster.replicas] == ["replica1", "replica2"]
+    assert cluster.replicas[0].walsender_name == "replica1"
+    with pytest.raises(ValidationError):
+        config.interval = 2.0  # type: ignore[misc]  # frozen
+
+
+def test_all_errors_reported_with_paths() -> None:
+    found = problems({
+        "interval": "-1s",
+        "window": "soon",
+        "bogus": 1,
+        "clusters": [{
+            "name": "main",
+            "primary": {},
+            "replicas": [{"name": "r1", "dsn": "host=a"}, {"name": "r2", "dsn": "host=b = = x"}],
+        }],
+    })
+    text = "\n".join(found)
+    assert "interval: must not be negative" in text
+    assert "window: expected a duration" in text
+    assert "bogus: unknown key" in text
+    assert "clusters[0].primary.dsn: required key is missing" in text
+    assert "clusters[0].replicas[1].dsn: not a valid libpq connection string" in text
+    assert len(found) == 5
+
+
+def test_missing_clusters_and_wrong_types() -> None:
+    assert any(p.startswith("clusters: required key is missing") for p in problems({"interval": "1s"}))
+    found = problems({"clusters": [{"name": "m", "primary": {"dsn": 5}, "replicas": "r1"}]})
+    assert any(p.startswith("clusters[0].primary.dsn:") for p in found)
+    assert any(p.startswith("clusters[0].replicas:") for p in found)
+
+
+def test_bad_dsn_with_password_does_not_echo_it() -> None:
+    found = problems({"clusters": [{"name": "m", "primary": {"dsn": "host=a password=s3cr3t junk"}}]})
+    assert found and all("s3cr3t" not in p for p in found)
+
+
+def test_duplicates_and_reserved_names() -> None:
+    found = problems({"clusters": [
+        {"name": "m", "primary": {"dsn": "host=a"}, "replicas": [{"name": "r", "dsn": "host=b"},
+                                                               {"name": "r", "dsn": "host=c"}]},
+        {"name": "n", "primary": {"dsn": "host=a"}, "replicas": [{"name": "primary", "dsn": "host=b"}]},
+    ]})
+    text = "\n".join(found)
+    assert "clusters[0]: replica name or application_name 'r' is used twice" in text
+    assert "clusters[1].replicas[0].name: 'primary' is reserved" in text
+    # Checks across clusters run once every cluster is valid on its own.
+    found = problems({"clusters": [{"name": "m", "primary": {"dsn": "host=a"}},
+                                   {"name": "m", "primary": {"dsn": "host=b"}}]})
+    assert found == ["(top level): cluster names must be unique, repeated: m"]
+
+
+def test_password_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    secret = tmp_path / "pw"
+    secret.write_text("from-file\n")
+    monkeypatch.setenv("LW_PW", "from-env")
+    config = parse_config({"clusters": [{"name": "m", "primary": {"dsn": "host=a", "password_file": str(secret)},
+                                         "replicas": [{"name": "r", "dsn": "host=b", "password_env": "LW_PW"}]}]})
+    assert config.clusters[0].primary.password() == "from-file"
+    assert config.clusters[0].replicas[0].password() == "from-env"
+    found = problems({"clusters": [{"name": "m", "primary": {"dsn": "host=a",
+                                                             "password_file": str(tmp_path / "missing")}}]})
+    assert any("clusters[0].primary" in p and "not a readable file" in p for p in found)
+
+
+@pytest.mark.parametrize("body,needle", [
+    ("clusters: []\n", "clusters:"),
+    ("interval: 1s\n", "clusters: required key is missing"),
+    ("interval: [1\n", "not valid YAML"),
+    ("- a\n- b\n", "expected a mapping"),
+    (ISSUE_EXAMPLE.replace("interval: 1s ", "interval: -5s"), "interval: must not be negative"),
+    (ISSUE_EXAMPLE.replace("listen: 127.0.0.1:9847", "listen: nowhere"), "listen: "),
+    (ISSUE_EXAMPLE.replace('dsn: "host=127.0.0.3', 'dsn: "hots=127.0.0.3'), "clusters[0].replicas[1].dsn: "),
+    (ISSUE_EXAMPLE.replace("window: 5m ", "window: true"), "window: "),
+    (ISSUE_EXAMPLE + "extra_key: 1\n", "extra_key: unknown key"),
+])
+def test_cli_validate_exits_2_with_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                               body: str, needle: str) -> None:
+    path = write(tmp_path, body)
+    assert main(["validate", "-c", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert str(path) in err and needle in err
+
+
+def test_cli_validate_ok(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", "-c", str(write(tmp_path, ISSUE_EXAMPLE))]) == 0
+    assert "ok" in capsys.readouterr().out
+
+
+def test_cli_missing_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", "-c", str(tmp_path / "nope.yaml")]) == 2
+    assert "cannot read file" in capsys.readouterr().err
