@@ -1,0 +1,167 @@
+"""Runs the real `lagwatch run` as a subprocess and reads its HTTP endpoints."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+from lagwatch.localcluster import LocalCluster, free_port
+from prometheus_client.parser import text_string_to_metric_families
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def cluster_config(cluster: LocalCluster, port: int, *, interval: str = "1s", window: str = "1m",
+                   replicas: list[str] | None = None, **extra: Any) -> dict[str, Any]:
+    chosen = [r for r in cluster.replicas if replicas is None or r.name in replicas]
+    return {
+        "interval": interval,
+        "window": window,
+        "listen": f"127.0.0.1:{port}",
+        **extra,
+        "clusters": [{
+            "name": "main",
+            "primary": {"dsn": cluster.primary.dsn()},
+            "replicas": [{"name": r.name, "dsn": r.dsn()} for r in chosen],
+        }],
+    }
+
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+class Lagwatch:
+    """One `lagwatch run` process with its config file and log."""
+
+    def __init__(self, workdir: Path, config: dict[str, Any], env: dict[str, str] | None = None) -> None:
+        self.workdir = workdir
+        self.config_path = workdir / "lagwatch.yaml"
+        self.log_path = workdir / "lagwatch.log"
+        self.port = int(config["listen"].rsplit(":", 1)[1])
+        self.write_config(config)
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "lagwatch.cli", "--log-level", "debug", "run", "-c", str(self.config_path)],
+            stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT / "daemon"), **(env or {})})
+
+    @classmethod
+    def for_cluster(cls, workdir: Path, cluster: LocalCluster, **kwargs: Any) -> Lagwatch:
+        port = free_port(["127.0.0.1"])
+        return cls(workdir, cluster_config(cluster, port, **kwargs))
+
+    def write_config(self, config: dict[str, Any]) -> None:
+        self.config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def get(self, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(self.url(path), timeout=5) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    def wait_ready(self, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"lagwatch exited {self.proc.returncode}:\n{self.log_text()[-3000:]}")
+            try:
+                if self.get("/readyz")[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"lagwatch not ready within {timeout}s:\n{self.log_text()[-3000:]}")
+
+    def samples(self) -> Samples:
+        status, text = self.get("/metrics")
+        assert status == 200, text
+        out: Samples = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                out[(sample.name, frozenset(sample.labels.items()))] = sample.value
+        return out
+
+    def value(self, name: str, **labels: str) -> float | None:
+        labels.setdefault("cluster", "main")
+        return self.samples().get((name, frozenset(labels.items())))
+
+    def status(self) -> dict[str, Any]:
+        code, text = self.get("/api/status")
+        assert code == 200
+        result: dict[str, Any] = json.loads(text)
+        return result
+
+    def wait_for(self, what: str, predicate: Callable[[], bool], timeout: float) -> float:
+        """Wait until ``predicate()``; return how long it took."""
+        started = time.monotonic()
+        while True:
+            if predicate():
+                return time.monotonic() - started
+            if time.monotonic() - started > timeout:
+                raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            time.sleep(0.1)
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def signal(self, sig: signal.Signals) -> None:
+        self.proc.send_signal(sig)
+
+    def stop(self, timeout: float = 10) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+
+class Writer:
+    """Writes on the primary in a background thread (bounded: stops by itself)."""
+
+    def __init__(self, cluster: LocalCluster, every: float = 0.1, max_seconds: float = 120) -> None:
+        import threading
+
+        self.cluster = cluster
+        self.every = every
+        self.max_seconds = max_seconds
+        self._stop = threading.Event()
+        self.first_write_at: float | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        cluster.primary.execute("CREATE TABLE IF NOT EXISTS lw_test (id bigserial PRIMARY KEY, v text)")
+
+    def _run(self) -> None:
+        started = time.monotonic()
+        while not self._stop.is_set() and time.monotonic() - started < self.max_seconds:
+            before = time.monotonic()
+            self.cluster.primary.execute("INSERT INTO lw_test (v) SELECT md5(g::text) FROM generate_series(1, 50) g")
+            if self.first_write_at is None:
+                self.first_write_at = before
+            self._stop.wait(self.every)
+
+    def __enter__(self) -> Writer:
+        self._thread.start()
+        while self.first_write_at is None and self._thread.is_alive():
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)

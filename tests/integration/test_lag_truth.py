@@ -1,0 +1,151 @@
+"""Staleness against what was really done to real replicas (PostgreSQL 15 and 18).
+
+One `lagwatch run` process (interval 1s) watches the module's cluster; each test makes lag
+real (idle primary, paused replay, cut-off replica) and checks the exported numbers
+against the times the test itself measured.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+from harness import Lagwatch, Writer
+from lagwatch.localcluster import LocalCluster
+
+INTERVAL = 1.0
+
+
+@pytest.fixture(scope="module")
+def lagwatch(pg_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lagwatch]:
+    lw = Lagwatch.for_cluster(tmp_path_factory.mktemp("lagwatch"), pg_cluster, interval="1s", window="1m")
+    try:
+        lw.wait_ready()
+        yield lw
+    finally:
+        lw.stop()
+
+
+def lag(lw: Lagwatch, replica: str) -> float | None:
+    return lw.value("lagwatch_replica_lag_seconds", replica=replica)
+
+
+def _at_most(value: float | None, limit: float) -> bool:
+    return value is not None and value <= limit
+
+
+def test_idle_primary_is_not_lag(pg_cluster: LocalCluster, lagwatch: Lagwatch) -> None:
+    pg_cluster.primary.execute("CREATE TABLE IF NOT EXISTS lw_idle (x int); INSERT INTO lw_idle VALUES (1)")
+    pg_cluster.wait_replayed()
+    time.sleep(60)
+    for replica in ("replica1", "replica2"):
+        age = lagwatch.value("lagwatch_replica_last_replay_timestamp_age_seconds", replica=replica)
+        assert age is not None and age > 50, f"the timestamp signal should have grown: {age}"
+        staleness = lag(lagwatch, replica)
+        assert staleness is not None and staleness <= INTERVAL, (replica, staleness)
+        assert lagwatch.value("lagwatch_replica_streaming", replica=replica) == 1
+
+
+def test_paused_replay_grows_with_wall_time(pg_cluster: LocalCluster, lagwatch: Lagwatch) -> None:
+    replica1 = pg_cluster.replicas[0]
+    replica1.pause_replay()
+    with Writer(pg_cluster) as writer:
+        assert writer.first_write_at is not None
+        first_unreplayed = writer.first_write_at
+        for _ in range(8):
+            time.sleep(1.0)
+            expected = time.monotonic() - first_unreplayed
+            got = lag(lagwatch, "replica1")
+            assert got is not None and abs(got - expected) <= 2 * INTERVAL, (got, expected)
+            other = lag(lagwatch, "replica2")
+            assert other is not None and other <= INTERVAL, other
+    assert lagwatch.value("lagwatch_replica_replay_paused", replica="replica1") == 1
+    # Writes have stopped: the oldest unreplayed change only gets older.
+    time.sleep(15)
+    expected = time.monotonic() - first_unreplayed
+    got = lag(lagwatch, "replica1")
+    assert got is not None and abs(got - expected) <= 2 * INTERVAL and got > 20, (got, expected)
+    # The primary's replay_lag is not frozen into our headline, and the window saw it.
+    p95 = lagwatch.value("lagwatch_replica_lag_window_seconds", replica="replica1", quantile="0.95")
+    assert p95 is not None and p95 > 10
+
+    replica1.resume_replay()
+    resumed = time.monotonic()
+    took = lagwatch.wait_for("both replicas back under 2 intervals",
+                             lambda: all(_at_most(lag(lagwatch, r), 2 * INTERVAL) for r in ("replica1", "replica2")),
+                             timeout=10)
+    assert time.monotonic() - resumed <= 2 * INTERVAL + 0.5, took
+
+
+def test_cut_off_replica_grows_and_is_not_streaming(pg_cluster: LocalCluster, lagwatch: Lagwatch) -> None:
+    replica2 = pg_cluster.replicas[1]
+    replica2.cut_off()
+    with Writer(pg_cluster):
+        lagwatch.wait_for("replica2 not streaming",
+                          lambda: lagwatch.value("lagwatch_replica_streaming", replica="replica2") == 0, timeout=10)
+        time.sleep(6)
+        first = lag(lagwatch, "replica2")
+        time.sleep(3)
+        second = lag(lagwatch, "replica2")
+    assert first is not None and second is not None
+    assert first >= 4 and second >= first + 2, (first, second)
+    assert lagwatch.value("lagwatch_replica_streaming", replica="replica2") == 0
+    # The healthy replica is unaffected.
+    assert _at_most(lag(lagwatch, "replica1"), INTERVAL)
+
+
+def test_inactive_slot_retains_wal(pg_cluster: LocalCluster, lagwatch: Lagwatch) -> None:
+    before = lagwatch.value("lagwatch_slot_retained_bytes", slot="inactive")
+    assert before is not None
+    with Writer(pg_cluster, every=0.05):
+        time.sleep(3)
+    time.sleep(1.5)
+    after = lagwatch.value("lagwatch_slot_retained_bytes", slot="inactive")
+    assert after is not None and after > before + 100_000, (before, after)
+    assert lagwatch.value("lagwatch_slot_active", slot="inactive") == 0
+    assert lagwatch.value("lagwatch_slot_active", slot="replica1") == 1
+    assert lagwatch.value("lagwatch_slot_safe_wal_size_bytes", slot="inactive") is not None
+    assert lagwatch.value("lagwatch_slot_wal_status", slot="inactive", status="reserved") == 1
+
+
+def _cadence(lw: Lagwatch, node: str, seconds: float) -> float:
+    before = lw.value("lagwatch_polls_total", node=node) or 0
+    time.sleep(seconds)
+    after = lw.value("lagwatch_polls_total", node=node) or 0
+    return after - before
+
+
+@pytest.mark.parametrize("how", ["stopped", "frozen"])
+def test_unanswering_node_is_down_alone(pg_cluster: LocalCluster, lagwatch: Lagwatch, how: str) -> None:
+    replica2 = pg_cluster.replicas[1]
+    if how == "stopped":
+        replica2.stop()
+    else:
+        replica2.freeze()  # a hung host: only the client-side deadline can save the cycle
+    went = time.monotonic()
+    lagwatch.wait_for("replica2 down", lambda: lagwatch.value("lagwatch_up", node="replica2") == 0, timeout=10)
+    assert time.monotonic() - went <= 2 * INTERVAL + 0.5
+    assert lagwatch.value("lagwatch_up", node="primary") == 1
+    assert lagwatch.value("lagwatch_up", node="replica1") == 1
+    # The other nodes keep their cadence: about one poll per interval.
+    for node in ("primary", "replica1"):
+        polls = _cadence(lagwatch, node, 5.0)
+        assert 4 <= polls <= 6, (node, polls)
+    if how == "stopped":
+        replica2.start()
+    else:
+        replica2.thaw()
+    lagwatch.wait_for("replica2 back up", lambda: lagwatch.value("lagwatch_up", node="replica2") == 1, timeout=15)
+
+
+def test_status_api_and_health(lagwatch: Lagwatch) -> None:
+    status = lagwatch.status()
+    assert status["ready"] is True
+    (cluster,) = status["clusters"]
+    names = [r["name"] for r in cluster["replicas"]]
+    assert names == ["replica1", "replica2"]
+    assert lagwatch.get("/healthz")[0] == 200
+    assert lagwatch.get("/readyz")[0] == 200
+    assert lagwatch.get("/nope")[0] == 404
+
