@@ -8,10 +8,11 @@ every node its own client-side deadline, so a hung host (whose server-side
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Coroutine, Sequence
+from typing import Any, TypeVar
 
 import psycopg
 import psycopg.conninfo
@@ -24,16 +25,19 @@ from lagwatch.snapshot import ErrorKind, NodeObservation, Role
 from lagwatch.views import CYCLE_VIEWS, probe, walinspect
 from lagwatch.views.base import View
 from lagwatch.views.probe import Capabilities
+from lagwatch.views.walinspect import WalInspection
 
 log = logging.getLogger("lagwatch.poll")
 
 MIN_VERSION_NUM = 130000
+T = TypeVar("T")
 
 
 class NodeError(Exception):
-    def __init__(self, kind: ErrorKind, message: str) -> None:
+    def __init__(self, kind: ErrorKind, message: str, backing_off: bool = False) -> None:
         super().__init__(message)
         self.kind: ErrorKind = kind
+        self.backing_off = backing_off  # skipped this cycle: not a new failure
 
 
 def build_conninfo(node: NodeConfig, connect_timeout: float, statement_timeout: float) -> str:
@@ -71,8 +75,8 @@ class NodePoller:
         self._failures = 0
         self._next_attempt = 0.0
         self._walinspect_from: int | None = None
-        self._walinspect_broken = False
-        self._last_current_lsn: int | None = None
+        self._walinspect_failures = 0
+        self._last_error = ""
         self._said_skipped = False
 
     async def poll(self) -> NodeObservation:
@@ -80,18 +84,20 @@ class NodePoller:
         try:
             fields = await self._poll_once()
         except NodeError as exc:
-            return self._failed(exc.kind, str(exc), started)
+            return self._failed(exc, started)
         except Exception as exc:  # a bug must not kill the cycle; it is logged with a trace
             log.exception("unexpected error polling %s/%s", self.cluster.name, self.node)
-            return self._failed("query", f"internal error: {type(exc).__name__}", started)
+            return self._failed(NodeError("query", f"internal error: {type(exc).__name__}"), started)
         self._failures = 0
         now = time.monotonic()
         return NodeObservation(cluster=self.cluster.name, node=self.node, role=self.role,
                                observed_at=now, duration=now - started, **fields)
 
-    def _failed(self, kind: ErrorKind, message: str, started: float) -> NodeObservation:
-        message = redact_text(message, [self.node_config.password()])
-        if kind != "role":
+    def _failed(self, error: NodeError, started: float) -> NodeObservation:
+        kind = error.kind
+        message = redact_text(str(error), [self.node_config.password()])
+        if kind != "role" and not error.backing_off:
+            self._last_error = message
             self._failures += 1
             # Retry at once after the first failure, then back off up to backoff_max.
             delay = min(self.backoff_max, self.interval * (2 ** (self._failures - 2))) if self._failures > 1 else 0
@@ -105,9 +111,8 @@ class NodePoller:
         conn = await self._connection()
         assert self._caps is not None
         try:
-            fields = await asyncio.wait_for(self._query(conn, self._caps), self.query_timeout)
+            fields = await self._within(self._query(conn, self._caps), self.query_timeout)
         except TimeoutError:
-            await self.close()
             raise NodeError("timeout", f"no answer within {self.query_timeout:.3g}s") from None
         except psycopg.OperationalError as exc:
             await self.close()
@@ -129,7 +134,7 @@ class NodePoller:
             return self._conn
         if self._conn is None or self._conn.closed:
             if time.monotonic() < self._next_attempt:
-                raise NodeError("connect", "waiting to reconnect (backing off after errors)")
+                raise NodeError("connect", f"waiting to reconnect after: {self._last_error}", backing_off=True)
             conninfo = build_conninfo(self.node_config, self.connect_timeout, self.query_timeout)
             try:
                 self._conn = await asyncio.wait_for(
@@ -141,8 +146,7 @@ class NodePoller:
                 raise NodeError("connect", _one_line(exc)) from None
         assert self._conn is not None
         try:
-            cur = await asyncio.wait_for(self._conn.execute(probe.SQL), self.query_timeout)
-            caps = probe.parse(await cur.fetchall())
+            caps = await self._within(self._probe(self._conn), self.query_timeout)
         except (TimeoutError, psycopg.Error) as exc:
             await self.close()
             raise NodeError("connect", f"probe failed: {_one_line(exc) or 'timeout'}") from None
@@ -152,6 +156,30 @@ class NodePoller:
         self._caps = caps
         self._say_skipped(caps)
         return self._conn
+
+    @staticmethod
+    async def _probe(conn: psycopg.AsyncConnection[dict[str, Any]]) -> Capabilities:
+        cursor = await conn.execute(probe.SQL)
+        return probe.parse(await cursor.fetchall())
+
+    async def _within(self, operation: Coroutine[Any, Any, T], timeout: float) -> T:
+        """Run ``operation`` on the connection with a client-side deadline.
+
+        On timeout the socket is closed first and only then is the operation cancelled:
+        cancelling a psycopg query the usual way sends a cancel request to the server and
+        waits for it, which against a hung host would stall the cycle for seconds.
+        """
+        task = asyncio.ensure_future(operation)
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+        if task in done:
+            return task.result()
+        conn, self._conn, self._caps = self._conn, None, None
+        if conn is not None:
+            conn.pgconn.finish()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+        raise TimeoutError
 
     def _say_skipped(self, caps: Capabilities) -> None:
         if self._said_skipped:
@@ -171,48 +199,59 @@ class NodePoller:
 
     async def _query(self, conn: psycopg.AsyncConnection[dict[str, Any]], caps: Capabilities) -> dict[str, Any]:
         views = self._views(caps)
-        inspect_from = self._walinspect_start(caps)
         cursors = []
-        inspect_cursor = None
-        # All statements go out in one pipeline: one network round trip per node.
-        async with conn.pipeline() as pipeline:
+        # All views go out in one pipeline: one network round trip per node.
+        async with conn.pipeline():
             for view in views:
                 sql = view.sql_for(caps.version_num)
                 assert sql is not None
                 cursor = conn.cursor()
                 await cursor.execute(sql)
                 cursors.append((view, cursor))
-            if inspect_from is not None:
-                # Behind its own sync point, so an error here cannot lose the views above.
-                await pipeline.sync()
-                inspect_cursor = conn.cursor()
-                await inspect_cursor.execute(
-                    walinspect.SQL, {"start": format_lsn(inspect_from), "max_bytes": self.cluster.walinspect_max_bytes})
         results = {view.name: view.parse(await cursor.fetchall()) for view, cursor in cursors}
+        position = results["server"]
         fields: dict[str, Any] = {
             "capabilities": caps,
-            "position": results["server"],
+            "position": position,
             "walsenders": results.get("replication", ()),
             "receiver": results.get("wal_receiver"),
             "slots": results.get("slots", ()),
             "wal": results.get("wal"),
             "wal_dir": results.get("wal_dir"),
+            "walinspect": await self._inspect_wal(conn, caps, position.current_lsn),
         }
-        current = results["server"].current_lsn
-        self._last_current_lsn = current
-        if inspect_cursor is not None:
-            inspection = walinspect.parse(await inspect_cursor.fetchall())
-            fields["walinspect"] = inspection
-            self._walinspect_from = inspection.flush_lsn
-        elif self._walinspect_from is None and current is not None:
-            self._walinspect_from = current  # start counting from now
         return fields
 
-    def _walinspect_start(self, caps: Capabilities) -> int | None:
-        if (self.cluster.walinspect == "off" or self._walinspect_broken or caps.in_recovery
+    async def _inspect_wal(self, conn: psycopg.AsyncConnection[dict[str, Any]], caps: Capabilities,
+                           current: int | None) -> WalInspection | None:
+        """FPI statistics of the WAL since the last cycle: a second round trip, only when
+        pg_walinspect is usable and the primary has written something. Its failures are
+        its own: they never mark the node down."""
+        if (self.cluster.walinspect == "off" or caps.in_recovery or current is None
                 or not (caps.has_walinspect and caps.can_walinspect)):
             return None
-        return self._walinspect_from
+        start = self._walinspect_from
+        if start is None or current <= start:
+            self._walinspect_from = start if start is not None else current
+            return None
+        try:
+            cursor = await conn.execute(walinspect.SQL, {"start": format_lsn(start),
+                                                         "max_bytes": self.cluster.walinspect_max_bytes})
+            inspection = walinspect.parse(await cursor.fetchall())
+        except psycopg.OperationalError:
+            raise
+        except psycopg.Error as exc:
+            # Typically no complete record yet after ``start`` (it may sit mid-record):
+            # try the same start again, but jump to the present if it keeps failing.
+            self._walinspect_failures += 1
+            log.debug("%s/%s: pg_get_wal_stats from %s failed: %s", self.cluster.name, self.node,
+                      format_lsn(start), _one_line(exc))
+            if self._walinspect_failures >= 3:
+                self._walinspect_from, self._walinspect_failures = current, 0
+            return None
+        self._walinspect_failures = 0
+        self._walinspect_from = inspection.flush_lsn
+        return inspection
 
     async def close(self) -> None:
         conn, self._conn, self._caps = self._conn, None, None

@@ -30,6 +30,7 @@ class WebServer:
         self.httpd = ThreadingHTTPServer((host, port), handler)
         self.httpd.daemon_threads = True
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="lagwatch-http", daemon=True)
+        self._rendered: tuple[object, str, bytes] | None = None
 
     @property
     def port(self) -> int:
@@ -41,6 +42,18 @@ class WebServer:
     def stop(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+
+    def metrics(self, accept: str) -> tuple[bytes, str]:
+        """The exposition of the current snapshot, rendered once per snapshot and format:
+        scrapes between two cycles are served from memory."""
+        encoder, content_type = choose_encoder(accept)
+        snapshot = self.holder.get()
+        cached = self._rendered
+        if cached is not None and cached[0] is snapshot and cached[1] == content_type:
+            return cached[2], content_type
+        body = encoder(self.registry)
+        self._rendered = (snapshot, content_type, body)
+        return body, content_type
 
     def healthy(self) -> tuple[bool, str]:
         snapshot = self.holder.get()
@@ -61,8 +74,8 @@ def _make_handler(server: WebServer) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
             if path == "/metrics":
-                encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
-                self._send(200, encoder(server.registry), content_type)
+                body, content_type = server.metrics(self.headers.get("Accept", ""))
+                self._send(200, body, content_type)
             elif path == "/healthz":
                 ok, why = server.healthy()
                 self._send(200 if ok else 503, why.encode() + b"\n", "text/plain")

@@ -99,6 +99,10 @@ class Lagwatch:
         labels.setdefault("cluster", "main")
         return self.samples().get((name, frozenset(labels.items())))
 
+    def daemon_value(self, name: str) -> float | None:
+        """A metric about the daemon itself (no labels)."""
+        return self.samples().get((name, frozenset()))
+
     def status(self) -> dict[str, Any]:
         code, text = self.get("/api/status")
         assert code == 200

@@ -1,0 +1,139 @@
+"""The CLI as an operator uses it: signals, reloads, check, unconfigured replicas, secrets."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+from harness import ROOT, Lagwatch, Writer, cluster_config
+from lagwatch.localcluster import LocalCluster, free_port
+
+SECRET = "Sup3r-Secret-Pw"
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    import os
+
+    return subprocess.run([sys.executable, "-m", "lagwatch.cli", *args], capture_output=True, text=True,
+                          timeout=60, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT / "daemon"), **(env or {})})
+
+
+def test_sigterm_exits_cleanly_within_2s(pg_cluster: LocalCluster, tmp_path: Path) -> None:
+    lw = Lagwatch.for_cluster(tmp_path, pg_cluster)
+    lw.wait_ready()
+    started = time.monotonic()
+    lw.signal(signal.SIGTERM)
+    lw.proc.wait(5)
+    assert time.monotonic() - started < 2.0
+    assert lw.stop() == 0
+
+
+def test_sighup_reload_good_and_bad(pg_cluster: LocalCluster, tmp_path: Path) -> None:
+    port = free_port(["127.0.0.1"])
+    lw = Lagwatch(tmp_path, cluster_config(pg_cluster, port, replicas=["replica1"]))
+    try:
+        lw.wait_ready()
+        # replica2 streams from the primary but is not configured: it still shows up,
+        # with the primary-side signals.
+        lw.wait_for("unconfigured replica2", lambda: lw.value("lagwatch_replica_configured",
+                                                                replica="replica2") == 0, timeout=10)
+        assert lw.value("lagwatch_replica_lag_bytes", replica="replica2", stage="replay") is not None
+        assert lw.value("lagwatch_replica_lag_seconds", replica="replica2") is not None
+        assert lw.value("lagwatch_up", node="replica2") is None
+
+        # A bad config on SIGHUP: rejected with a log line, old config still running.
+        lw.config_path.write_text("interval: -1s\nclusters: []\n")
+        lw.signal(signal.SIGHUP)
+        lw.wait_for("reload rejected", lambda: "reload rejected" in lw.log_text(), timeout=10)
+        assert "interval: must not be negative" in lw.log_text()
+        time.sleep(2)
+        assert lw.proc.poll() is None
+        assert lw.value("lagwatch_up", node="replica1") == 1
+
+        # A good one: replica2 becomes a configured, polled node.
+        lw.write_config(cluster_config(pg_cluster, port))
+        lw.signal(signal.SIGHUP)
+        lw.wait_for("replica2 polled", lambda: lw.value("lagwatch_up", node="replica2") == 1, timeout=10)
+        assert lw.value("lagwatch_replica_configured", replica="replica2") == 1
+    finally:
+        assert lw.stop() == 0
+
+
+def test_check_exit_codes(pg_cluster: LocalCluster, tmp_path: Path) -> None:
+    config = tmp_path / "lagwatch.yaml"
+    config.write_text(yaml.safe_dump(cluster_config(pg_cluster, free_port(["127.0.0.1"]))))
+    ok = run_cli("check", "-c", str(config))
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert ok.stdout.startswith("LAGWATCH OK") and "replica1" in ok.stdout and "replica2" in ok.stdout
+
+    pg_cluster.replicas[1].stop()
+    down = run_cli("check", "-c", str(config))
+    assert down.returncode == 2, down.stdout
+    assert "replica2" in down.stdout and "CRITICAL" in down.stdout
+
+    pg_cluster.replicas[1].start()
+    pg_cluster.replicas[0].pause_replay()
+    with Writer(pg_cluster):
+        time.sleep(3)
+        warn = run_cli("check", "-c", str(config), "--warning", "1s", "--critical", "1h")
+    assert warn.returncode == 1, warn.stdout
+    assert "replica1" in warn.stdout and "replay paused" in warn.stdout
+
+    config.write_text("clusters: nope\n")
+    bad = run_cli("check", "-c", str(config))
+    assert bad.returncode == 2 and "clusters" in bad.stderr
+
+
+def test_no_password_anywhere(pg_cluster: LocalCluster, tmp_path: Path) -> None:
+    """Passwords in a DSN, a password_file and an env var never show up in logs, HTTP
+    responses, CLI output or error messages, including connection errors."""
+    pw_file = tmp_path / "pw"
+    pw_file.write_text(SECRET + "-file\n")
+    port = free_port(["127.0.0.1"])
+    config = cluster_config(pg_cluster, port)
+    cluster = config["clusters"][0]
+    cluster["primary"]["dsn"] += f" password={SECRET}-dsn"
+    cluster["replicas"][0]["password_file"] = str(pw_file)
+    cluster["replicas"][1]["password_env"] = "LW_TEST_PW"
+    env = {"LW_TEST_PW": SECRET + "-env"}
+    lw = Lagwatch(tmp_path, config, env=env)
+    try:
+        lw.wait_ready()
+        pg_cluster.replicas[1].stop()  # connection errors get logged and exported
+        lw.wait_for("replica2 down", lambda: lw.value("lagwatch_up", node="replica2") == 0, timeout=10)
+        time.sleep(2)
+        outputs = [lw.get(path)[1] for path in ("/metrics", "/api/status", "/healthz", "/readyz", "/")]
+        outputs.append(run_cli("check", "-c", str(lw.config_path), env=env).stdout)
+        broken = dict(config)
+        broken["clusters"] = [dict(cluster, primary={"dsn": f"host=x password={SECRET}-dsn = junk"})]
+        bad_path = tmp_path / "bad.yaml"
+        bad_path.write_text(yaml.safe_dump(broken))
+        result = run_cli("validate", "-c", str(bad_path))
+        assert result.returncode == 2
+        outputs += [result.stdout, result.stderr]
+    finally:
+        lw.stop()
+    outputs.append(lw.log_text())
+    assert "down" in lw.log_text()  # the log did talk about the failing node
+    for text in outputs:
+        assert SECRET not in text
+
+
+def test_wrong_role_is_reported(pg_cluster: LocalCluster, tmp_path: Path) -> None:
+    # A "primary" DSN that points at a replica is an error on that node, said plainly.
+    port = free_port(["127.0.0.1"])
+    config = cluster_config(pg_cluster, port)
+    config["clusters"][0]["primary"]["dsn"] = pg_cluster.replicas[0].dsn()
+    lw = Lagwatch(tmp_path, config)
+    try:
+        lw.wait_ready()
+        lw.wait_for("primary flagged", lambda: lw.value("lagwatch_poll_errors_total", node="primary",
+                                                        kind="role") not in (None, 0.0), timeout=10)
+        assert lw.value("lagwatch_up", node="primary") == 0
+        assert "configured as the primary but the server is a replica" in lw.log_text()
+    finally:
+        lw.stop()

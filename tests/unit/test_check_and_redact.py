@@ -1,0 +1,46 @@
+"""`lagwatch check`'s verdicts by table, and password redaction."""
+
+from __future__ import annotations
+
+import pytest
+from lagwatch.check import CRITICAL, OK, UNKNOWN, WARNING, evaluate, render
+from lagwatch.lag import LagHistogram
+from lagwatch.redact import redact_dsn, redact_text
+from lagwatch.snapshot import ClusterSnapshot, NodeHealth, ReplicaState, Snapshot
+
+
+def replica(name: str, staleness: float | None, *, up: bool = True, streaming: bool = True) -> ReplicaState:
+    return ReplicaState(name=name, configured=True, staleness=staleness, staleness_source="replica", window=None,
+                        histogram=LagHistogram().snapshot(), replay_lsn=1, streaming=streaming, node_up=up)
+
+
+def snapshot(*replicas: ReplicaState, primary_up: bool = True) -> Snapshot:
+    nodes = (NodeHealth("primary", "primary", primary_up, 180000, 0.01, 1, {}, None, {}),)
+    cluster = ClusterSnapshot("main", 100, None, replicas, (), None, None, None, nodes)
+    return Snapshot(0.0, 0.01, 1, 0, (cluster,))
+
+
+@pytest.mark.parametrize("replicas,primary_up,expected", [
+    ((replica("r1", 0.0), replica("r2", 0.5)), True, OK),
+    ((replica("r1", 6.0), replica("r2", 0.0)), True, WARNING),
+    ((replica("r1", 31.0), replica("r2", 6.0)), True, CRITICAL),
+    ((replica("r1", 0.0, up=False),), True, CRITICAL),
+    ((replica("r1", 0.0, streaming=False),), True, CRITICAL),
+    ((replica("r1", None),), True, UNKNOWN),
+    ((replica("r1", 0.0),), False, UNKNOWN),
+    ((replica("r1", 0.0, up=False),), False, CRITICAL),  # critical outranks unknown
+    ((replica("r1", 6.0), replica("r2", None)), True, UNKNOWN),
+])
+def test_check_verdicts(replicas: tuple[ReplicaState, ...], primary_up: bool, expected: int) -> None:
+    code, rows, problems = evaluate(snapshot(*replicas, primary_up=primary_up), warning=5.0, critical=30.0)
+    assert code == expected
+    assert len(rows) == len(replicas)
+    assert bool(problems) == (expected != OK)
+    assert "REPLICA" in render(rows)
+
+
+def test_redact_dsn_and_text() -> None:
+    assert "hunter2" not in redact_dsn("host=a password=hunter2 user=x")
+    assert "hunter2" not in redact_dsn("postgresql://u:hunter2@h/db")
+    assert "hunter2" not in redact_dsn("host=a password='hunter2 x' junk junk")
+    assert redact_text("auth failed for hunter2", ["hunter2", None]) == "auth failed for ***"

@@ -1,0 +1,128 @@
+"""The tracker folding canned observations, and the collector on a fresh registry."""
+
+from __future__ import annotations
+
+from lagwatch.config import parse_config
+from lagwatch.export import SnapshotCollector
+from lagwatch.snapshot import NodeObservation, Snapshot
+from lagwatch.tracker import ClusterTracker
+from lagwatch.views.replication import WalSender
+from lagwatch.views.server import ServerPosition
+from lagwatch.views.slots import Slot
+from lagwatch.views.wal_receiver import WalReceiver
+from prometheus_client import CollectorRegistry, generate_latest
+
+CONFIG = parse_config({"interval": "1s", "window": "1m", "clusters": [{
+    "name": "main", "primary": {"dsn": "host=p"},
+    "replicas": [{"name": "replica1", "dsn": "host=r1"}, {"name": "replica2", "dsn": "host=r2"}]}]})
+
+
+def sender(name: str, current: int, replay: int, state: str = "streaming") -> WalSender:
+    return WalSender(application_name=name, client_addr=None, state=state, sync_state="async", slot_name=name,
+                     current_lsn=current, sent_lsn=current, write_lsn=current, flush_lsn=current, replay_lsn=replay,
+                     write_lag=None, flush_lag=None, replay_lag=None, reply_age_seconds=None)
+
+
+def primary(at: float, lsn: int, senders: tuple[WalSender, ...] = (), slots: tuple[Slot, ...] = ()) -> NodeObservation:
+    return NodeObservation(cluster="main", node="primary", role="primary", observed_at=at, duration=0.001,
+                           position=ServerPosition(False, lsn, None, None, None, None), walsenders=senders,
+                           slots=slots)
+
+
+def replica(name: str, at: float, replay: int, paused: bool = False, streaming: bool = True) -> NodeObservation:
+    return NodeObservation(cluster="main", node=name, role="replica", observed_at=at, duration=0.001,
+                           position=ServerPosition(True, None, replay, replay, "paused" if paused else "not paused",
+                                                   100.0),
+                           receiver=WalReceiver("streaming" if streaming else None))
+
+
+def down(name: str, at: float) -> NodeObservation:
+    return NodeObservation(cluster="main", node=name, role="replica", observed_at=at, duration=0.8,
+                           error_kind="timeout", error="no answer")
+
+
+def test_staleness_paused_replica_vs_healthy() -> None:
+    tracker = ClusterTracker(CONFIG.clusters[0], 1.0, 60.0)
+    # t=0..10: primary advances 100 bytes a second; replica1 stuck at 100 from t=1 on.
+    for t in range(11):
+        lsn = 100 * (t + 1)
+        snap = tracker.update([primary(t, lsn), replica("replica1", t, min(lsn, 100), paused=t > 0),
+                               replica("replica2", t, lsn)], now=t)
+    r1, r2 = snap.replicas
+    # The primary was first seen past 100 at t=1.
+    assert r1.staleness == 9.0 and r1.staleness_source == "replica" and r1.replay_paused
+    assert r2.staleness == 0.0
+    assert r1.window is not None and r1.window.get(1.0) == 9.0 and r1.window.count == 11
+    assert r1.histogram.count == 11
+
+
+def test_unreachable_replica_falls_back_to_primary_then_last_known() -> None:
+    tracker = ClusterTracker(CONFIG.clusters[0], 1.0, 60.0)
+    tracker.update([primary(0, 100, (sender("replica1", 100, 100),)), replica("replica1", 0, 100),
+                    replica("replica2", 0, 100)], now=0)
+    snap = tracker.update([primary(1, 200, (sender("replica1", 200, 150),)), down("replica1", 1),
+                           replica("replica2", 1, 200)], now=1)
+    r1 = snap.replicas[0]
+    assert r1.staleness_source == "primary" and r1.node_up is False and r1.streaming is True
+    snap = tracker.update([primary(5, 300), down("replica1", 5), replica("replica2", 5, 300)], now=5)
+    r1 = snap.replicas[0]
+    assert r1.staleness_source == "last_known" and r1.staleness == 4.0 and r1.streaming is False
+
+
+def test_unconfigured_walsender_appears_and_vanishes() -> None:
+    tracker = ClusterTracker(CONFIG.clusters[0], 1.0, 60.0)
+    snap = tracker.update([primary(0, 100, (sender("stranger", 100, 100),))], now=0)
+    assert [r.name for r in snap.replicas] == ["replica1", "replica2", "stranger"]
+    assert snap.replicas[2].configured is False and snap.replicas[2].node_up is None
+    snap = tracker.update([primary(1, 100)], now=1)
+    assert [r.name for r in snap.replicas] == ["replica1", "replica2"]
+
+
+def render(snapshot: Snapshot) -> tuple[CollectorRegistry, str]:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SnapshotCollector(lambda: snapshot))
+    return registry, generate_latest(registry).decode()
+
+
+def test_collector_renders_snapshot_and_drops_vanished_series() -> None:
+    tracker = ClusterTracker(CONFIG.clusters[0], 1.0, 60.0)
+    slot = Slot("inactive", "physical", None, None, False, False, "reserved", 1000, 5000, None, None, None, None)
+    tracker.update([primary(0, 100, (sender("stranger", 100, 100),), (slot,)), replica("replica1", 0, 100),
+                    down("replica2", 0)], now=0)
+    tracker.update([primary(1, 200, (sender("stranger", 200, 100),), (slot,)),
+                    replica("replica1", 1, 100, paused=True), down("replica2", 1)], now=1)
+    # replica1 stuck at 100; the primary was first seen past it at t=1.
+    cluster = tracker.update([primary(3, 300, (sender("stranger", 300, 100),), (slot,)),
+                              replica("replica1", 3, 100, paused=True), down("replica2", 3)], now=3)
+    snapshot = Snapshot(taken_at=1.0, cycle_duration=0.01, cycles_total=2, overruns_total=0, clusters=(cluster,))
+    registry, text = render(snapshot)
+    get = registry.get_sample_value
+    assert get("lagwatch_replica_lag_seconds", {"cluster": "main", "replica": "replica1"}) == 2.0
+    assert get("lagwatch_replica_replay_paused", {"cluster": "main", "replica": "replica1"}) == 1.0
+    assert get("lagwatch_replica_lag_window_seconds",
+               {"cluster": "main", "replica": "replica1", "quantile": "1"}) == 2.0
+    # Samples so far: 0 (t=0), 0 (t=1), 2 (t=3).
+    assert get("lagwatch_replica_lag_sampled_seconds_count", {"cluster": "main", "replica": "replica1"}) == 3.0
+    assert get("lagwatch_replica_lag_sampled_seconds_sum", {"cluster": "main", "replica": "replica1"}) == 2.0
+    assert get("lagwatch_replica_lag_sampled_seconds_bucket",
+               {"cluster": "main", "replica": "replica1", "le": "2.5"}) == 3.0
+    assert get("lagwatch_replica_lag_sampled_seconds_bucket",
+               {"cluster": "main", "replica": "replica1", "le": "1.0"}) == 2.0
+    assert get("lagwatch_up", {"cluster": "main", "node": "replica2"}) == 0.0
+    assert get("lagwatch_poll_errors_total", {"cluster": "main", "node": "replica2", "kind": "timeout"}) == 3.0
+    assert get("lagwatch_replica_lag_bytes", {"cluster": "main", "replica": "stranger", "stage": "replay"}) == 200.0
+    assert get("lagwatch_replica_configured", {"cluster": "main", "replica": "stranger"}) == 0.0
+    assert get("lagwatch_slot_retained_bytes", {"cluster": "main", "slot": "inactive"}) == 5000.0
+    assert get("lagwatch_slot_active", {"cluster": "main", "slot": "inactive"}) == 0.0
+    assert "as of last poll" in text and "lagwatch_cycles_total 2.0" in text
+
+    # Next cycle the stranger is gone and the slot dropped: so are their series.
+    cluster = tracker.update([primary(4, 300), replica("replica1", 4, 300), down("replica2", 4)], now=4)
+    registry, text = render(Snapshot(2.0, 0.01, 3, 0, (cluster,)))
+    assert 'replica="stranger"' not in text and 'slot="inactive"' not in text
+
+
+def test_collector_before_first_poll_is_empty() -> None:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SnapshotCollector(lambda: None))
+    assert generate_latest(registry) == b""

@@ -1,0 +1,113 @@
+"""Each view: the SQL chosen by server version, and parse() on canned rows."""
+
+import pytest
+from lagwatch.lsn import format_lsn, parse_lsn
+from lagwatch.views import CYCLE_VIEWS, replication, server, slots, wal, wal_dir, wal_receiver, walinspect
+
+
+def test_lsn_roundtrip() -> None:
+    assert parse_lsn("16/B374D848") == 0x16B374D848
+    assert format_lsn(0x16B374D848) == "16/B374D848"
+    assert parse_lsn(None) is None
+    with pytest.raises(ValueError):
+        parse_lsn("garbage")
+
+
+@pytest.mark.parametrize("version", [130000, 140000, 150000, 160000, 170000, 180000])
+def test_every_view_has_sql_for_13_to_18(version: int) -> None:
+    for view in CYCLE_VIEWS:
+        assert view.sql_for(version), (view.name, version)
+
+
+def test_versioned_sql_choices() -> None:
+    assert "pg_is_wal_replay_paused" in (server.VIEW.sql_for(130000) or "")
+    assert "pg_get_wal_replay_pause_state" in (server.VIEW.sql_for(140000) or "")
+    assert "pg_stat_wal" not in (wal.VIEW.sql_for(130000) or "")
+    assert "wal_write::float8" in (wal.VIEW.sql_for(170000) or "")
+    assert "NULL::float8 AS wal_write" in (wal.VIEW.sql_for(180000) or "")
+    assert "inactive_since" not in (slots.VIEW.sql_for(160000) or "")
+    assert "inactive_since" in (slots.VIEW.sql_for(170000) or "")
+    assert "NULL::text AS invalidation_reason" not in (slots.VIEW.sql_for(180000) or "")
+    assert server.VIEW.sql_for(120000) is None
+
+
+def test_server_on_replica_and_primary() -> None:
+    replica = server.parse([{"in_recovery": True, "current_lsn": None, "receive_lsn": "0/3000100",
+                             "replay_lsn": "0/3000000", "replay_pause_state": "paused",
+                             "last_replay_age_seconds": 61.6}])
+    assert replica.replay_paused is True
+    assert replica.receive_replay_bytes == 0x100
+    primary = server.parse([{"in_recovery": False, "current_lsn": "0/5000000", "receive_lsn": None,
+                             "replay_lsn": None, "replay_pause_state": None, "last_replay_age_seconds": None}])
+    assert primary.current_lsn == 0x5000000 and primary.replay_paused is None
+    requested = server.parse([{"in_recovery": True, "current_lsn": None, "receive_lsn": None, "replay_lsn": None,
+                               "replay_pause_state": "pause requested", "last_replay_age_seconds": None}])
+    assert requested.replay_paused is True and requested.receive_replay_bytes is None
+
+
+def _sender_row(**over: object) -> dict[str, object]:
+    row: dict[str, object] = {
+        "application_name": "replica1", "client_addr": "127.0.0.2", "state": "streaming", "sync_state": "async",
+        "sent_lsn": "0/3000000", "write_lsn": "0/3000000", "flush_lsn": "0/3000000", "replay_lsn": "0/3000000",
+        "current_lsn": "0/3000000", "write_lag": None, "flush_lag": None, "replay_lag": None,
+        "reply_age_seconds": 0.5, "slot_name": "replica1"}
+    row.update(over)
+    return row
+
+
+def test_walsender_null_lag_while_caught_up_is_zero() -> None:
+    (sender,) = replication.parse([_sender_row()])
+    assert [sender.lag_seconds(s) for s in ("write", "flush", "replay")] == [0.0, 0.0, 0.0]
+    assert [sender.lag_bytes(s) for s in replication.STAGES] == [0, 0, 0, 0]
+
+
+def test_walsender_null_lag_while_behind_is_unknown_not_zero() -> None:
+    (sender,) = replication.parse([_sender_row(current_lsn="0/3001000", sent_lsn="0/3001000",
+                                               write_lsn="0/3001000", flush_lsn="0/3001000",
+                                               replay_lsn="0/3000000", write_lag=0.001, flush_lag=0.002)])
+    assert sender.lag_seconds("write") == 0.001
+    assert sender.lag_seconds("replay") is None
+    assert sender.lag_bytes("replay") == 0x1000 and sender.lag_bytes("sent") == 0
+
+
+def test_walsender_duplicate_names_keep_first() -> None:
+    senders = replication.parse([_sender_row(client_addr="a"), _sender_row(client_addr="b"),
+                                 _sender_row(application_name="other")])
+    assert [(s.application_name, s.client_addr) for s in senders] == [("replica1", "a"), ("other", "127.0.0.2")]
+
+
+def test_wal_receiver_absent_means_not_streaming() -> None:
+    assert wal_receiver.parse([]).streaming is False
+    receiver = wal_receiver.parse([{"status": "streaming", "sender_host": "127.0.0.1", "sender_port": 5432,
+                                    "slot_name": "r1", "latest_end_lsn": "0/1", "last_msg_age_seconds": 0.1}])
+    assert receiver.streaming and receiver.sender_port == 5432
+
+
+def test_slots_parse_all_versions() -> None:
+    (slot,) = slots.parse([{"slot_name": "inactive", "slot_type": "physical", "database": None, "plugin": None,
+                            "active": False, "temporary": False, "wal_status": "extended",
+                            "safe_wal_size": 1000.0, "retained_bytes": 5000.0, "confirmed_flush_lag_bytes": None,
+                            "conflicting": None, "inactive_seconds": 12.5, "invalidation_reason": None}])
+    assert slot.retained_bytes == 5000 and slot.safe_wal_size == 1000 and slot.inactive_seconds == 12.5
+    assert slot.active is False and slot.confirmed_flush_lag_bytes is None
+
+
+@pytest.mark.parametrize("setting,method", [("on", "pglz"), ("off", "off"), ("lz4", "lz4"), ("zstd", "zstd"),
+                                            ("pglz", "pglz")])
+def test_wal_compression_boolean_before_15(setting: str, method: str) -> None:
+    assert wal.compression_method(setting) == method
+
+
+def test_wal_stats_18_has_no_write_sync_and_unlimited_keep() -> None:
+    stats = wal.parse([{"wal_compression": "lz4", "max_slot_wal_keep_bytes": -1.0, "wal_segment_bytes": 16777216.0,
+                        "wal_records": 10.0, "wal_fpi": 2.0, "wal_bytes": 4096.0, "wal_buffers_full": 0.0,
+                        "wal_write": None, "wal_sync": None}])
+    assert stats.max_slot_wal_keep_bytes is None and stats.writes is None and stats.fpi == 2
+
+
+def test_wal_dir_and_walinspect() -> None:
+    assert wal_dir.parse([{"bytes": 33554432.0, "files": 2}]).bytes == 33554432
+    inspection = walinspect.parse([{"start_lsn": "0/1000000", "end_lsn": "0/1800000", "flush_lsn": "0/2000000",
+                                    "records": 10.0, "record_bytes": 100.0, "fpi_bytes": 8000.0,
+                                    "combined_bytes": 8100.0}])
+    assert inspection.inspected_bytes == 0x800000 and inspection.skipped_bytes == 0x800000
