@@ -102,6 +102,7 @@ lagwatch demo is running (PostgreSQL {binaries.major}):
   metrics   http://{host}:{port}/metrics
   status    http://{host}:{port}/api/status
   config    {config_path}
+  data      {cluster.base_dir}
 replica1's replay pauses for {PAUSE_SECONDS:.0f}s every {RUN_SECONDS + PAUSE_SECONDS:.0f}s. Ctrl-C stops everything.
 """, flush=True)
         if duration is not None:

@@ -40,28 +40,11 @@ def cluster_config(cluster: LocalCluster, port: int, *, interval: str = "1s", wi
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
-class Lagwatch:
-    """One `lagwatch run` process with its config file and log."""
+class LagwatchHttp:
+    """Reads a running lagwatch's HTTP endpoints."""
 
-    def __init__(self, workdir: Path, config: dict[str, Any], env: dict[str, str] | None = None) -> None:
-        self.workdir = workdir
-        self.config_path = workdir / "lagwatch.yaml"
-        self.log_path = workdir / "lagwatch.log"
-        self.port = int(config["listen"].rsplit(":", 1)[1])
-        self.write_config(config)
-        self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "lagwatch.cli", "--log-level", "debug", "run", "-c", str(self.config_path)],
-            stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT / "daemon"), **(env or {})})
-
-    @classmethod
-    def for_cluster(cls, workdir: Path, cluster: LocalCluster, **kwargs: Any) -> Lagwatch:
-        port = free_port(["127.0.0.1"])
-        return cls(workdir, cluster_config(cluster, port, **kwargs))
-
-    def write_config(self, config: dict[str, Any]) -> None:
-        self.config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+    def __init__(self, port: int) -> None:
+        self.port = port
 
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.port}{path}"
@@ -76,15 +59,17 @@ class Lagwatch:
     def wait_ready(self, timeout: float = 30) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"lagwatch exited {self.proc.returncode}:\n{self.log_text()[-3000:]}")
+            self._check_alive()
             try:
                 if self.get("/readyz")[0] == 200:
                     return
             except OSError:
                 pass
             time.sleep(0.1)
-        raise RuntimeError(f"lagwatch not ready within {timeout}s:\n{self.log_text()[-3000:]}")
+        raise RuntimeError(f"lagwatch not ready within {timeout}s")
+
+    def _check_alive(self) -> None:
+        pass
 
     def samples(self) -> Samples:
         status, text = self.get("/metrics")
@@ -118,6 +103,34 @@ class Lagwatch:
             if time.monotonic() - started > timeout:
                 raise AssertionError(f"timed out after {timeout}s waiting for {what}")
             time.sleep(0.1)
+
+
+class Lagwatch(LagwatchHttp):
+    """One `lagwatch run` process with its config file and log."""
+
+    def __init__(self, workdir: Path, config: dict[str, Any], env: dict[str, str] | None = None) -> None:
+        super().__init__(int(config["listen"].rsplit(":", 1)[1]))
+        self.workdir = workdir
+        self.config_path = workdir / "lagwatch.yaml"
+        self.log_path = workdir / "lagwatch.log"
+        self.write_config(config)
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "lagwatch.cli", "--log-level", "debug", "run", "-c", str(self.config_path)],
+            stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT / "daemon"), **(env or {})})
+
+    @classmethod
+    def for_cluster(cls, workdir: Path, cluster: LocalCluster, **kwargs: Any) -> Lagwatch:
+        port = free_port(["127.0.0.1"])
+        return cls(workdir, cluster_config(cluster, port, **kwargs))
+
+    def write_config(self, config: dict[str, Any]) -> None:
+        self.config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+
+    def _check_alive(self) -> None:
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"lagwatch exited {self.proc.returncode}:\n{self.log_text()[-3000:]}")
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")

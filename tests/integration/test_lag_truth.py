@@ -31,6 +31,10 @@ def lag(lw: Lagwatch, replica: str) -> float | None:
     return lw.value("lagwatch_replica_lag_seconds", replica=replica)
 
 
+def _labels(**labels: str) -> frozenset[tuple[str, str]]:
+    return frozenset({"cluster": "main", **labels}.items())
+
+
 def _at_most(value: float | None, limit: float) -> bool:
     return value is not None and value <= limit
 
@@ -95,14 +99,24 @@ def test_cut_off_replica_grows_and_is_not_streaming(pg_cluster: LocalCluster, la
     assert _at_most(lag(lagwatch, "replica1"), INTERVAL)
 
 
-def test_inactive_slot_retains_wal(pg_cluster: LocalCluster, lagwatch: Lagwatch) -> None:
-    before = lagwatch.value("lagwatch_slot_retained_bytes", slot="inactive")
-    assert before is not None
+def test_inactive_slot_retains_wal_and_wal_stats_move(pg_cluster: LocalCluster, lagwatch: Lagwatch) -> None:
+    before = lagwatch.samples()
+    retained_before = before[("lagwatch_slot_retained_bytes", _labels(slot="inactive"))]
     with Writer(pg_cluster, every=0.05):
         time.sleep(3)
     time.sleep(1.5)
-    after = lagwatch.value("lagwatch_slot_retained_bytes", slot="inactive")
-    assert after is not None and after > before + 100_000, (before, after)
+    after = lagwatch.samples()
+    retained_after = after[("lagwatch_slot_retained_bytes", _labels(slot="inactive"))]
+    assert retained_after > retained_before + 100_000, (retained_before, retained_after)
+    # WAL counters: pg_stat_wal (14+) and pg_walinspect (installed by the fixture) both see the writes.
+    for name in ("lagwatch_wal_bytes_total", "lagwatch_wal_records_total", "lagwatch_wal_inspected_bytes_total"):
+        assert after[(name, _labels())] > before.get((name, _labels()), 0), name
+    assert after[("lagwatch_wal_rate_bytes_per_second", _labels())] > 0
+    assert after[("lagwatch_wal_directory_bytes", _labels())] > 0
+    method = "pglz" if pg_cluster.binaries.major < 15 else pg_cluster.primary.scalar("SHOW wal_compression")
+    assert after[("lagwatch_wal_compression_info", _labels(method=method))] == 1
+    has_write_counters = ("lagwatch_wal_writes_total", _labels()) in after
+    assert has_write_counters == (pg_cluster.binaries.major < 18)
     assert lagwatch.value("lagwatch_slot_active", slot="inactive") == 0
     assert lagwatch.value("lagwatch_slot_active", slot="replica1") == 1
     assert lagwatch.value("lagwatch_slot_safe_wal_size_bytes", slot="inactive") is not None
