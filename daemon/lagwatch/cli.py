@@ -1,4 +1,4 @@
-"""Command line: run | check | validate | demo.
+"""Command line: run | check | validate | pool | demo.
 
 Exit codes: 0 fine, 2 for a config that cannot be used (every problem printed with its
 path). ``check`` follows the Nagios convention: 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN.
@@ -89,6 +89,43 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(listen=args.listen, pg_major=args.pg_major, duration=args.duration)
 
 
+def cmd_pool(args: argparse.Namespace) -> int:
+    from lagwatch.holds import HoldStore
+    from lagwatch.poolers import PoolerError, make_pooler
+
+    config = _load(args.config)
+    if config is None:
+        return EXIT_CONFIG
+    clusters = [c for c in config.clusters if args.cluster in (None, c.name)]
+    if args.cluster is not None and not clusters:
+        print(f"no cluster named {args.cluster!r} in {args.config}", file=sys.stderr)
+        return EXIT_CONFIG
+    store = HoldStore(config.holds_file)
+    if args.action == "show":
+        for cluster in clusters:
+            line = f"{cluster.name}: holds {store.for_cluster(cluster.name) or 'none'}"
+            if cluster.pooler is not None:
+                try:
+                    members = make_pooler(cluster).read_pool()
+                    line += f"; {cluster.pooler.kind} pool: {', '.join(sorted(members)) or '(empty)'}"
+                except PoolerError as exc:
+                    line += f"; {cluster.pooler.kind} pool unknown: {exc}"
+            print(line)
+        return 0
+    if len(clusters) != 1:
+        print("several clusters: say which with --cluster", file=sys.stderr)
+        return EXIT_CONFIG
+    cluster = clusters[0]
+    if args.replica not in {r.name for r in cluster.replicas}:
+        print(f"{cluster.name} has no replica named {args.replica!r}", file=sys.stderr)
+        return EXIT_CONFIG
+    hold = args.state if args.action == "hold" else None
+    store.set(cluster.name, args.replica, hold)
+    print(f"{cluster.name}/{args.replica}: " + (f"held {hold} (beats automation until released)" if hold
+                                                 else "released to automation"))
+    return 0
+
+
 def _duration(text: str) -> float:
     try:
         return parse_duration(text)
@@ -115,6 +152,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("validate", help="check a config file and exit")
     p.add_argument("-c", "--config", required=True)
     p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("pool", help="operator holds on pool membership, kept across restarts")
+    p.add_argument("-c", "--config", required=True)
+    p.add_argument("--cluster", default=None)
+    pool_sub = p.add_subparsers(dest="action", required=True)
+    hold = pool_sub.add_parser("hold", help="keep a replica in or out of the pool, whatever its lag")
+    hold.add_argument("replica")
+    hold.add_argument("state", choices=["in", "out"])
+    release = pool_sub.add_parser("release", help="give a held replica back to automation")
+    release.add_argument("replica")
+    pool_sub.add_parser("show", help="print holds and the pooler's current pool")
+    p.set_defaults(func=cmd_pool)
 
     p = sub.add_parser("demo", help="start a local primary + 2 replicas with load, and watch them")
     p.add_argument("--listen", default="127.0.0.1:9847")

@@ -78,10 +78,106 @@ class NodeConfig(_Strict):
         return None
 
 
+class SlaOverride(_Strict):
+    """Per-replica SLA: any key left out comes from the cluster's ``sla``."""
+
+    max_lag: Duration | None = None
+    p95: Duration | None = None
+    eject_after: int | None = Field(default=None, ge=1)
+    readmit_below: Duration | None = None
+    readmit_after: int | None = Field(default=None, ge=1)
+
+
+class SlaConfig(_Strict):
+    """When a replica leaves the read pool and when it may come back (hysteresis)."""
+
+    max_lag: Duration = 10.0  # staleness above this counts as a bad cycle
+    p95: Duration | None = None  # window p95 above this ejects at once
+    eject_after: int = Field(default=3, ge=1)  # consecutive bad cycles before ejecting
+    readmit_below: Duration | None = None  # default: half of max_lag
+    readmit_after: int = Field(default=5, ge=1)  # consecutive good cycles before readmitting
+    min_replicas: int = Field(default=1, ge=0)  # the pool never shrinks below this
+    fallback_to_primary: bool = False  # add the primary while fewer than min_replicas are healthy
+
+    @model_validator(mode="after")
+    def _hysteresis(self) -> SlaConfig:
+        if self.max_lag <= 0:
+            raise ValueError("max_lag must be greater than 0")
+        if self.readmit_below is not None and self.readmit_below > self.max_lag:
+            raise ValueError("readmit_below must not be above max_lag (that would flap)")
+        return self
+
+    def for_replica(self, override: SlaOverride | None) -> ReplicaSla:
+        o = override or SlaOverride()
+        max_lag = o.max_lag if o.max_lag is not None else self.max_lag
+        readmit = o.readmit_below if o.readmit_below is not None else self.readmit_below
+        return ReplicaSla(
+            max_lag=max_lag,
+            p95=o.p95 if o.p95 is not None else self.p95,
+            eject_after=o.eject_after or self.eject_after,
+            readmit_below=min(readmit, max_lag) if readmit is not None else max_lag / 2,
+            readmit_after=o.readmit_after or self.readmit_after,
+        )
+
+
+class ReplicaSla(_Strict):
+    """The SLA of one replica, every value resolved."""
+
+    max_lag: float
+    p95: float | None
+    eject_after: int
+    readmit_below: float
+    readmit_after: int
+
+
+class PgBouncerPoolerConfig(_Strict):
+    kind: Literal["pgbouncer"]
+    admin_dsn: str
+    admin_password_file: Path | None = None
+    admin_password_env: str | None = None
+    include_file: Path  # lagwatch owns this file: one [databases] entry
+    database: str  # the read database's name in PgBouncer
+    options: str = ""  # the rest of the entry after host=..., e.g. "port=5432 dbname=app"
+    # With no eligible replica: point the entry at the primary, or leave it as it is.
+    when_empty: Literal["primary", "keep"] = "primary"
+
+
+class HAProxyPoolerConfig(_Strict):
+    kind: Literal["haproxy"]
+    socket: Path  # the stats socket with "level admin"
+    backend: str
+    servers: dict[str, str]  # lagwatch member name (replica name or "primary") -> HAProxy server
+    ejected_state: Literal["maint", "drain"] = "maint"
+
+
+class TomlPoolerConfig(_Strict):
+    kind: Literal["pgcat", "pgdog"]
+    config_file: Path
+    pool: str  # PgCat: the [pools.NAME] section; PgDog: the [[databases]] name
+    reload_command: tuple[str, ...]  # argv, run after the file is replaced
+
+
+class CommandPoolerConfig(_Strict):
+    # A template's whitespace (its final newline) is part of the output.
+    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=False)
+
+    kind: Literal["command"]
+    template: str  # Python str.format template; {members}, {hosts} and {backends} are filled in
+    output_file: Path
+    reload_command: tuple[str, ...]
+
+
+PoolerConfig = Annotated[
+    PgBouncerPoolerConfig | HAProxyPoolerConfig | TomlPoolerConfig | CommandPoolerConfig,
+    Field(discriminator="kind"),
+]
+
+
 class ReplicaConfig(NodeConfig):
     name: str = Field(min_length=1)
     # The replica's row in the primary's pg_stat_replication is found by this name.
     application_name: str | None = None
+    sla: SlaOverride | None = None
 
     @field_validator("name")
     @classmethod
@@ -102,6 +198,22 @@ class ClusterConfig(_Strict):
     # pg_walinspect FPI statistics: "auto" uses them where installed and permitted.
     walinspect: Literal["auto", "off"] = "auto"
     walinspect_max_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
+    sla: SlaConfig = SlaConfig()
+    pooler: PoolerConfig | None = None
+    dry_run: bool = False  # decide, log and count pool changes, but change nothing
+
+    def replica_sla(self, name: str) -> ReplicaSla:
+        replica = next(r for r in self.replicas if r.name == name)
+        return self.sla.for_replica(replica.sla)
+
+    @model_validator(mode="after")
+    def _pooler_members(self) -> ClusterConfig:
+        if isinstance(self.pooler, HAProxyPoolerConfig):
+            known = {r.name for r in self.replicas} | {"primary"}
+            unknown = sorted(set(self.pooler.servers) - known)
+            if unknown:
+                raise ValueError(f"pooler.servers names unknown replicas: {', '.join(unknown)}")
+        return self
 
     @model_validator(mode="after")
     def _unique_replicas(self) -> ClusterConfig:
@@ -122,6 +234,7 @@ class Config(_Strict):
     connect_timeout: Duration | None = None
     query_timeout: Duration | None = None
     reconnect_backoff_max: Duration = 5.0
+    state_dir: Path = Path("/var/lib/lagwatch")  # operator holds live here (holds.json)
     clusters: tuple[ClusterConfig, ...]
 
     @field_validator("interval", "window")
@@ -162,6 +275,10 @@ class Config(_Strict):
     @property
     def effective_connect_timeout(self) -> float:
         return self.connect_timeout if self.connect_timeout else max(0.5, self.interval * 0.8)
+
+    @property
+    def holds_file(self) -> Path:
+        return self.state_dir / "holds.json"
 
     @property
     def listen_address(self) -> tuple[str, int]:

@@ -13,6 +13,7 @@ import logging
 import signal
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
@@ -21,7 +22,9 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from lagwatch.config import Config, ConfigError, load_config
 from lagwatch.durations import format_duration
+from lagwatch.holds import HoldStore
 from lagwatch.poll import NodePoller, poll_all, pollers_for
+from lagwatch.poolcontrol import PoolController
 from lagwatch.snapshot import ClusterSnapshot, Snapshot
 from lagwatch.tracker import ClusterTracker
 
@@ -52,6 +55,7 @@ class Daemon:
         self.on_cycle = on_cycle
         self._trackers: dict[str, ClusterTracker] = {}
         self._pollers: dict[str, list[NodePoller]] = {}
+        self._controllers: dict[str, PoolController] = {}
         self._build(config)
         self._cycles = 0
         self._overruns = 0
@@ -70,6 +74,9 @@ class Daemon:
                 trackers[cluster.name] = ClusterTracker(cluster, config.interval, config.window)
         self._trackers = trackers
         self._pollers = {c.name: pollers_for(c, config) for c in config.clusters}
+        holds = HoldStore(config.holds_file)
+        self._controllers = {c.name: PoolController(c, config.interval, holds, config.effective_query_timeout)
+                             for c in config.clusters if c.pooler is not None}
 
     # -- one cycle ------------------------------------------------------------------------
 
@@ -79,7 +86,8 @@ class Daemon:
             clusters = self.config.clusters
             results = await asyncio.gather(*(poll_all(self._pollers[c.name]) for c in clusters))
             now = time.monotonic()
-            snapshots = tuple(self._trackers[c.name].update(obs, now) for c, obs in zip(clusters, results, strict=True))
+            tracked = [self._trackers[c.name].update(obs, now) for c, obs in zip(clusters, results, strict=True)]
+            snapshots = tuple(await asyncio.gather(*(self._control(cs, now) for cs in tracked)))
             duration = time.monotonic() - started
             self._cycles += 1
             if duration > self.config.interval:
@@ -97,6 +105,16 @@ class Daemon:
             if self.on_cycle is not None:
                 self.on_cycle(snapshot)
             return snapshot
+
+    async def _control(self, cluster: ClusterSnapshot, now: float) -> ClusterSnapshot:
+        controller = self._controllers.get(cluster.name)
+        if controller is None:
+            return cluster
+        try:
+            return replace(cluster, pool=await controller.step(cluster, now))
+        except Exception:  # pool control must never stop the measuring
+            log.exception("%s: pool control failed; measuring goes on", cluster.name)
+            return cluster
 
     async def _scheduled_cycle(self) -> None:
         try:
@@ -142,7 +160,8 @@ class Daemon:
         self._stopped.set()
 
     async def close(self) -> None:
-        await asyncio.gather(*(p.close() for pollers in self._pollers.values() for p in pollers))
+        await asyncio.gather(*(p.close() for pollers in self._pollers.values() for p in pollers),
+                             *(c.close() for c in self._controllers.values()))
 
     async def reload(self) -> bool:
         """Re-read the config file; a bad one is rejected and the running config stays."""

@@ -69,6 +69,7 @@ def _cluster_metrics(c: ClusterSnapshot) -> Iterator[Metric]:
     yield from _replica_metrics(c)
     yield from _slot_metrics(c)
     yield from _wal_metrics(c)
+    yield from _pool_metrics(c)
 
 
 def _node_metrics(c: ClusterSnapshot) -> Iterator[Metric]:
@@ -244,3 +245,37 @@ def _fmt_q(q: float) -> str:
 
 def _fmt_le(bound: float) -> str:
     return "+Inf" if bound == float("inf") else repr(bound)
+
+
+def _pool_metrics(c: ClusterSnapshot) -> Iterator[Metric]:
+    pool = c.pool
+    if pool is None:
+        return
+    key = [c.name]
+    yield _with(_g("lagwatch_leader", "1 if this instance holds the cluster's leader lock and applies pool "
+                   "changes", ["cluster"]), key, 1.0 if pool.leader else 0.0)
+    yield _with(_g("lagwatch_pool_dry_run", "1 if pool changes are decided and counted but not applied",
+                   ["cluster"]), key, 1.0 if pool.dry_run else 0.0)
+    yield _counter("lagwatch_pool_apply_errors", "Failed attempts to make the pooler match the decision",
+                   ["cluster"], key, pool.apply_errors_total)
+    lbl = ["cluster", "replica"]
+    member = _g("lagwatch_pool_member", "1 if lagwatch's decision puts the member (replica, or 'primary' as a "
+                "fallback) in the read pool", lbl)
+    pooler = _g("lagwatch_pool_pooler_member", "1 if the pooler itself reports the member in its read pool", lbl)
+    names = sorted({*pool.reasons, *(pool.members or ()), *(pool.pooler_members or ())})
+    for name in names:
+        if pool.members is not None:
+            member.add_metric([c.name, name], 1.0 if name in pool.members else 0.0)
+        if pool.pooler_members is not None:
+            pooler.add_metric([c.name, name], 1.0 if name in pool.pooler_members else 0.0)
+    yield member
+    yield pooler
+    changes = CounterMetricFamily("lagwatch_pool_changes", "Pool changes decided, by member and action "
+                                  "(eject, readmit, add, remove); counted in dry runs too", labels=lbl + ["action"])
+    for (name, action), count in sorted(pool.changes_total.items()):
+        changes.add_metric([c.name, name, action], count)
+    yield changes
+    held = _g("lagwatch_pool_held", "1 while an operator hold (in or out) overrides automation", lbl + ["hold"])
+    for name, hold in sorted(pool.holds.items()):
+        held.add_metric([c.name, name, hold], 1.0)
+    yield held

@@ -102,6 +102,10 @@ class LagWindow:
         while self._samples and self._samples[0][0] < now - self.window:
             self._samples.popleft()
 
+    def samples(self, now: float) -> tuple[tuple[float, float], ...]:
+        self._trim(now)
+        return tuple(self._samples)
+
     def values(self, now: float) -> list[float]:
         self._trim(now)
         return [v for _, v in self._samples]

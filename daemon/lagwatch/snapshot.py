@@ -68,6 +68,7 @@ class ReplicaState:
     wal_receiver_status: str | None = None
     last_replay_age_seconds: float | None = None
     walsender: WalSender | None = None
+    samples: tuple[tuple[float, float], ...] = ()  # (monotonic time, staleness) over the window
 
     @property
     def replay_paused(self) -> bool | None:
@@ -102,6 +103,32 @@ class WalInspectTotals:
 
 
 @dataclass(frozen=True)
+class PoolEvent:
+    at: float  # wall clock
+    member: str
+    action: str  # eject | readmit | add | remove
+    reason: str
+    staleness: float | None
+    p95: float | None
+    dry_run: bool
+
+
+@dataclass(frozen=True)
+class PoolStatus:
+    kind: str
+    leader: bool
+    dry_run: bool
+    members: frozenset[str] | None  # the decision; None before the pooler could be read once
+    pooler_members: frozenset[str] | None  # what the pooler itself says, read back each cycle
+    reasons: dict[str, str]
+    holds: dict[str, str]
+    changes_total: dict[tuple[str, str], int]  # (member, action) -> count
+    apply_errors_total: int
+    last_error: str | None
+    events: tuple[PoolEvent, ...]
+
+
+@dataclass(frozen=True)
 class ClusterSnapshot:
     name: str
     primary_lsn: int | None
@@ -112,6 +139,7 @@ class ClusterSnapshot:
     wal_dir: WalDir | None
     walinspect: WalInspectTotals | None
     nodes: tuple[NodeHealth, ...]
+    pool: PoolStatus | None = None
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from dataclasses import asdict
 from typing import Any
 
 from lagwatch.lsn import format_lsn
-from lagwatch.snapshot import ClusterSnapshot, ReplicaState, Snapshot
+from lagwatch.snapshot import ClusterSnapshot, PoolStatus, ReplicaState, Snapshot
 
 
 def _clean(value: Any) -> Any:
@@ -63,6 +63,23 @@ def cluster_status(c: ClusterSnapshot) -> dict[str, Any]:
         "wal_dir": None if c.wal_dir is None else asdict(c.wal_dir),
         "walinspect": None if c.walinspect is None else asdict(c.walinspect),
         "nodes": [asdict(n) for n in c.nodes],
+        "pool": None if c.pool is None else pool_status(c.pool),
+    }
+
+
+def pool_status(p: PoolStatus) -> dict[str, Any]:
+    return {
+        "kind": p.kind,
+        "leader": p.leader,
+        "dry_run": p.dry_run,
+        "members": None if p.members is None else sorted(p.members),
+        "pooler_members": None if p.pooler_members is None else sorted(p.pooler_members),
+        "reasons": p.reasons,
+        "holds": p.holds,
+        "changes_total": [{"member": m, "action": a, "count": n} for (m, a), n in sorted(p.changes_total.items())],
+        "apply_errors_total": p.apply_errors_total,
+        "last_error": p.last_error,
+        "events": [asdict(e) for e in reversed(p.events)],  # newest first
     }
 
 

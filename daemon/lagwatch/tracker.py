@@ -42,6 +42,7 @@ class _LagFields(TypedDict):
     replay_lsn: int | None
     window: WindowStats | None
     histogram: HistogramCounts
+    samples: tuple[tuple[float, float], ...]
 
 
 @dataclass(frozen=True)
@@ -166,6 +167,7 @@ class ClusterTracker:
             "replay_lsn": replay.lsn if replay is not None else None,
             "window": window.stats(now),
             "histogram": histogram.snapshot(),
+            "samples": window.samples(now),
         }
 
     def _forget_vanished(self, present: set[str], now: float) -> None:

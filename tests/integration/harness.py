@@ -182,3 +182,9 @@ class Writer:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(10)
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the `lagwatch` CLI as a subprocess from this checkout."""
+    return subprocess.run([sys.executable, "-m", "lagwatch.cli", *args], capture_output=True, text=True,
+                          timeout=60, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT / "daemon"), **(env or {})})

@@ -3,23 +3,14 @@
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import yaml
-from harness import ROOT, Lagwatch, Writer, cluster_config
+from harness import Lagwatch, Writer, cluster_config, run_cli
 from lagwatch.localcluster import LocalCluster, free_port
 
 SECRET = "Sup3r-Secret-Pw"
-
-
-def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    import os
-
-    return subprocess.run([sys.executable, "-m", "lagwatch.cli", *args], capture_output=True, text=True,
-                          timeout=60, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT / "daemon"), **(env or {})})
 
 
 def test_sigterm_exits_cleanly_within_2s(pg_cluster: LocalCluster, tmp_path: Path) -> None:

@@ -150,3 +150,53 @@ def test_shipped_example_config_validates(tmp_path: Path, monkeypatch: pytest.Mo
     text = example.read_text().replace("/etc/lagwatch/password", str(secret))
     config = load_config(write(tmp_path, text))
     assert [r.name for r in config.clusters[0].replicas] == ["replica1", "replica2"]
+
+
+POOL_EXAMPLE = ISSUE_EXAMPLE + """\
+    sla:
+      max_lag: 2s
+      p95: 500ms
+      eject_after: 2
+      readmit_below: 1s
+      readmit_after: 5
+      min_replicas: 1
+    pooler:
+      kind: pgbouncer
+      admin_dsn: "host=127.0.0.1 port=56432 user=pgbouncer dbname=pgbouncer"
+      include_file: /etc/pgbouncer/lagwatch-replicas.ini
+      database: app_ro
+      options: "port=55432 dbname=postgres"
+"""
+
+
+def test_issue_pool_example_loads_as_written(tmp_path: Path) -> None:
+    cluster = load_config(write(tmp_path, POOL_EXAMPLE)).clusters[0]
+    assert cluster.pooler is not None and cluster.pooler.kind == "pgbouncer"
+    sla = cluster.replica_sla("replica1")
+    assert (sla.max_lag, sla.p95, sla.eject_after, sla.readmit_below, sla.readmit_after) == (2.0, 0.5, 2, 1.0, 5)
+    assert cluster.sla.min_replicas == 1
+
+
+def test_haproxy_pooler_and_replica_sla_override(tmp_path: Path) -> None:
+    text = ISSUE_EXAMPLE.replace('''      - name: replica2
+''', '''      - name: replica2
+        sla: {max_lag: 5s}
+''') + """\
+    pooler: {kind: haproxy, socket: /run/haproxy/admin.sock, backend: pg_ro, servers: {replica1: r1, replica2: r2}}
+"""
+    cluster = load_config(write(tmp_path, text)).clusters[0]
+    assert cluster.replica_sla("replica2").max_lag == 5.0
+    assert cluster.replica_sla("replica2").readmit_below == 2.5
+    assert cluster.replica_sla("replica1").max_lag == 10.0
+
+
+@pytest.mark.parametrize("pool_yaml,needle", [
+    ("    pooler: {kind: pgcat}\n", "clusters[0].pooler.pgcat.config_file: required key is missing"),
+    ("    pooler: {kind: nosuch}\n", "clusters[0].pooler:"),
+    ("    pooler: {kind: haproxy, socket: /s, backend: b, servers: {ghost: g}}\n", "unknown replicas: ghost"),
+    ("    sla: {max_lag: 1s, readmit_below: 2s}\n", "readmit_below must not be above max_lag"),
+    ("    sla: {eject_after: 0}\n", "clusters[0].sla.eject_after:"),
+])
+def test_bad_pool_config(tmp_path: Path, capsys: pytest.CaptureFixture[str], pool_yaml: str, needle: str) -> None:
+    assert main(["validate", "-c", str(write(tmp_path, ISSUE_EXAMPLE + pool_yaml))]) == 2
+    assert needle in capsys.readouterr().err

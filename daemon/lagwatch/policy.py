@@ -1,0 +1,173 @@
+"""Which replicas belong in the read pool: a pure function of what was observed.
+
+``decide(replicas, slas, rules, state, overrides, now)`` returns the desired pool, the
+changes against the previous decision with their reasons, and the next state. No I/O, no
+clock: everything comes in as arguments, so the tests are tables.
+
+Rules (hysteresis, so nothing flaps):
+- a pool member is ejected after ``eject_after`` consecutive bad cycles: staleness above
+  ``max_lag``, unknown, or the node unreachable / not streaming. Its p95 since it was
+  (re)admitted above the SLA's ``p95`` ejects it at once;
+- an ejected replica is readmitted after ``readmit_after`` consecutive cycles reachable,
+  streaming and below ``readmit_below``; "unknown" never counts as good;
+- an operator hold (in/out) beats all of the above;
+- the pool never shrinks below ``min_replicas``: the least-behind ejected replicas stay,
+  or, with ``fallback_to_primary``, the primary joins while too few replicas are healthy.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from lagwatch.config import ReplicaSla
+from lagwatch.lag import nearest_rank
+
+PRIMARY = "primary"
+# A p95 over fewer samples than this is just the max of a handful: not evidence.
+MIN_P95_SAMPLES = 20
+
+Hold = Literal["in", "out"]
+Action = Literal["eject", "readmit", "add", "remove"]
+
+
+@dataclass(frozen=True)
+class ReplicaHealth:
+    """One cycle's view of a configured replica, as the policy needs it."""
+
+    name: str
+    staleness: float | None
+    reachable: bool
+    streaming: bool
+    samples: tuple[tuple[float, float], ...] = ()  # (monotonic time, staleness) over the window
+
+
+@dataclass(frozen=True)
+class PoolRules:
+    min_replicas: int
+    fallback_to_primary: bool
+
+
+@dataclass(frozen=True)
+class ReplicaPolicyState:
+    eligible: bool  # by the SLA alone (before holds and min_replicas)
+    bad_streak: int = 0
+    good_streak: int = 0
+    admitted_at: float = -math.inf  # p95 counts samples since then
+    reason: str = ""  # why it is out (or was last judged)
+
+
+@dataclass(frozen=True)
+class PolicyState:
+    replicas: Mapping[str, ReplicaPolicyState] = field(default_factory=dict)
+    pool: frozenset[str] = frozenset()
+
+    @classmethod
+    def from_pool(cls, pool: frozenset[str], names: Sequence[str], now: float) -> PolicyState:
+        """Start from what the pooler routes to now: members are eligible, the others
+        must earn their way back in."""
+        return cls({n: ReplicaPolicyState(eligible=n in pool, admitted_at=now,
+                                          reason="" if n in pool else "not in the pool at start")
+                    for n in names}, frozenset(pool))
+
+
+@dataclass(frozen=True)
+class PoolChange:
+    member: str
+    action: Action
+    reason: str
+
+
+@dataclass(frozen=True)
+class Decision:
+    pool: frozenset[str]
+    changes: tuple[PoolChange, ...]
+    state: PolicyState
+    reasons: Mapping[str, str]  # every replica's current standing, for logs and /status
+
+
+def p95_since(samples: Sequence[tuple[float, float]], since: float) -> float | None:
+    values = sorted(v for t, v in samples if t >= since)
+    if len(values) < MIN_P95_SAMPLES:
+        return None
+    return nearest_rank(values, 0.95)
+
+
+def _judge(health: ReplicaHealth, sla: ReplicaSla, prev: ReplicaPolicyState, now: float) -> ReplicaPolicyState:
+    if not health.reachable:
+        problem = "unreachable"
+    elif not health.streaming:
+        problem = "not streaming"
+    elif health.staleness is None:
+        problem = "staleness unknown"
+    else:
+        problem = ""
+    if prev.eligible:
+        p95 = p95_since(health.samples, prev.admitted_at)
+        if not problem and sla.p95 is not None and p95 is not None and p95 > sla.p95:
+            return replace(prev, eligible=False, bad_streak=0, good_streak=0,
+                           reason=f"p95 {p95:.3g}s > {sla.p95:.3g}s")
+        if not problem and health.staleness is not None and health.staleness > sla.max_lag:
+            problem = f"staleness {health.staleness:.3g}s > max_lag {sla.max_lag:.3g}s"
+        if not problem:
+            return replace(prev, bad_streak=0, good_streak=0, reason="")
+        streak = prev.bad_streak + 1
+        if streak >= sla.eject_after:
+            return replace(prev, eligible=False, bad_streak=0, good_streak=0,
+                           reason=f"{problem} for {streak} cycle(s)")
+        return replace(prev, bad_streak=streak, reason=f"{problem} ({streak}/{sla.eject_after})")
+    # Out of the pool: only a clean run of good cycles brings it back.
+    if not problem and health.staleness is not None and health.staleness >= sla.readmit_below:
+        problem = f"staleness {health.staleness:.3g}s >= readmit_below {sla.readmit_below:.3g}s"
+    if problem:
+        return replace(prev, good_streak=0, reason=problem)
+    streak = prev.good_streak + 1
+    if streak >= sla.readmit_after:
+        return ReplicaPolicyState(eligible=True, admitted_at=now,
+                                  reason=f"below {sla.readmit_below:.3g}s for {streak} cycle(s)")
+    return replace(prev, good_streak=streak, reason=f"recovering ({streak}/{sla.readmit_after})")
+
+
+def decide(replicas: Sequence[ReplicaHealth], slas: Mapping[str, ReplicaSla], rules: PoolRules,
+           state: PolicyState, holds: Mapping[str, Hold], now: float) -> Decision:
+    judged: dict[str, ReplicaPolicyState] = {}
+    for health in replicas:
+        prev = state.replicas.get(health.name) or ReplicaPolicyState(eligible=True, admitted_at=now)
+        judged[health.name] = _judge(health, slas[health.name], prev, now)
+
+    reasons = {name: s.reason or "healthy" for name, s in judged.items()}
+    pool = {name for name, s in judged.items() if s.eligible}
+    for name, hold in holds.items():
+        if name in judged:
+            (pool.add if hold == "in" else pool.discard)(name)
+            reasons[name] = f"held {hold} by operator"
+
+    healthy = len(pool)
+    if healthy < rules.min_replicas:
+        if rules.fallback_to_primary:
+            pool.add(PRIMARY)
+            reasons[PRIMARY] = f"fallback: {healthy} healthy replica(s) < min_replicas {rules.min_replicas}"
+        else:
+            # Keep the least-behind of the rest (never one an operator holds out).
+            by_health = {h.name: h for h in replicas}
+            candidates = sorted(
+                (n for n in judged if n not in pool and holds.get(n) != "out"),
+                key=lambda n: (not by_health[n].reachable, _lag_key(by_health[n].staleness), n))
+            for name in candidates[: rules.min_replicas - healthy]:
+                pool.add(name)
+                reasons[name] = f"kept to honour min_replicas {rules.min_replicas} ({reasons[name]})"
+
+    new_pool = frozenset(pool)
+    changes = tuple(
+        [PoolChange(m, "remove", "enough healthy replicas again") if m == PRIMARY
+         else PoolChange(m, "eject", reasons.get(m, "no longer configured"))
+         for m in sorted(state.pool - new_pool)]
+        + [PoolChange(m, "add" if m == PRIMARY else "readmit", reasons.get(m, ""))
+           for m in sorted(new_pool - state.pool)])
+    return Decision(new_pool, changes, PolicyState(judged, new_pool), reasons)
+
+
+def _lag_key(staleness: float | None) -> float:
+    return math.inf if staleness is None else staleness

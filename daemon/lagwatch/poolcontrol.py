@@ -1,0 +1,159 @@
+"""Pool control for one cluster: decide from the snapshot, apply through the pooler.
+
+Each cycle: read the pooler's own view (so a restarted HAProxy or an edited file is seen),
+take or keep the leader lock, run the pure policy, log and count every change, and, if
+this instance leads and this is not a dry run, make the pooler match the decision when it
+differs. A failing apply is retried with backoff and never stops the cycle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter, deque
+from dataclasses import dataclass
+
+from lagwatch.config import ClusterConfig
+from lagwatch.holds import Hold, HoldStore
+from lagwatch.leader import LeaderLock
+from lagwatch.policy import Decision, PolicyState, PoolRules, ReplicaHealth, decide
+from lagwatch.poolers import make_pooler
+from lagwatch.poolers.base import Pooler, PoolerError
+from lagwatch.snapshot import ClusterSnapshot, PoolEvent, PoolStatus
+
+log = logging.getLogger("lagwatch.pool")
+
+MAX_EVENTS = 50
+APPLY_BACKOFF_MAX = 30.0
+
+
+@dataclass
+class _ApplyBackoff:
+    failures: int = 0
+    next_at: float = 0.0
+
+
+class PoolController:
+    def __init__(self, cluster: ClusterConfig, interval: float, holds: HoldStore, timeout: float) -> None:
+        assert cluster.pooler is not None
+        self.cluster = cluster
+        self.interval = interval
+        self.holds = holds
+        self.pooler: Pooler = make_pooler(cluster)
+        self.leader = LeaderLock(cluster, timeout)
+        self._state: PolicyState | None = None
+        self._applied: frozenset[str] | None = None  # the last pool this instance applied
+        self._pooler_view: frozenset[str] | None = None
+        self._events: deque[PoolEvent] = deque(maxlen=MAX_EVENTS)
+        self._changes: Counter[tuple[str, str]] = Counter()
+        self._apply_errors = 0
+        self._last_error: str | None = None
+        self._backoff = _ApplyBackoff()
+        self._names = [r.name for r in cluster.replicas]
+
+    async def step(self, snapshot: ClusterSnapshot, now: float) -> PoolStatus:
+        is_leader = await self.leader.refresh()
+        try:
+            self._pooler_view = await asyncio.to_thread(self.pooler.read_pool)
+        except PoolerError as exc:
+            self._pooler_view = None
+            self._note_error(f"reading the pool: {exc}")
+        if self._state is None:
+            if self._pooler_view is None:
+                return self._status(is_leader, None)  # converge from the pooler's view, once known
+            self._state = PolicyState.from_pool(self._pooler_view, self._names, now)
+            self._applied = self._pooler_view
+            log.info("%s: pool starts as the pooler has it: %s", self.cluster.name,
+                     ", ".join(sorted(self._pooler_view)) or "(empty)")
+
+        decision = decide(self._health(snapshot), {n: self.cluster.replica_sla(n) for n in self._names},
+                          PoolRules(self.cluster.sla.min_replicas, self.cluster.sla.fallback_to_primary),
+                          self._state, self._holds(), now)
+        self._state = decision.state
+        self._record(decision, snapshot)
+        if is_leader and not self.cluster.dry_run and self._needs_apply(decision.pool):
+            await self._apply(decision.pool)
+        return self._status(is_leader, decision)
+
+    def _needs_apply(self, pool: frozenset[str]) -> bool:
+        if self._pooler_view is not None:
+            return self._pooler_view != pool  # e.g. a restarted HAProxy forgot our changes
+        # The pooler cannot be read right now: only push a change we have not applied yet.
+        return pool != self._applied
+
+    def _holds(self) -> dict[str, Hold]:
+        try:
+            return {r: h for r, h in self.holds.for_cluster(self.cluster.name).items() if r in self._names}
+        except ValueError as exc:
+            self._note_error(str(exc))
+            return {}
+
+    def _health(self, snapshot: ClusterSnapshot) -> list[ReplicaHealth]:
+        by_name = {r.name: r for r in snapshot.replicas}
+        out = []
+        for name in self._names:
+            r = by_name.get(name)
+            if r is None:
+                out.append(ReplicaHealth(name, None, False, False))
+            else:
+                out.append(ReplicaHealth(name, r.staleness, bool(r.node_up), r.streaming, r.samples))
+        return out
+
+    def _record(self, decision: Decision, snapshot: ClusterSnapshot) -> None:
+        by_name = {r.name: r for r in snapshot.replicas}
+        for change in decision.changes:
+            replica = by_name.get(change.member)
+            staleness = replica.staleness if replica else None
+            p95 = replica.window.p95 if replica and replica.window else None
+            self._changes[(change.member, change.action)] += 1
+            event = PoolEvent(at=time.time(), member=change.member, action=change.action, reason=change.reason,
+                              staleness=staleness, p95=p95, dry_run=self.cluster.dry_run)
+            self._events.append(event)
+            log.warning("pool change%s: cluster=%s replica=%s action=%s reason=%r staleness=%s p95=%s",
+                        " (dry run, not applied)" if self.cluster.dry_run else "", self.cluster.name,
+                        change.member, change.action, change.reason, _fmt(staleness), _fmt(p95))
+
+    async def _apply(self, members: frozenset[str]) -> None:
+        if time.monotonic() < self._backoff.next_at:
+            return
+        try:
+            await asyncio.to_thread(self.pooler.apply_pool, members)
+        except PoolerError as exc:
+            self._apply_errors += 1
+            self._backoff.failures += 1
+            delay = min(APPLY_BACKOFF_MAX, self.interval * 2 ** (self._backoff.failures - 1))
+            self._backoff.next_at = time.monotonic() + delay
+            self._note_error(f"applying {sorted(members)}: {exc} (retry in {delay:.3g}s)")
+            return
+        self._backoff = _ApplyBackoff()
+        self._pooler_view = self._applied = members
+        self._last_error = None
+        log.info("%s: %s pool is now %s", self.cluster.name, self.pooler.kind, ", ".join(sorted(members)))
+
+    def _note_error(self, message: str) -> None:
+        if message != self._last_error:
+            log.error("%s: pooler %s: %s", self.cluster.name, self.pooler.kind, message)
+        self._last_error = message
+
+    def _status(self, is_leader: bool, decision: Decision | None) -> PoolStatus:
+        return PoolStatus(
+            kind=self.pooler.kind,
+            leader=is_leader,
+            dry_run=self.cluster.dry_run,
+            members=decision.pool if decision else None,
+            pooler_members=self._pooler_view,
+            reasons=dict(decision.reasons) if decision else {},
+            holds={replica: str(hold) for replica, hold in self._holds().items()},
+            changes_total=dict(self._changes),
+            apply_errors_total=self._apply_errors,
+            last_error=self._last_error,
+            events=tuple(self._events),
+        )
+
+    async def close(self) -> None:
+        await self.leader.close()
+
+
+def _fmt(value: float | None) -> str:
+    return "?" if value is None else f"{value:.3f}s"

@@ -1,0 +1,87 @@
+"""What every pooler adapter is: read the current read pool, make it match, verify.
+
+Members are lagwatch node names: replica names from the config, and ``"primary"`` when
+the primary is added as a fallback. Each adapter maps them to its own notion (hosts in a
+PgBouncer entry, HAProxy servers, TOML server entries...). Adapters are synchronous and
+do blocking I/O; the daemon runs them in a worker thread, one call at a time per cluster.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import psycopg.conninfo
+
+from lagwatch.config import ClusterConfig, NodeConfig
+
+PRIMARY = "primary"
+
+
+class PoolerError(Exception):
+    """An apply or read that failed; the message says what and where (never a password)."""
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One member the pooler can route reads to."""
+
+    name: str  # lagwatch node name ("replica1", "primary")
+    host: str
+    port: int | None
+
+
+class Pooler(Protocol):
+    kind: str
+
+    def read_pool(self) -> frozenset[str]:
+        """The members the pooler routes reads to right now (raise PoolerError if unknown)."""
+
+    def apply_pool(self, members: frozenset[str]) -> None:
+        """Make the pooler route reads to exactly ``members``, then read back and raise
+        PoolerError unless it does. A failure must leave the previous config in place."""
+
+
+BackendMap = Mapping[str, Backend]
+
+
+def backends_from_cluster(cluster: ClusterConfig) -> dict[str, Backend]:
+    """Host and port of every member the pool may hold, from the nodes' DSNs."""
+    out = {}
+    nodes: list[tuple[str, NodeConfig]] = [(PRIMARY, cluster.primary)]
+    nodes += [(r.name, r) for r in cluster.replicas]
+    for name, node in nodes:
+        params = psycopg.conninfo.conninfo_to_dict(node.dsn)
+        host = str(params.get("host") or params.get("hostaddr") or "localhost")
+        port = params.get("port")
+        out[name] = Backend(name=name, host=host, port=int(str(port)) if port else None)
+    return out
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write to a temp file beside ``path``, fsync, rename, fsync the directory: readers see
+    the old file or the new one, never a partial one. Keeps the old file's mode."""
+    directory = path.parent
+    mode = path.stat().st_mode & 0o777 if path.exists() else 0o644
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp_name, mode)
+        os.replace(tmp_name, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp_name)
+        raise
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)

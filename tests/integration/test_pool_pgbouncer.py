@@ -1,0 +1,314 @@
+"""Pool control through a real PgBouncer (transaction pooling) in front of real replicas."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from harness import Lagwatch, Writer, cluster_config, run_cli
+from lagwatch.localcluster import LocalCluster, available_majors, free_port
+from pgbouncer_server import PgBouncerServer, readable_by_servers
+
+INTERVAL = 1.0
+
+
+@pytest.fixture(scope="module", params=[pytest.param(m, id=f"pg{m}") for m in available_majors()[:1]])
+def pg_major(request: pytest.FixtureRequest) -> int:
+    """Pool control is about the pooler: one PostgreSQL version (the first available) is enough."""
+    major: int = request.param
+    return major
+
+SLA = {"max_lag": "2s", "eject_after": 2, "readmit_below": "1s", "readmit_after": 5, "min_replicas": 1}
+
+
+@pytest.fixture(scope="module")
+def pgbouncer(pg_cluster: LocalCluster) -> Iterator[PgBouncerServer]:
+    server = PgBouncerServer(primary_dsn_entry=f"host=127.0.0.1 port={pg_cluster.primary.port} dbname=postgres")
+    # The file lagwatch owns exists before PgBouncer starts, as an operator would set it up.
+    r1, r2 = pg_cluster.replicas
+    server.include_file.write_text(f"app_ro = host={r1.host},{r2.host} port={r1.port} dbname=postgres\n")
+    readable_by_servers(server.include_file)
+    with server:
+        yield server
+
+
+@pytest.fixture(autouse=True)
+def both_replicas_in_pool(pg_cluster: LocalCluster, pgbouncer: PgBouncerServer) -> None:
+    """Each test starts as an operator would have it: both replicas in app_ro."""
+    r1, r2 = pg_cluster.replicas
+    pgbouncer.include_file.write_text(f"app_ro = host={r1.host},{r2.host} port={r1.port} dbname=postgres\n")
+    readable_by_servers(pgbouncer.include_file)
+    if pgbouncer.proc is None:
+        pgbouncer.start()
+    with psycopg.connect(pgbouncer.admin_dsn, autocommit=True) as conn:
+        conn.execute("RELOAD")
+
+
+def pool_config(cluster: LocalCluster, pgbouncer: PgBouncerServer, workdir: Path, **sla: Any) -> dict[str, Any]:
+    config = cluster_config(cluster, free_port(["127.0.0.1"]), interval="1s", window="1m",
+                            state_dir=str(workdir / "state"))
+    dry_run = sla.pop("dry_run", False)
+    config["clusters"][0].update({
+        "sla": {**SLA, **sla},
+        "dry_run": dry_run,
+        "pooler": {"kind": "pgbouncer", "admin_dsn": pgbouncer.admin_dsn,
+                   "include_file": str(pgbouncer.include_file), "database": "app_ro",
+                   "options": f"port={cluster.replicas[0].port} dbname=postgres"},
+    })
+    return config
+
+
+def app_ro_hosts(pgbouncer: PgBouncerServer) -> list[str]:
+    return str(pgbouncer.show_databases()["app_ro"]["host"]).split(",")
+
+
+def wait_hosts(pgbouncer: PgBouncerServer, predicate: Any, timeout: float) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        if predicate(app_ro_hosts(pgbouncer)):
+            return time.monotonic()
+        time.sleep(0.1)
+    raise AssertionError(f"app_ro hosts still {app_ro_hosts(pgbouncer)} after {timeout}s")
+
+
+def read_addrs(pgbouncer: PgBouncerServer, n: int = 6) -> set[str]:
+    out = set()
+    for _ in range(n):
+        with psycopg.connect(pgbouncer.dsn("app_ro"), autocommit=True, connect_timeout=5) as conn:
+            row = conn.execute("SELECT inet_server_addr()::text").fetchone()
+            assert row is not None
+            out.add(str(row[0]).split("/")[0])
+    return out
+
+
+def start_pgbench(cluster: LocalCluster, pgbouncer: PgBouncerServer, seconds: int, log: Path) -> subprocess.Popen[str]:
+    pgbench = str(cluster.binaries.tool("pgbench"))
+    return subprocess.Popen([pgbench, "-h", "127.0.0.1", "-p", str(pgbouncer.port), "-U", "postgres", "-n", "-S",
+                             "-c", "2", "-R", "40", "-T", str(seconds), "app_ro"],
+                            stdout=log.open("w"), stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.fixture(scope="module")
+def pgbench_tables(pg_cluster: LocalCluster) -> None:
+    tool = str(pg_cluster.binaries.tool("pgbench"))
+    subprocess.run([tool, "-i", "-s", "1", "-q", "-h", pg_cluster.primary.host, "-p", str(pg_cluster.primary.port),
+                    "-U", "postgres", "postgres"], check=True, capture_output=True, timeout=120)
+    pg_cluster.wait_replayed()
+
+
+def test_eject_and_readmit_under_pgbench(pg_cluster: LocalCluster, pgbouncer: PgBouncerServer,
+                                         pgbench_tables: None, tmp_path: Path) -> None:
+    r1, r2 = pg_cluster.replicas
+    lw = Lagwatch(tmp_path, pool_config(pg_cluster, pgbouncer, tmp_path))
+    bench_log = tmp_path / "pgbench.log"
+    try:
+        lw.wait_ready()
+        bench = start_pgbench(pg_cluster, pgbouncer, 45, bench_log)
+        time.sleep(2)
+        assert read_addrs(pgbouncer) <= {r1.host, r2.host}
+        r1.pause_replay()
+        with Writer(pg_cluster) as writer:
+            assert writer.first_write_at is not None
+            # Staleness passes max_lag 2s after the first unreplayed write.
+            crossed = writer.first_write_at + 2.0
+            left = wait_hosts(pgbouncer, lambda hosts: r1.host not in hosts, timeout=15)
+            assert left - crossed <= (2 + 1) * INTERVAL + 0.5, left - crossed
+            assert read_addrs(pgbouncer) == {r2.host}
+            assert lw.value("lagwatch_pool_member", replica="replica1") == 0
+            assert lw.value("lagwatch_pool_changes_total", replica="replica1", action="eject") == 1
+        r1.resume_replay()
+        resumed = time.monotonic()
+        back = wait_hosts(pgbouncer, lambda hosts: r1.host in hosts, timeout=20)
+        # It must first be below readmit_below, then stay there for readmit_after (5) cycles.
+        assert 4 * INTERVAL <= back - resumed <= (5 + 3) * INTERVAL, back - resumed
+        assert app_ro_hosts(pgbouncer) == sorted([r1.host, r2.host])
+        assert bench.wait(60) == 0, bench_log.read_text()
+    finally:
+        lw.stop()
+    output = bench_log.read_text()
+    processed = re.search(r"number of transactions actually processed: (\d+)", output)
+    assert processed and int(processed.group(1)) > 500, output
+    failed = re.search(r"number of failed transactions: (\d+)", output)
+    assert failed is None or failed.group(1) == "0", output
+    status = lw.log_text()
+    assert re.search(r"pool change: cluster=main replica=replica1 action=eject reason='staleness", status)
+    assert "action=readmit" in status
+
+
+def test_both_paused_min_replicas_keeps_least_behind(pg_cluster: LocalCluster, pgbouncer: PgBouncerServer,
+                                                     tmp_path: Path) -> None:
+    r1, r2 = pg_cluster.replicas
+    lw = Lagwatch(tmp_path, pool_config(pg_cluster, pgbouncer, tmp_path))
+    try:
+        lw.wait_ready()
+        with Writer(pg_cluster):
+            r2.pause_replay()
+            time.sleep(3)
+            r1.pause_replay()  # r1 stops later: it is the less behind of the two
+            wait_hosts(pgbouncer, lambda hosts: hosts == [r1.host], timeout=15)
+            time.sleep(4)
+            assert app_ro_hosts(pgbouncer) == [r1.host]
+        assert lw.value("lagwatch_pool_member", replica="replica1") == 1
+        assert "min_replicas" in lw.status()["clusters"][0]["pool"]["reasons"]["replica1"]
+    finally:
+        lw.stop()
+
+
+def test_both_paused_fallback_to_primary(pg_cluster: LocalCluster, pgbouncer: PgBouncerServer,
+                                         tmp_path: Path) -> None:
+    r1, r2 = pg_cluster.replicas
+    lw = Lagwatch(tmp_path, pool_config(pg_cluster, pgbouncer, tmp_path, fallback_to_primary=True))
+    try:
+        lw.wait_ready()
+        with Writer(pg_cluster):
+            r1.pause_replay()
+            r2.pause_replay()
+            wait_hosts(pgbouncer, lambda hosts: hosts == [pg_cluster.primary.host], timeout=15)
+            assert read_addrs(pgbouncer, 3) == {pg_cluster.primary.host}
+            assert lw.value("lagwatch_pool_member", replica="primary") == 1
+        r1.resume_replay()
+        r2.resume_replay()
+        wait_hosts(pgbouncer, lambda hosts: hosts == sorted([r1.host, r2.host]), timeout=20)
+        assert lw.value("lagwatch_pool_changes_total", replica="primary", action="remove") == 1
+    finally:
+        lw.stop()
+
+
+def test_stopped_replica_ejected_and_readmitted(pg_cluster: LocalCluster, pgbouncer: PgBouncerServer,
+                                                tmp_path: Path) -> None:
+    r1, r2 = pg_cluster.replicas
+    lw = Lagwatch(tmp_path, pool_config(pg_cluster, pgbouncer, tmp_path))
+    try:
+        lw.wait_ready()
+        r2.stop()
+        wait_hosts(pgbouncer, lambda hosts: hosts == [r1.host], timeout=10)
+        r2.start()
+        wait_hosts(pgbouncer, lambda hosts: r2.host in hosts, timeout=20)
+        assert "unreachable" in lw.log_text()
+    finally:
+        lw.stop()
+
+
+def test_apply_delay_near_threshold_does_not_flap(pg_cluster: LocalCluster, pgbouncer: PgBouncerServer,
+                                                  tmp_path: Path) -> None:
+    r1 = pg_cluster.replicas[0]
+    lw = Lagwatch(tmp_path, pool_config(pg_cluster, pgbouncer, tmp_path))
+    try:
+        lw.wait_ready()
+        r1.set_apply_delay(2.0)  # staleness hovers around max_lag (2s)
+        with Writer(pg_cluster, every=0.3, max_seconds=40):
+            time.sleep(30)
+        changes = sum(v for (name, labels), v in lw.samples().items()
+                      if name == "lagwatch_pool_changes_total" and ("replica", "replica1") in labels)
+        assert changes <= 2, changes  # at most one eject and one readmit in 30 cycles
+    finally:
+        lw.stop()
+
+
+def test_dry_run_changes_nothing(pg_cluster: LocalCluster, pgbouncer: PgBouncerServer, tmp_path: Path) -> None:
+    r1 = pg_cluster.replicas[0]
+    before_file = pgbouncer.include_file.read_bytes()
+    before_stat = pgbouncer.include_file.stat()
+    before_db = pgbouncer.show_databases()["app_ro"]["host"]
+    lw = Lagwatch(tmp_path, pool_config(pg_cluster, pgbouncer, tmp_path, dry_run=True))
+    try:
+        lw.wait_ready()
+        r1.pause_replay()
+        with Writer(pg_cluster):
+            lw.wait_for("a dry-run eject", lambda: lw.value("lagwatch_pool_changes_total", replica="replica1",
+                                                           action="eject") == 1, timeout=15)
+        assert "(dry run, not applied)" in lw.log_text()
+        assert lw.value("lagwatch_pool_dry_run") == 1
+    finally:
+        lw.stop()
+    assert pgbouncer.include_file.read_bytes() == before_file
+    after_stat = pgbouncer.include_file.stat()
+    assert (after_stat.st_ino, after_stat.st_mtime_ns) == (before_stat.st_ino, before_stat.st_mtime_ns)
+    assert pgbouncer.show_databases()["app_ro"]["host"] == before_db
+
+
+def test_pgbouncer_down_during_change(pg_cluster: LocalCluster, pgbouncer: PgBouncerServer, tmp_path: Path) -> None:
+    r1, r2 = pg_cluster.replicas
+    old = pgbouncer.include_file.read_text()
+    lw = Lagwatch(tmp_path, pool_config(pg_cluster, pgbouncer, tmp_path))
+    try:
+        lw.wait_ready()
+        pgbouncer.stop()
+        r1.pause_replay()
+        with Writer(pg_cluster):
+            lw.wait_for("apply errors", lambda: (lw.value("lagwatch_pool_apply_errors_total") or 0) >= 1, timeout=20)
+            # The include file is always whole: the old entry or the new one.
+            for _ in range(20):
+                text = pgbouncer.include_file.read_text()
+                assert text == old or text.endswith(f"app_ro = host={r2.host} port={r2.port} dbname=postgres\n")
+                time.sleep(0.1)
+            assert lw.proc.poll() is None
+            pgbouncer.start()
+            wait_hosts(pgbouncer, lambda hosts: hosts == [r2.host], timeout=40)
+    finally:
+        lw.stop()
+    assert "PgBouncer admin console" in lw.log_text()
+
+
+def test_two_instances_one_leader(pg_cluster: LocalCluster, pgbouncer: PgBouncerServer, tmp_path: Path) -> None:
+    r1, r2 = pg_cluster.replicas
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first = Lagwatch(tmp_path / "a", pool_config(pg_cluster, pgbouncer, tmp_path / "a"))
+    first.wait_ready()
+    first.wait_for("first leads", lambda: first.value("lagwatch_leader") == 1, timeout=10)
+    second = Lagwatch(tmp_path / "b", pool_config(pg_cluster, pgbouncer, tmp_path / "b"))
+    try:
+        second.wait_ready()
+        time.sleep(3)
+        assert first.value("lagwatch_leader") == 1 and second.value("lagwatch_leader") == 0
+        # Both export metrics.
+        assert second.value("lagwatch_replica_lag_seconds", replica="replica1") is not None
+        r1.pause_replay()
+        with Writer(pg_cluster):
+            wait_hosts(pgbouncer, lambda hosts: hosts == [r2.host], timeout=15)
+        # Both decided; only the leader applied (and logged the apply).
+        assert "pgbouncer pool is now" in first.log_text()
+        assert "pgbouncer pool is now" not in second.log_text()
+        r1.resume_replay()
+        first.proc.send_signal(signal.SIGKILL)  # the leader dies without a goodbye
+        first.proc.wait(5)
+        second.wait_for("second leads", lambda: second.value("lagwatch_leader") == 1, timeout=5 * INTERVAL)
+        wait_hosts(pgbouncer, lambda hosts: hosts == sorted([r1.host, r2.host]), timeout=20)
+        assert "pgbouncer pool is now" in second.log_text()
+    finally:
+        first.stop()
+        second.stop()
+
+
+def test_hold_beats_automation_and_survives_restart(pg_cluster: LocalCluster, pgbouncer: PgBouncerServer,
+                                                     tmp_path: Path) -> None:
+    r1, r2 = pg_cluster.replicas
+    lw = Lagwatch(tmp_path, pool_config(pg_cluster, pgbouncer, tmp_path))
+    try:
+        lw.wait_ready()
+        result = run_cli("pool", "-c", str(lw.config_path), "hold", "replica2", "out")
+        assert result.returncode == 0, result.stderr
+        wait_hosts(pgbouncer, lambda hosts: hosts == [r1.host], timeout=10)
+    finally:
+        lw.stop()
+    lw = Lagwatch(tmp_path, pool_config(pg_cluster, pgbouncer, tmp_path))
+    try:
+        lw.wait_ready()
+        time.sleep(3)
+        assert app_ro_hosts(pgbouncer) == [r1.host]
+        assert lw.value("lagwatch_pool_held", replica="replica2", hold="out") == 1
+        shown = run_cli("pool", "-c", str(lw.config_path), "show")
+        assert "replica2" in shown.stdout and "pgbouncer pool: replica1" in shown.stdout
+        assert run_cli("pool", "-c", str(lw.config_path), "release", "replica2").returncode == 0
+        wait_hosts(pgbouncer, lambda hosts: hosts == sorted([r1.host, r2.host]), timeout=20)
+    finally:
+        lw.stop()
+

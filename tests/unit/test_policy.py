@@ -1,0 +1,123 @@
+"""The pool policy by tables: sequences of cycles in, pools and changes out."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+from lagwatch.config import ReplicaSla
+from lagwatch.policy import (
+    MIN_P95_SAMPLES,
+    PRIMARY,
+    Decision,
+    Hold,
+    PolicyState,
+    PoolRules,
+    ReplicaHealth,
+    decide,
+)
+
+SLA = ReplicaSla(max_lag=2.0, p95=None, eject_after=2, readmit_below=1.0, readmit_after=3)
+NAMES = ("r1", "r2")
+
+
+def h(name: str, lag: float | None, reachable: bool = True, streaming: bool = True) -> ReplicaHealth:
+    return ReplicaHealth(name, lag, reachable, streaming)
+
+
+def run(cycles: Sequence[Sequence[ReplicaHealth]], *, min_replicas: int = 0, fallback: bool = False,
+        holds: dict[str, Hold] | None = None, sla: ReplicaSla = SLA) -> list[Decision]:
+    state = PolicyState.from_pool(frozenset(NAMES), NAMES, now=0.0)
+    out = []
+    for i, cycle in enumerate(cycles, start=1):
+        decision = decide(cycle, {n: sla for n in NAMES}, PoolRules(min_replicas, fallback), state,
+                          holds or {}, now=float(i))
+        state = decision.state
+        out.append(decision)
+    return out
+
+
+def pools(decisions: list[Decision]) -> list[set[str]]:
+    return [set(d.pool) for d in decisions]
+
+
+def test_eject_after_n_bad_cycles_then_readmit_after_m_good() -> None:
+    lags = [0, 3, 3, 3, 0.5, 0.5, 0.5, 0.5]
+    decisions = run([[h("r1", v), h("r2", 0)] for v in lags])
+    assert pools(decisions) == [{"r1", "r2"}, {"r1", "r2"}, {"r2"}, {"r2"}, {"r2"}, {"r2"},
+                                {"r1", "r2"}, {"r1", "r2"}]
+    assert [c.action for d in decisions for c in d.changes] == ["eject", "readmit"]
+    assert "staleness 3s > max_lag 2s for 2 cycle(s)" in decisions[2].changes[0].reason
+
+
+def test_single_spike_does_not_eject() -> None:
+    decisions = run([[h("r1", v), h("r2", 0)] for v in [0, 5, 0, 5, 0, 5]])
+    assert all(d.pool == {"r1", "r2"} for d in decisions)
+
+
+def test_readmit_needs_consecutive_good_cycles_below_readmit_threshold() -> None:
+    # Between readmit_below (1) and max_lag (2) is neither bad nor good enough: no flapping.
+    lags = [3, 3, 0.5, 0.5, 1.5, 0.5, 0.5, 0.5]
+    decisions = run([[h("r1", v), h("r2", 0)] for v in lags])
+    assert [("r1" in d.pool) for d in decisions] == [True, False, False, False, False, False, False, True]
+
+
+@pytest.mark.parametrize("bad", [h("r1", None), h("r1", 0, reachable=False), h("r1", 0, streaming=False)])
+def test_unknown_unreachable_not_streaming_are_bad_and_never_good(bad: ReplicaHealth) -> None:
+    decisions = run([[bad, h("r2", 0)]] * 6)
+    assert pools(decisions)[1:] == [{"r2"}] * 5
+
+
+def test_oscillating_around_max_lag_changes_rarely() -> None:
+    lags = [1.9, 2.1, 2.2, 1.9, 2.1, 1.8, 2.3, 2.4, 1.9, 2.1] * 3
+    decisions = run([[h("r1", v), h("r2", 0)] for v in lags])
+    changes = sum(len(d.changes) for d in decisions)
+    assert changes <= 2, changes  # ejected once, never readmitted while it hovers above readmit_below
+
+
+def test_min_replicas_keeps_least_behind() -> None:
+    decisions = run([[h("r1", 10), h("r2", 5)]] * 3, min_replicas=1)
+    assert decisions[-1].pool == {"r2"}
+    assert "kept to honour min_replicas" in decisions[-1].reasons["r2"]
+    decisions = run([[h("r1", 10), h("r2", None)]] * 3, min_replicas=1)
+    assert decisions[-1].pool == {"r1"}  # unknown counts as furthest behind
+
+
+def test_fallback_to_primary_joins_and_leaves() -> None:
+    cycles = [[h("r1", 10), h("r2", 10)]] * 3 + [[h("r1", 0), h("r2", 0)]] * 4
+    decisions = run(cycles, min_replicas=1, fallback=True)
+    assert pools(decisions) == [{"r1", "r2"}, {PRIMARY}, {PRIMARY}, {PRIMARY}, {PRIMARY},
+                                {"r1", "r2"}, {"r1", "r2"}]
+    actions = [(c.member, c.action) for d in decisions for c in d.changes]
+    assert actions == [("r1", "eject"), ("r2", "eject"), (PRIMARY, "add"),
+                       (PRIMARY, "remove"), ("r1", "readmit"), ("r2", "readmit")]
+
+
+def test_operator_hold_beats_automation() -> None:
+    decisions = run([[h("r1", 10), h("r2", 0)]] * 3, holds={"r1": "in", "r2": "out"})
+    assert decisions[-1].pool == {"r1"}
+    assert decisions[-1].reasons["r2"] == "held out by operator"
+
+
+def test_p95_since_admission_ejects_at_once_but_old_spikes_do_not_re_eject() -> None:
+    sla = ReplicaSla(max_lag=10.0, p95=0.5, eject_after=5, readmit_below=0.4, readmit_after=2)
+    spiky = tuple((float(t), 0.9 if t % 4 == 0 else 0.1) for t in range(MIN_P95_SAMPLES + 5))
+    state = PolicyState.from_pool(frozenset(NAMES), NAMES, now=-1.0)
+    rules = PoolRules(0, False)
+    d = decide([ReplicaHealth("r1", 0.1, True, True, spiky), h("r2", 0)], {n: sla for n in NAMES}, rules,
+               state, {}, now=30.0)
+    assert d.pool == {"r2"} and d.reasons["r1"].startswith("p95 0.9s > 0.5s")
+    # Good cycles readmit it; the spikes before readmission no longer count.
+    for now in (31.0, 32.0):
+        d = decide([ReplicaHealth("r1", 0.1, True, True, spiky), h("r2", 0)], {n: sla for n in NAMES}, rules,
+                   d.state, {}, now=now)
+    assert d.pool == {"r1", "r2"}
+    d = decide([ReplicaHealth("r1", 0.1, True, True, spiky), h("r2", 0)], {n: sla for n in NAMES}, rules,
+               d.state, {}, now=33.0)
+    assert d.pool == {"r1", "r2"}
+
+
+def test_start_from_pooler_state() -> None:
+    state = PolicyState.from_pool(frozenset({"r2"}), NAMES, now=0.0)
+    d = decide([h("r1", 0), h("r2", 0)], {n: SLA for n in NAMES}, PoolRules(0, False), state, {}, now=1.0)
+    assert d.pool == {"r2"} and d.changes == ()
