@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -19,9 +21,29 @@ from lagwatch.durations import parse_duration
 EXIT_CONFIG = 2
 
 
-def setup_logging(level: str) -> None:
-    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: for log shippers."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {"ts": round(record.created, 3), "level": record.levelname.lower(), "logger": record.name,
+                 "msg": record.getMessage()}
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+def setup_logging(level: str, log_format: str = "text") -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if log_format == "json":
+        handler.setFormatter(JsonFormatter())
+    elif os.environ.get("JOURNAL_STREAM"):
+        # Under systemd the journal stamps every line already: no second timestamp.
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(getattr(logging, level.upper(), logging.INFO))
     logging.getLogger("apscheduler.executors").setLevel(logging.WARNING)
     logging.getLogger("apscheduler.scheduler").setLevel(logging.WARNING)
 
@@ -47,15 +69,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     config = _load(args.config)
     if config is None:
         return EXIT_CONFIG
-    setup_logging(args.log_level)
+    setup_logging(args.log_level, args.log_format)
     return run_daemon(config, Path(args.config))
 
 
 def run_daemon(config: Config, config_path: Path | None) -> int:
     from lagwatch.daemon import Daemon
+    from lagwatch.sdnotify import Notifier
     from lagwatch.web import WebServer
 
-    daemon = Daemon(config, config_path)
+    daemon = Daemon(config, config_path, notifier=Notifier())
     host, port = config.listen_address
     try:
         web = WebServer(host, port, daemon.holder, config.interval)
@@ -78,14 +101,14 @@ def cmd_check(args: argparse.Namespace) -> int:
     config = _load(args.config)
     if config is None:
         return EXIT_CONFIG
-    setup_logging(args.log_level)
+    setup_logging(args.log_level, args.log_format)
     return run_check(config, warning=args.warning, critical=args.critical, out=sys.stdout)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from lagwatch.demo import run_demo
 
-    setup_logging(args.log_level)
+    setup_logging(args.log_level, args.log_format)
     return run_demo(listen=args.listen, pg_major=args.pg_major, duration=args.duration)
 
 
@@ -137,6 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lagwatch", description="Truthful PostgreSQL replica lag.")
     parser.add_argument("--version", action="version", version=f"lagwatch {__version__}")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--log-format", default="text", choices=["text", "json"],
+                        help="text (human; no timestamps under journald) or json lines")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("run", help="run the daemon")

@@ -12,7 +12,6 @@ import asyncio
 import logging
 import signal
 import time
-from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
@@ -25,6 +24,7 @@ from lagwatch.durations import format_duration
 from lagwatch.holds import HoldStore
 from lagwatch.poll import NodePoller, poll_all, pollers_for
 from lagwatch.poolcontrol import PoolController
+from lagwatch.sdnotify import Notifier
 from lagwatch.snapshot import ClusterSnapshot, Snapshot
 from lagwatch.tracker import ClusterTracker
 
@@ -47,12 +47,12 @@ class SnapshotHolder:
 
 class Daemon:
     def __init__(self, config: Config, config_path: Path | None = None,
-                 holder: SnapshotHolder | None = None,
-                 on_cycle: Callable[[Snapshot], None] | None = None) -> None:
+                 holder: SnapshotHolder | None = None, notifier: Notifier | None = None) -> None:
         self.config = config
         self.config_path = config_path
         self.holder = holder or SnapshotHolder()
-        self.on_cycle = on_cycle
+        # systemd's notify protocol; a no-op unless given one built from NOTIFY_SOCKET.
+        self.notifier = notifier or Notifier({})
         self._trackers: dict[str, ClusterTracker] = {}
         self._pollers: dict[str, list[NodePoller]] = {}
         self._controllers: dict[str, PoolController] = {}
@@ -102,9 +102,19 @@ class Daemon:
                 for node in cluster_snapshot.nodes:
                     if not node.up:
                         log.debug("%s/%s down: %s", cluster_snapshot.name, node.name, node.last_error)
-            if self.on_cycle is not None:
-                self.on_cycle(snapshot)
+            self._notify(snapshot)
             return snapshot
+
+    def _notify(self, snapshot: Snapshot) -> None:
+        status = "; ".join(cycle_line(c) for c in snapshot.clusters)
+        if snapshot.cycles_total == 1:
+            self.notifier.ready(status)
+        # The watchdog is only fed while polling works: if no node has answered for longer
+        # than WatchdogSec, systemd restarts lagwatch (a fresh start may well fix it).
+        if any(n.up for c in snapshot.clusters for n in c.nodes):
+            self.notifier.watchdog(status)
+        else:
+            self.notifier.status(f"no node answered the last poll; {status}")
 
     async def _control(self, cluster: ClusterSnapshot, now: float) -> ClusterSnapshot:
         controller = self._controllers.get(cluster.name)
@@ -140,6 +150,10 @@ class Daemon:
         scheduler.start()
         log.info("polling %d cluster(s) every %s, window %s", len(self.config.clusters),
                  format_duration(self.config.interval), format_duration(self.config.window))
+        budget = self.notifier.watchdog_seconds
+        if budget is not None and budget < 3 * self.config.interval + self.config.effective_query_timeout:
+            log.warning("WatchdogSec=%s is under 3 intervals: a slow cycle will get lagwatch restarted",
+                        format_duration(budget))
         try:
             await self._stopped.wait()
         finally:
@@ -157,6 +171,7 @@ class Daemon:
 
     def stop(self) -> None:
         log.info("stopping")
+        self.notifier.stopping()
         self._stopped.set()
 
     async def close(self) -> None:
@@ -168,10 +183,12 @@ class Daemon:
         if self.config_path is None:
             log.warning("reload requested but lagwatch was not started from a config file")
             return False
+        self.notifier.reloading()
         try:
             new = load_config(self.config_path)
         except ConfigError as exc:
             log.error("reload rejected, keeping the running config: %s", exc)
+            self.notifier.ready("reload rejected, running the previous config")
             return False
         async with self._lock:
             if new.listen != self.config.listen:
@@ -184,6 +201,7 @@ class Daemon:
                 self._add_job()
         log.info("reloaded %s: %d cluster(s), interval %s", self.config_path, len(new.clusters),
                  format_duration(new.interval))
+        self.notifier.ready(f"reloaded {self.config_path}")
         return True
 
 

@@ -146,6 +146,16 @@ def _replica_metrics(c: ClusterSnapshot) -> Iterator[Metric]:
                                r.wal_receiver_status or "", r.staleness_source or ""], {})
     yield from (lag, window, samples, hist, lag_bytes, ws_lag, paused, streaming, rr_bytes, ts_age,
                 configured, info)
+    sla_lag = _g("lagwatch_replica_sla_max_lag_seconds", "The replica's SLA max_lag from the config", lbl)
+    sla_p95 = _g("lagwatch_replica_sla_p95_seconds", "The replica's SLA p95 from the config (absent if unset)", lbl)
+    for name, sla in sorted(c.slas.items()):
+        sla_lag.add_metric([c.name, name], sla.max_lag)
+        if sla.p95 is not None:
+            sla_p95.add_metric([c.name, name], sla.p95)
+    yield sla_lag
+    yield sla_p95
+    yield _with(_g("lagwatch_pool_min_replicas", "The cluster's SLA min_replicas from the config", ["cluster"]),
+                [c.name], c.min_replicas)
 
 
 def _slot_metrics(c: ClusterSnapshot) -> Iterator[Metric]:

@@ -7,9 +7,10 @@ A poll yields one ``NodeObservation`` per node; the tracker folds them into a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
+from lagwatch.config import ReplicaSla
 from lagwatch.lag import HistogramCounts, WindowStats
 from lagwatch.views.probe import Capabilities
 from lagwatch.views.replication import WalSender
@@ -139,6 +140,8 @@ class ClusterSnapshot:
     wal_dir: WalDir | None
     walinspect: WalInspectTotals | None
     nodes: tuple[NodeHealth, ...]
+    slas: dict[str, ReplicaSla] = field(default_factory=dict)  # configured replicas' SLAs
+    min_replicas: int = 0
     pool: PoolStatus | None = None
 
 

@@ -99,6 +99,8 @@ class ClusterTracker:
             wal_dir=primary.wal_dir if primary_ok and primary else None,
             walinspect=walinspect,
             nodes=tuple(self._health(o) for o in observations),
+            slas={r.name: self.cluster.replica_sla(r.name) for r in self.cluster.replicas},
+            min_replicas=self.cluster.sla.min_replicas,
         )
 
     # -- replicas -------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
+from lagwatch import status_page
 from lagwatch.daemon import SnapshotHolder
 from lagwatch.export import SnapshotCollector
 from lagwatch.status import snapshot_status
@@ -86,8 +87,10 @@ def _make_handler(server: WebServer) -> type[BaseHTTPRequestHandler]:
             elif path == "/api/status":
                 body = json.dumps(snapshot_status(server.holder.get()), indent=1).encode()
                 self._send(200, body, "application/json")
+            elif path == "/status":
+                self._send(200, status_page.render(server.holder.get()).encode(), "text/html; charset=utf-8")
             elif path == "/":
-                self._send(200, b"lagwatch: /metrics /healthz /readyz /api/status\n", "text/plain")
+                self._send(200, b"lagwatch: /status /metrics /healthz /readyz /api/status\n", "text/plain")
             else:
                 self._send(404, b"not found\n", "text/plain")
 

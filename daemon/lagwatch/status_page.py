@@ -1,0 +1,145 @@
+"""/status: one server-rendered HTML page from the last snapshot.
+
+No external assets (it must work on an air-gapped host): inline CSS, inline SVG
+sparklines, a meta refresh. Readable on a phone. Everything shown is escaped.
+"""
+
+from __future__ import annotations
+
+import html
+import time
+from collections.abc import Sequence
+
+from lagwatch.durations import format_duration
+from lagwatch.snapshot import ClusterSnapshot, ReplicaState, Snapshot
+
+REFRESH_SECONDS = 5
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;padding:12px;
+background:#f6f7f9;color:#1d2330}
+h1{font-size:1.3em;margin:0 0 4px} h2{font-size:1.1em;margin:18px 0 6px}
+.meta{color:#5c6475;font-size:.85em;margin-bottom:8px}
+.wrap{overflow-x:auto} table{border-collapse:collapse;width:100%;background:#fff;font-size:.92em}
+th,td{padding:6px 8px;border-bottom:1px solid #e3e6eb;text-align:left;white-space:nowrap}
+th{background:#eef0f4;font-weight:600} td.num{text-align:right;font-variant-numeric:tabular-nums}
+.ok{color:#1a7f37} .warn{color:#9a6700} .bad{color:#cf222e;font-weight:600} .muted{color:#5c6475}
+.pill{display:inline-block;padding:1px 7px;border-radius:9px;font-size:.85em;border:1px solid currentColor}
+ul.events{background:#fff;padding:8px 8px 8px 26px;margin:0;font-size:.9em} ul.events li{margin:3px 0}
+svg.spark{vertical-align:middle}
+@media (max-width:640px){body{padding:6px} th,td{padding:4px 5px} .hide-narrow{display:none}}
+"""
+
+
+def _e(value: object) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _dur(value: float | None) -> str:
+    return "?" if value is None else format_duration(value)
+
+
+def sparkline(samples: Sequence[tuple[float, float]], sla: float | None, width: int = 140, height: int = 28) -> str:
+    """An inline SVG of the window's staleness samples, with the SLA as a dashed line."""
+    if len(samples) < 2:
+        return f'<svg class="spark" width="{width}" height="{height}" role="img" aria-label="no samples yet"></svg>'
+    t0, t1 = samples[0][0], samples[-1][0]
+    top = max(max(v for _, v in samples), sla or 0.0, 0.001)
+    span = max(t1 - t0, 1e-9)
+
+    def xy(t: float, v: float) -> str:
+        return f"{(t - t0) / span * (width - 2) + 1:.1f},{height - 1 - v / top * (height - 2):.1f}"
+
+    points = " ".join(xy(t, v) for t, v in samples)
+    over = sla is not None and samples[-1][1] > sla
+    parts = [f'<svg class="spark" width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
+             f'aria-label="staleness over the window, max {_e(_dur(top))}">']
+    if sla is not None and sla <= top:
+        y = height - 1 - sla / top * (height - 2)
+        parts.append(f'<line x1="0" x2="{width}" y1="{y:.1f}" y2="{y:.1f}" stroke="#cf222e" stroke-width="1" '
+                     'stroke-dasharray="3,2"/>')
+    parts.append(f'<polyline fill="none" stroke="{"#cf222e" if over else "#0969da"}" stroke-width="1.5" '
+                 f'points="{points}"/></svg>')
+    return "".join(parts)
+
+
+def _replica_row(c: ClusterSnapshot, r: ReplicaState) -> str:
+    sla = c.slas.get(r.name)
+    max_lag = sla.max_lag if sla else None
+    if r.node_up is False:
+        state, css = "down", "bad"
+    elif not r.streaming:
+        state, css = "not streaming", "bad"
+    elif r.replay_paused:
+        state, css = "replay paused", "warn"
+    else:
+        state, css = "streaming", "ok"
+    if r.staleness is None or max_lag is None:
+        sla_state, sla_css = ("?" if r.staleness is None else "no SLA"), "muted"
+    elif r.staleness > max_lag:
+        sla_state, sla_css = "over SLA", "bad"
+    else:
+        sla_state, sla_css = "within SLA", "ok"
+    pool = c.pool
+    if pool is None or pool.members is None:
+        member, member_css = ("not managed" if pool is None else "unknown"), "muted"
+    elif r.name in pool.members:
+        member, member_css = "in pool", "ok"
+    else:
+        member, member_css = "out of pool", "bad"
+    if pool is not None and r.name in pool.holds:
+        member += f" (held {pool.holds[r.name]})"
+    reason = pool.reasons.get(r.name, "") if pool is not None else ""
+    p95 = r.window.p95 if r.window else None
+    unconfigured = "" if r.configured else ' <span class="muted">(not configured)</span>'
+    return (
+        f'<tr data-replica="{_e(r.name)}"><td>{_e(r.name)}{unconfigured}</td>'
+        f'<td class="{css}">{_e(state)}</td>'
+        f'<td class="num">{_e(_dur(r.staleness))}</td><td class="num">{_e(_dur(p95))}</td>'
+        f'<td class="{sla_css}">{_e(sla_state)} <span class="muted">({_e(_dur(max_lag))})</span></td>'
+        f'<td><span class="pill {member_css}" title="{_e(reason)}">{_e(member)}</span></td>'
+        f'<td class="hide-narrow">{sparkline(r.samples, max_lag)}</td></tr>'
+    )
+
+
+def _cluster(c: ClusterSnapshot) -> str:
+    nodes = ", ".join(f'<span class="{"ok" if n.up else "bad"}">{_e(n.name)} {"up" if n.up else "down"}</span>'
+                      for n in c.nodes)
+    pool = c.pool
+    pool_line = ""
+    if pool is not None:
+        members = ", ".join(sorted(pool.members)) if pool.members is not None else "unknown"
+        flags = [pool.kind, "leader" if pool.leader else "standby (not applying)"]
+        if pool.dry_run:
+            flags.append("dry run")
+        pool_line = f'<div class="meta">read pool: <b>{_e(members or "(empty)")}</b> — {_e(", ".join(flags))}'
+        if pool.last_error:
+            pool_line += f' — <span class="bad">{_e(pool.last_error)}</span>'
+        pool_line += "</div>"
+    rows = "".join(_replica_row(c, r) for r in c.replicas)
+    events = ""
+    if pool is not None:
+        items = "".join(
+            f"<li>{_e(time.strftime('%H:%M:%S', time.localtime(e.at)))} <b>{_e(e.action)}</b> {_e(e.member)}"
+            f"{' (dry run)' if e.dry_run else ''}: {_e(e.reason)}</li>" for e in reversed(pool.events[-15:]))
+        events = f'<h3 class="meta">recent pool events</h3><ul class="events">{items or "<li>none yet</li>"}</ul>'
+    return (f'<section data-cluster="{_e(c.name)}"><h2>{_e(c.name)}</h2><div class="meta">nodes: {nodes}</div>'
+            f"{pool_line}<div class=\"wrap\"><table><thead><tr><th>replica</th><th>state</th><th>staleness</th>"
+            f"<th>p95</th><th>SLA</th><th>pool</th><th class=\"hide-narrow\">window</th></tr></thead>"
+            f"<tbody>{rows}</tbody></table></div>{events}</section>")
+
+
+def render(snapshot: Snapshot | None) -> str:
+    if snapshot is None:
+        body = '<p class="muted">Waiting for the first poll…</p>'
+        stamp = ""
+    else:
+        body = "".join(_cluster(c) for c in snapshot.clusters)
+        stamp = (f"as of {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(snapshot.taken_at))}, "
+                 f"cycle {snapshot.cycle_duration * 1000:.1f} ms")
+    return ("<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f'<meta name="viewport" content="width=device-width,initial-scale=1">'
+            f'<meta http-equiv="refresh" content="{REFRESH_SECONDS}"><title>lagwatch status</title>'
+            f"<style>{_CSS}</style></head><body><h1>lagwatch</h1>"
+            f'<div class="meta">{_e(stamp)} · refreshes every {REFRESH_SECONDS}s · '
+            f'<a href="/metrics">metrics</a> · <a href="/api/status">json</a></div>{body}</body></html>')

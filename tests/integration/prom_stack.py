@@ -1,0 +1,163 @@
+"""Real Prometheus (Debian's) and Alertmanager, and a webhook receiver, for the tests.
+
+All bind 127.0.0.1 on free ports, keep their data in a temp folder and are stopped by PID.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import yaml
+from lagwatch.localcluster import free_port
+
+PROMETHEUS = "/usr/bin/prometheus"
+ALERTMANAGER = "/usr/bin/prometheus-alertmanager"
+
+
+def _get_json(url: str, timeout: float = 5) -> Any:
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return json.loads(response.read())
+
+
+class _Process:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.folder = Path(tempfile.mkdtemp(prefix=f"lagwatch-{name}-"))
+        self.port = free_port(["127.0.0.1"])
+        self.log_path = self.folder / f"{name}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _start(self, argv: list[str], ready_path: str, timeout: float = 30) -> None:
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited {self.proc.returncode}: {self.log_tail()}")
+            try:
+                with urllib.request.urlopen(self.url + ready_path, timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"{self.name} not ready: {self.log_tail()}")
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+class Prometheus(_Process):
+    """Scrapes the given targets every second and evaluates ``rule_files`` every second."""
+
+    def __init__(self, targets: list[str], rule_files: list[Path], alertmanager: str | None = None) -> None:
+        super().__init__("prometheus")
+        config: dict[str, Any] = {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "900ms"},
+            "rule_files": [str(p) for p in rule_files],
+            "scrape_configs": [{"job_name": "lagwatch", "static_configs": [{"targets": targets}]}],
+        }
+        if alertmanager:
+            config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]}
+        self.config_file = self.folder / "prometheus.yml"
+        self.config_file.write_text(yaml.safe_dump(config))
+
+    def start(self) -> None:
+        self._start([PROMETHEUS, f"--config.file={self.config_file}", f"--storage.tsdb.path={self.folder}/data",
+                     f"--web.listen-address=127.0.0.1:{self.port}", "--web.enable-lifecycle"], "/-/ready")
+
+    def query(self, expr: str) -> dict[str, Any]:
+        """The raw API answer for an instant query (status, data or error)."""
+        url = f"{self.url}/api/v1/query?{urllib.parse.urlencode({'query': expr})}"
+        try:
+            result: dict[str, Any] = _get_json(url)
+        except urllib.error.HTTPError as exc:
+            result = json.loads(exc.read())
+        return result
+
+    def alerts(self) -> list[dict[str, Any]]:
+        alerts: list[dict[str, Any]] = _get_json(f"{self.url}/api/v1/alerts")["data"]["alerts"]
+        return alerts
+
+
+class Alertmanager(_Process):
+    def __init__(self, config_text: str) -> None:
+        super().__init__("alertmanager")
+        self.config_file = self.folder / "alertmanager.yml"
+        self.config_file.write_text(config_text)
+
+    def start(self) -> None:
+        self._start([ALERTMANAGER, f"--config.file={self.config_file}", f"--storage.path={self.folder}/data",
+                     f"--web.listen-address=127.0.0.1:{self.port}", "--cluster.listen-address="], "/-/ready")
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
+class WebhookReceiver:
+    """Collects Alertmanager webhook notifications, by path (/page, /chat)."""
+
+    def __init__(self) -> None:
+        self.received: list[tuple[str, dict[str, Any]]] = []
+        self._lock = threading.Lock()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                with receiver._lock:
+                    receiver.received.append((self.path, json.loads(body)))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = int(self.server.server_address[1])
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def notifications(self, path: str | None = None) -> list[dict[str, Any]]:
+        with self._lock:
+            return [body for p, body in self.received if path is None or p == path]
+
+    def __enter__(self) -> WebhookReceiver:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -1,0 +1,66 @@
+"""The /status page rendered from canned snapshots: states, escaping, no external assets."""
+
+from __future__ import annotations
+
+import re
+
+from lagwatch.config import ReplicaSla
+from lagwatch.lag import LagHistogram
+from lagwatch.snapshot import ClusterSnapshot, NodeHealth, PoolEvent, PoolStatus, ReplicaState, Snapshot
+from lagwatch.status_page import render, sparkline
+
+SLA = ReplicaSla(max_lag=2.0, p95=None, eject_after=2, readmit_below=1.0, readmit_after=3)
+
+
+def replica(name: str, staleness: float, **kw: object) -> ReplicaState:
+    fields: dict[str, object] = {"name": name, "configured": True, "staleness": staleness,
+                                 "staleness_source": "replica", "window": None,
+                                 "histogram": LagHistogram().snapshot(), "replay_lsn": 1,
+                                 "streaming": True, "node_up": True, "replay_pause_state": "not paused",
+                                 "samples": tuple((float(t), staleness * t / 10) for t in range(11))}
+    fields.update(kw)
+    return ReplicaState(**fields)  # type: ignore[arg-type]
+
+
+def snapshot() -> Snapshot:
+    pool = PoolStatus(kind="pgbouncer", leader=True, dry_run=False, members=frozenset({"replica2"}),
+                      pooler_members=frozenset({"replica2"}), reasons={"replica1": "staleness 9s > max_lag 2s"},
+                      holds={}, changes_total={("replica1", "eject"): 1}, apply_errors_total=0, last_error=None,
+                      events=(PoolEvent(1.0e9, "replica1", "eject", "staleness <b>9s</b> > max_lag 2s", 9.0, 3.0,
+                                        False),))
+    nodes = (NodeHealth("primary", "primary", True, 180000, 0.01, 5, {}, None, {}),
+             NodeHealth("replica1", "replica", True, 180000, 0.01, 5, {}, None, {}))
+    cluster = ClusterSnapshot("main", 100, None, (replica("replica1", 9.0, replay_pause_state="paused"),
+                                                  replica("replica2", 0.0)), (), None, None, None, nodes,
+                              slas={"replica1": SLA, "replica2": SLA}, min_replicas=1, pool=pool)
+    return Snapshot(1.0e9, 0.004, 5, 0, (cluster,))
+
+
+def row(page: str, name: str) -> str:
+    start = page.index(f'data-replica="{name}"')
+    return page[start:page.index("</tr>", start)]
+
+
+def test_states_pool_and_sla() -> None:
+    page = render(snapshot())
+    r1, r2 = row(page, "replica1"), row(page, "replica2")
+    assert "replay paused" in r1 and "over SLA" in r1 and "out of pool" in r1 and "9s" in r1
+    assert "streaming" in r2 and "within SLA" in r2 and "in pool" in r2
+    assert 'http-equiv="refresh"' in page and 'name="viewport"' in page
+
+
+def test_no_external_assets_and_everything_escaped() -> None:
+    page = render(snapshot())
+    assert not re.search(r'(src|href)="(https?:)?//', page)
+    assert "<b>9s</b>" not in page and "&lt;b&gt;9s&lt;/b&gt;" in page
+
+
+def test_sparkline_draws_sla_and_turns_red_over_it() -> None:
+    samples = tuple((float(t), float(t)) for t in range(10))
+    svg = sparkline(samples, sla=2.0)
+    assert "<polyline" in svg and "stroke-dasharray" in svg and "#cf222e" in svg
+    assert "no samples yet" in sparkline((), sla=2.0)
+
+
+def test_before_first_poll() -> None:
+    assert "Waiting for the first poll" in render(None)
