@@ -70,29 +70,55 @@ def cmd_run(args: argparse.Namespace) -> int:
     if config is None:
         return EXIT_CONFIG
     setup_logging(args.log_level, args.log_format)
-    return run_daemon(config, Path(args.config))
+    return run_daemon(config, Path(args.config), Path(args.web_config_file) if args.web_config_file else None)
 
 
-def run_daemon(config: Config, config_path: Path | None) -> int:
+def run_daemon(config: Config, config_path: Path | None, web_config_file: Path | None = None) -> int:
     from lagwatch.daemon import Daemon
     from lagwatch.sdnotify import Notifier
     from lagwatch.web import WebServer
+    from lagwatch.webconfig import load_web_config
 
+    log = logging.getLogger("lagwatch")
+    web_config_file = web_config_file or config.web_config_file
+    try:
+        web_config = load_web_config(web_config_file) if web_config_file else None
+    except ConfigError as exc:
+        print(exc.render(), file=sys.stderr)
+        return EXIT_CONFIG
     daemon = Daemon(config, config_path, notifier=Notifier())
     host, port = config.listen_address
     try:
-        web = WebServer(host, port, daemon.holder, config.interval)
+        web = WebServer(host, port, daemon.holder, config.interval, web_config)
     except OSError as exc:
-        logging.getLogger("lagwatch").error("cannot listen on %s: %s", config.listen, exc.strerror)
+        log.error("cannot listen on %s: %s", config.listen, exc.strerror)
         return 1
     web.start()
-    logging.getLogger("lagwatch").info("lagwatch %s listening on http://%s:%d/metrics", __version__, host,
-                                       web.port)
+    tls = web_config is not None and web_config.tls_server_config is not None
+    scheme = "https" if tls else "http"
+    log.info("lagwatch %s listening on %s://%s:%d/ (/metrics, /status)", __version__, scheme, host, web.port)
+    if web_config is None:
+        where = "loopback only" if _is_loopback(host) else "NOT loopback: anyone who can reach it can read it"
+        (log.info if _is_loopback(host) else log.warning)(
+            "no web_config_file: HTTP without TLS or authentication, %s", where)
+    elif not web.auth.enabled:
+        log.warning("web config has no basic_auth_users: endpoints are not password protected")
     try:
         asyncio.run(daemon.run())
     finally:
         web.stop()
     return 0
+
+
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -166,6 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="run the daemon")
     p.add_argument("-c", "--config", required=True)
+    p.add_argument("--web.config.file", dest="web_config_file", default=None,
+                   help="TLS/basic auth config in the Prometheus exporters' format (overrides web_config_file)")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("check", help="poll once and print a table; Nagios exit codes")

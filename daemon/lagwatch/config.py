@@ -235,6 +235,7 @@ class Config(_Strict):
     query_timeout: Duration | None = None
     reconnect_backoff_max: Duration = 5.0
     state_dir: Path = Path("/var/lib/lagwatch")  # operator holds live here (holds.json)
+    web_config_file: Path | None = None  # TLS and basic auth, Prometheus exporters' web config format
     clusters: tuple[ClusterConfig, ...]
 
     @field_validator("interval", "window")
@@ -304,7 +305,7 @@ def _path(loc: tuple[int | str, ...]) -> str:
     return out
 
 
-def _problems(exc: ValidationError) -> list[str]:
+def validation_problems(exc: ValidationError) -> list[str]:
     problems = []
     for err in exc.errors(include_input=False, include_url=False):
         loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
@@ -323,7 +324,7 @@ def parse_config(data: Any, source: str = "<config>") -> Config:
     try:
         return Config.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(source, _problems(exc)) from None
+        raise ConfigError(source, validation_problems(exc)) from None
 
 
 def load_config(path: str | Path) -> Config:

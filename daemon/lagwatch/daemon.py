@@ -13,7 +13,7 @@ import logging
 import signal
 import time
 from dataclasses import replace
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 from apscheduler.events import EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED, JobEvent
@@ -143,7 +143,8 @@ class Daemon:
         for sig, handler in ((signal.SIGTERM, self.stop), (signal.SIGINT, self.stop),
                              (signal.SIGHUP, lambda: asyncio.ensure_future(self.reload()))):
             loop.add_signal_handler(sig, handler)
-        scheduler = AsyncIOScheduler(event_loop=loop)
+        # An explicit zone: the interval trigger needs none, and tzlocal would print its guesses.
+        scheduler = AsyncIOScheduler(event_loop=loop, timezone=UTC)
         scheduler.add_listener(self._on_skipped, EVENT_JOB_MAX_INSTANCES | EVENT_JOB_MISSED)
         self._scheduler = scheduler
         self._add_job()
@@ -167,7 +168,7 @@ class Daemon:
         self._scheduler.add_job(self._scheduled_cycle, "interval", seconds=self.config.interval,
                                 id="cycle", replace_existing=True, max_instances=1, coalesce=True,
                                 misfire_grace_time=max(1, int(self.config.interval)),
-                                next_run_time=datetime.now())
+                                next_run_time=datetime.now(UTC))
 
     def stop(self) -> None:
         log.info("stopping")

@@ -1,4 +1,8 @@
-"""HTTP endpoints: /metrics, /healthz, /readyz, /api/status. Reads snapshots only."""
+"""HTTP endpoints: /metrics, /status, /healthz, /readyz, /api/status. Reads snapshots only.
+
+With a web config (exporter-toolkit format) every endpoint is served over TLS and/or
+behind basic auth.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ from lagwatch import status_page
 from lagwatch.daemon import SnapshotHolder
 from lagwatch.export import SnapshotCollector
 from lagwatch.status import snapshot_status
+from lagwatch.webconfig import BasicAuth, WebConfig, ssl_context
 
 log = logging.getLogger("lagwatch.web")
 
@@ -22,14 +27,25 @@ log = logging.getLogger("lagwatch.web")
 class WebServer:
     """A small threaded HTTP server; every response is rendered from the last snapshot."""
 
-    def __init__(self, host: str, port: int, holder: SnapshotHolder, interval: float) -> None:
+    def __init__(self, host: str, port: int, holder: SnapshotHolder, interval: float,
+                 web_config: WebConfig | None = None) -> None:
         self.holder = holder
         self.interval = interval
+        self.web_config = web_config or WebConfig()
+        self.auth = BasicAuth(self.web_config.basic_auth_users)
+        self.extra_headers = (self.web_config.http_server_config.headers
+                              if self.web_config.http_server_config else {})
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(SnapshotCollector(holder.get))
         handler = _make_handler(self)
         self.httpd = ThreadingHTTPServer((host, port), handler)
         self.httpd.daemon_threads = True
+        context = ssl_context(self.web_config)
+        if context is not None:
+            # The handshake happens in the request's own thread (on first read), so a
+            # client that connects and says nothing cannot block the accept loop.
+            self.httpd.socket = context.wrap_socket(self.httpd.socket, server_side=True,
+                                                    do_handshake_on_connect=False)
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="lagwatch-http", daemon=True)
         self._rendered: tuple[object, str, bytes] | None = None
 
@@ -74,6 +90,12 @@ def _make_handler(server: WebServer) -> type[BaseHTTPRequestHandler]:
 
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
+            if not server.auth.allows(self.headers.get("Authorization")):
+                self.send_response(401)
+                self.send_header("WWW-Authenticate", 'Basic realm="lagwatch"')
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
             if path == "/metrics":
                 body, content_type = server.metrics(self.headers.get("Accept", ""))
                 self._send(200, body, content_type)
@@ -98,6 +120,8 @@ def _make_handler(server: WebServer) -> type[BaseHTTPRequestHandler]:
             self.send_response(code)
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
+            for name, value in server.extra_headers.items():
+                self.send_header(name, value)
             self.end_headers()
             self.wfile.write(body)
 

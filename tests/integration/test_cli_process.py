@@ -97,7 +97,7 @@ def test_no_password_anywhere(pg_cluster: LocalCluster, tmp_path: Path) -> None:
         pg_cluster.replicas[1].stop()  # connection errors get logged and exported
         lw.wait_for("replica2 down", lambda: lw.value("lagwatch_up", node="replica2") == 0, timeout=10)
         time.sleep(2)
-        outputs = [lw.get(path)[1] for path in ("/metrics", "/api/status", "/healthz", "/readyz", "/")]
+        outputs = [lw.get(path)[1] for path in ("/metrics", "/api/status", "/status", "/healthz", "/readyz", "/")]
         outputs.append(run_cli("check", "-c", str(lw.config_path), env=env).stdout)
         broken = dict(config)
         broken["clusters"] = [dict(cluster, primary={"dsn": f"host=x password={SECRET}-dsn = junk"})]

@@ -38,7 +38,7 @@ class Capabilities:
             out["wal_dir"] = "no EXECUTE on pg_ls_waldir() (grant pg_monitor)"
         if not self.can_read_all_stats:
             out["replication"] = "not a member of pg_read_all_stats: LSN columns are hidden (grant pg_monitor)"
-        if self.has_walinspect and not self.can_walinspect:
+        if self.has_walinspect and not self.can_walinspect and not self.in_recovery:  # used on the primary only
             out["walinspect"] = "no EXECUTE on pg_get_wal_stats (grant pg_read_server_files)"
         return out
 
