@@ -175,6 +175,30 @@ def cmd_pool(args: argparse.Namespace) -> int:
     return 0
 
 
+def share_dir() -> Path | None:
+    """Where the dashboards, alert rules, runbooks and deploy examples are: installed under
+    <prefix>/share/lagwatch by a wheel, or the source tree itself."""
+    import site
+    import sysconfig
+
+    candidates = [Path(sys.prefix), Path(sysconfig.get_paths()["data"]), Path(site.getuserbase())]
+    candidates = [c / "share" / "lagwatch" for c in candidates]
+    candidates.append(Path(__file__).resolve().parents[2])  # a checkout (editable install)
+    for folder in candidates:
+        if (folder / "alerts" / "lagwatch.rules.yml").is_file():
+            return folder
+    return None
+
+
+def cmd_share_dir(args: argparse.Namespace) -> int:
+    folder = share_dir()
+    if folder is None:
+        print("lagwatch's shared files (dashboards, alerts, deploy) are not installed", file=sys.stderr)
+        return 1
+    print(folder)
+    return 0
+
+
 def _duration(text: str) -> float:
     try:
         return parse_duration(text)
@@ -217,6 +241,9 @@ def build_parser() -> argparse.ArgumentParser:
     release.add_argument("replica")
     pool_sub.add_parser("show", help="print holds and the pooler's current pool")
     p.set_defaults(func=cmd_pool)
+
+    p = sub.add_parser("share-dir", help="print where the dashboards, alert rules and deploy examples are")
+    p.set_defaults(func=cmd_share_dir)
 
     p = sub.add_parser("demo", help="start a local primary + 2 replicas with load, and watch them")
     p.add_argument("--listen", default="127.0.0.1:9847")

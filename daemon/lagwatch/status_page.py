@@ -95,9 +95,9 @@ def _replica_row(c: ClusterSnapshot, r: ReplicaState) -> str:
     return (
         f'<tr data-replica="{_e(r.name)}"><td>{_e(r.name)}{unconfigured}</td>'
         f'<td class="{css}">{_e(state)}</td>'
+        f'<td><span class="pill {member_css}" title="{_e(reason)}">{_e(member)}</span></td>'
         f'<td class="num">{_e(_dur(r.staleness))}</td><td class="num">{_e(_dur(p95))}</td>'
         f'<td class="{sla_css}">{_e(sla_state)} <span class="muted">({_e(_dur(max_lag))})</span></td>'
-        f'<td><span class="pill {member_css}" title="{_e(reason)}">{_e(member)}</span></td>'
         f'<td class="hide-narrow">{sparkline(r.samples, max_lag)}</td></tr>'
     )
 
@@ -124,8 +124,8 @@ def _cluster(c: ClusterSnapshot) -> str:
             f"{' (dry run)' if e.dry_run else ''}: {_e(e.reason)}</li>" for e in reversed(pool.events[-15:]))
         events = f'<h3 class="meta">recent pool events</h3><ul class="events">{items or "<li>none yet</li>"}</ul>'
     return (f'<section data-cluster="{_e(c.name)}"><h2>{_e(c.name)}</h2><div class="meta">nodes: {nodes}</div>'
-            f"{pool_line}<div class=\"wrap\"><table><thead><tr><th>replica</th><th>state</th><th>staleness</th>"
-            f"<th>p95</th><th>SLA</th><th>pool</th><th class=\"hide-narrow\">window</th></tr></thead>"
+            f"{pool_line}<div class=\"wrap\"><table><thead><tr><th>replica</th><th>state</th><th>pool</th>"
+            f"<th>staleness</th><th>p95</th><th>SLA</th><th class=\"hide-narrow\">window</th></tr></thead>"
             f"<tbody>{rows}</tbody></table></div>{events}</section>")
 
 

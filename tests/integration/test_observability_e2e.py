@@ -1,0 +1,189 @@
+"""See it and get paged, end to end, with every component real:
+
+real primary + 2 replicas -> lagwatch (with PgBouncer pool control) -> Prometheus (Debian's)
+scraping it and evaluating the shipped rules -> Alertmanager configured from the shipped
+example -> a webhook served by this test. Plus the shipped dashboard's queries against
+that Prometheus, and the status page in headless Chromium.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from harness import ROOT, Lagwatch, Writer, cluster_config
+from lagwatch.localcluster import LocalCluster, available_majors, free_port
+from pgbouncer_server import PgBouncerServer, readable_by_servers
+from prom_stack import Alertmanager, Prometheus, WebhookReceiver
+
+ARTIFACTS = ROOT / "test-artifacts"
+RULES = ROOT / "alerts" / "lagwatch.rules.yml"
+AM_EXAMPLE = ROOT / "alerts" / "alertmanager.example.yml"
+SLA = {"max_lag": "1s", "eject_after": 2, "readmit_below": "500ms", "readmit_after": 3, "min_replicas": 1}
+
+
+@pytest.fixture(scope="module", params=[pytest.param(m, id=f"pg{m}") for m in available_majors()[:1]])
+def pg_major(request: pytest.FixtureRequest) -> int:
+    major: int = request.param
+    return major
+
+
+@dataclass
+class Stack:
+    cluster: LocalCluster
+    lagwatch: Lagwatch
+    prometheus: Prometheus
+    alertmanager: Alertmanager
+    webhook: WebhookReceiver
+    pgbouncer: PgBouncerServer
+
+
+def alertmanager_config(webhook: WebhookReceiver) -> str:
+    """The shipped example, with its receivers pointed at this test's webhook."""
+    config: dict[str, Any] = yaml.safe_load(AM_EXAMPLE.read_text())
+    for receiver in config["receivers"]:
+        for hook in receiver.get("webhook_configs", []):
+            hook["url"] = webhook.url(f"/{receiver['name']}")
+    return yaml.safe_dump(config)
+
+
+@pytest.fixture(scope="module")
+def stack(pg_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    r1, r2 = pg_cluster.replicas
+    pgbouncer = PgBouncerServer(primary_dsn_entry=f"host=127.0.0.1 port={pg_cluster.primary.port} dbname=postgres")
+    pgbouncer.include_file.write_text(f"app_ro = host={r1.host},{r2.host} port={r1.port} dbname=postgres\n")
+    readable_by_servers(pgbouncer.include_file)
+    workdir = tmp_path_factory.mktemp("e2e")
+    config = cluster_config(pg_cluster, free_port(["127.0.0.1"]), window="1m", state_dir=str(workdir / "state"))
+    config["clusters"][0].update({"sla": SLA, "pooler": {
+        "kind": "pgbouncer", "admin_dsn": pgbouncer.admin_dsn, "include_file": str(pgbouncer.include_file),
+        "database": "app_ro", "options": f"port={r1.port} dbname=postgres"}})
+    with pgbouncer, WebhookReceiver() as webhook:
+        alertmanager = Alertmanager(alertmanager_config(webhook))
+        lagwatch = Lagwatch(workdir, config)
+        prometheus = None
+        try:
+            alertmanager.start()
+            lagwatch.wait_ready()
+            prometheus = Prometheus([f"127.0.0.1:{lagwatch.port}"], [RULES], alertmanager.address)
+            prometheus.start()
+            yield Stack(pg_cluster, lagwatch, prometheus, alertmanager, webhook, pgbouncer)
+        finally:
+            if prometheus is not None:
+                prometheus.stop()
+            alertmanager.stop()
+            lagwatch.stop()
+
+
+def wait(what: str, predicate: Any, timeout: float, every: float = 0.5) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def chromium(*args: str) -> subprocess.CompletedProcess[str]:
+    binary = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert binary, "chromium is not installed (apt-get install chromium)"
+    with tempfile.TemporaryDirectory(prefix="lagwatch-chromium-") as profile:
+        return subprocess.run(
+            [binary, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={profile}", *args], capture_output=True, text=True, timeout=90)
+
+
+def status_dom(stack: Stack) -> str:
+    result = chromium("--dump-dom", stack.lagwatch.url("/status"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout
+
+
+def replica_row(dom: str, replica: str) -> str:
+    start = dom.index(f'data-replica="{replica}"')
+    return dom[start:dom.index("</tr>", start)]
+
+
+def screenshot(stack: Stack, name: str) -> Path:
+    ARTIFACTS.mkdir(exist_ok=True)
+    path = ARTIFACTS / name
+    result = chromium("--window-size=412,915", f"--screenshot={path}", stack.lagwatch.url("/status"))
+    assert result.returncode == 0 and path.stat().st_size > 1000, result.stderr[-2000:]
+    return path
+
+
+def test_dashboard_queries_run_against_prometheus(stack: Stack) -> None:
+    sys.path.insert(0, str(ROOT / "dashboards"))
+    import generate  # the shipped dashboard's generator
+
+    # Let Prometheus scrape a few times and evaluate rates.
+    wait("lagwatch scraped", lambda: stack.prometheus.query("lagwatch_up")["data"]["result"], timeout=30)
+    time.sleep(8)
+    empty = []
+    for title, expr, must_have_data in generate.panel_queries():
+        answer = stack.prometheus.query(generate.substitute(expr, cluster="main", replica=".*", interval="5s"))
+        assert answer.get("status") == "success", (title, expr, answer.get("error"))
+        if must_have_data and not answer["data"]["result"]:
+            empty.append((title, expr))
+    assert not empty, f"panels without data on a healthy cluster: {empty}"
+
+
+def test_status_page_in_chromium_healthy(stack: Stack) -> None:
+    dom = status_dom(stack)
+    for replica in ("replica1", "replica2"):
+        row = replica_row(dom, replica)
+        assert "streaming" in row and "in pool" in row and "<svg" in row
+    assert "http://" not in dom.replace(stack.lagwatch.url(""), "")  # no external assets
+    screenshot(stack, "status-healthy.png")
+
+
+def test_idle_primary_sends_nothing(stack: Stack) -> None:
+    stack.cluster.wait_replayed()
+    time.sleep(100)
+    assert stack.webhook.notifications() == []
+    firing = [a for a in stack.prometheus.alerts() if a["state"] == "firing"]
+    assert firing == [], firing
+
+
+def test_paused_replica_pages_then_resolves(stack: Stack) -> None:
+    replica1 = stack.cluster.replicas[0]
+    replica1.pause_replay()
+    with Writer(stack.cluster, every=0.2, max_seconds=240):
+        # Ejected from the pool within a few cycles: the status page says so.
+        stack.lagwatch.wait_for("replica1 ejected",
+                                lambda: stack.lagwatch.value("lagwatch_pool_member", replica="replica1") == 0,
+                                timeout=20)
+        row = replica_row(status_dom(stack), "replica1")
+        assert "out of pool" in row and "replay paused" in row and "over SLA" in row
+        screenshot(stack, "status-replica1-ejected.png")
+
+        def paged() -> list[dict[str, Any]]:
+            return [a for n in stack.webhook.notifications("/pager") if n["status"] == "firing"
+                    for a in n["alerts"] if a["labels"].get("replica") == "replica1"]
+
+        wait("a page for replica1", paged, timeout=200, every=1)
+    alert = paged()[0]
+    assert alert["labels"]["cluster"] == "main" and alert["labels"]["severity"] == "page"
+    summary = alert["annotations"]["summary"]
+    assert "replica1" in summary and "main" in summary, summary
+    assert alert["annotations"].get("runbook_url", "").endswith(".md")
+
+    replica1.resume_replay()
+
+    def resolved() -> bool:
+        return any(n["status"] == "resolved" and any(a["labels"].get("alertname") == alert["labels"]["alertname"]
+                                                     and a["labels"].get("replica") == "replica1"
+                                                     for a in n["alerts"])
+                   for n in stack.webhook.notifications("/pager"))
+
+    wait("the resolved notification", resolved, timeout=180, every=1)

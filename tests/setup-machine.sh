@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs what the tests start for real on a Debian machine (apt, as root) and the
+# Python packages (pip). Safe to run again: only what is missing is installed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+[ -x /usr/lib/postgresql/15/bin/postgres ] || need+=(postgresql-15)
+[ -x /usr/lib/postgresql/15/bin/pgbench ] || need+=(postgresql-contrib)
+[ -x /usr/sbin/pgbouncer ] || need+=(pgbouncer)
+[ -x /usr/sbin/haproxy ] || need+=(haproxy)
+[ -x /usr/bin/promtool ] || need+=(prometheus)
+[ -x /usr/bin/amtool ] || need+=(prometheus-alertmanager)
+command -v chromium >/dev/null || need+=(chromium)
+command -v systemd-analyze >/dev/null || need+=(systemd)
+command -v openssl >/dev/null || need+=(openssl)
+if [ ${#need[@]} -gt 0 ]; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q
+  # Installing a server package must not start one: the tests start their own.
+  policy=/usr/sbin/policy-rc.d
+  created_policy=
+  if [ ! -e "$policy" ]; then printf '#!/bin/sh\nexit 101\n' > "$policy" && chmod +x "$policy" && created_policy=1; fi
+  apt-get install -y -q --no-install-recommends "${need[@]}"
+  [ -z "$created_policy" ] || rm -f "$policy"
+fi
+
+python3 -m pip install -q --disable-pip-version-check -e '.[test,embedded]'
