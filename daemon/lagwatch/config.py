@@ -34,6 +34,10 @@ class ConfigError(Exception):
         return "\n".join(lines)
 
 
+class PasswordUnavailableError(Exception):
+    """A password_file that could be read at load time cannot be read now."""
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
 
@@ -72,10 +76,20 @@ class NodeConfig(_Strict):
     def password(self) -> str | None:
         """Read the password now (so a rotated file or env is picked up on reconnect)."""
         if self.password_file is not None:
-            return self.password_file.read_text().strip() or None
+            try:
+                return self.password_file.read_text().strip() or None
+            except OSError as exc:
+                raise PasswordUnavailableError(f"cannot read password_file {str(self.password_file)!r}: "
+                                          f"{exc.strerror}") from None
         if self.password_env is not None:
             return os.environ.get(self.password_env) or None
         return None
+
+
+def _positive_durations(values: dict[str, float | None]) -> None:
+    bad = [k for k, v in values.items() if v is not None and v <= 0]
+    if bad:
+        raise ValueError(f"{', '.join(bad)} must be greater than 0")
 
 
 class SlaOverride(_Strict):
@@ -86,6 +100,11 @@ class SlaOverride(_Strict):
     eject_after: int | None = Field(default=None, ge=1)
     readmit_below: Duration | None = None
     readmit_after: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _positive(self) -> SlaOverride:
+        _positive_durations({"max_lag": self.max_lag, "p95": self.p95, "readmit_below": self.readmit_below})
+        return self
 
 
 class SlaConfig(_Strict):
@@ -101,8 +120,7 @@ class SlaConfig(_Strict):
 
     @model_validator(mode="after")
     def _hysteresis(self) -> SlaConfig:
-        if self.max_lag <= 0:
-            raise ValueError("max_lag must be greater than 0")
+        _positive_durations({"max_lag": self.max_lag, "p95": self.p95, "readmit_below": self.readmit_below})
         if self.readmit_below is not None and self.readmit_below > self.max_lag:
             raise ValueError("readmit_below must not be above max_lag (that would flap)")
         return self
@@ -140,6 +158,19 @@ class PgBouncerPoolerConfig(_Strict):
     options: str = ""  # the rest of the entry after host=..., e.g. "port=5432 dbname=app"
     # With no eligible replica: point the entry at the primary, or leave it as it is.
     when_empty: Literal["primary", "keep"] = "primary"
+
+    @field_validator("admin_dsn")
+    @classmethod
+    def _valid_admin_dsn(cls, dsn: str) -> str:
+        return NodeConfig._valid_dsn(dsn)
+
+    @field_validator("database", "options")
+    @classmethod
+    def _one_line(cls, value: str) -> str:
+        # Both are written into PgBouncer's config: a newline would inject a second line.
+        if "\n" in value or "\r" in value or ";" in value:
+            raise ValueError("must be one line without ';'")
+        return value
 
 
 class HAProxyPoolerConfig(_Strict):

@@ -16,11 +16,12 @@ Holds = dict[str, dict[str, Hold]]  # cluster -> replica -> hold
 class HoldStore:
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._cache: tuple[float, Holds] | None = None
+        self._cache: tuple[tuple[int, int], Holds] | None = None
 
     def load(self) -> Holds:
         try:
-            mtime = self.path.stat().st_mtime
+            stat = self.path.stat()
+            mtime = (stat.st_ino, stat.st_mtime_ns)  # an atomic rename changes the inode
         except FileNotFoundError:
             return {}
         if self._cache is not None and self._cache[0] == mtime:
@@ -29,8 +30,10 @@ class HoldStore:
             raw = json.loads(self.path.read_text())
         except (OSError, ValueError) as exc:
             raise ValueError(f"{self.path}: cannot read holds: {exc}") from None
+        if not isinstance(raw, dict) or not all(isinstance(r, dict) for r in raw.values()):
+            raise ValueError(f"{self.path}: expected {{cluster: {{replica: in|out}}}}")
         holds: Holds = {}
-        for cluster, replicas in (raw or {}).items():
+        for cluster, replicas in raw.items():
             holds[str(cluster)] = {str(r): cast(Hold, h) for r, h in replicas.items() if h in ("in", "out")}
         self._cache = (mtime, holds)
         return holds

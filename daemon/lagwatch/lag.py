@@ -34,6 +34,7 @@ class LsnClock:
     """
 
     def __init__(self, max_points: int) -> None:
+        self.max_points = max_points
         self._lsns: deque[int] = deque(maxlen=max_points)
         self._times: deque[float] = deque(maxlen=max_points)
 

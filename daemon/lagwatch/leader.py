@@ -41,8 +41,18 @@ class LeaderLock:
     async def refresh(self) -> bool:
         """Keep or try to take the lock; returns whether this instance leads now."""
         was = self.is_leader
+        task = asyncio.ensure_future(self._refresh())
         try:
-            self.is_leader = await asyncio.wait_for(self._refresh(), self.timeout)
+            done, _ = await asyncio.wait({task}, timeout=self.timeout)
+            if not done:
+                # Close the socket before cancelling: psycopg's own cancel would first ask
+                # the (possibly hung) server to cancel and wait for it.
+                self._drop()
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+                raise TimeoutError(f"no answer within {self.timeout:.3g}s")
+            self.is_leader = task.result()
         except (TimeoutError, psycopg.Error, OSError) as exc:
             log.debug("%s: leader lock check failed: %s", self.cluster.name, exc)
             self.is_leader = False
@@ -56,7 +66,12 @@ class LeaderLock:
         if self._conn is None or self._conn.closed:
             self.is_leader = False
             conninfo = build_conninfo(self.cluster.primary, self.timeout, self.timeout)
-            conninfo = psycopg.conninfo.make_conninfo(conninfo, application_name="lagwatch-leader")
+            # Server-side keepalives: if this host vanishes (a partition), the server drops
+            # the session, and so the lock, within about 25 s instead of the kernel's 2 h.
+            options = str(psycopg.conninfo.conninfo_to_dict(conninfo).get("options", ""))
+            options += " -c tcp_keepalives_idle=10 -c tcp_keepalives_interval=5 -c tcp_keepalives_count=3"
+            conninfo = psycopg.conninfo.make_conninfo(conninfo, application_name="lagwatch-leader",
+                                                      options=options.strip())
             self._conn = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
         if self.is_leader:
             await self._conn.execute("SELECT 1")

@@ -150,11 +150,12 @@ def decide(replicas: Sequence[ReplicaHealth], slas: Mapping[str, ReplicaSla], ru
             pool.add(PRIMARY)
             reasons[PRIMARY] = f"fallback: {healthy} healthy replica(s) < min_replicas {rules.min_replicas}"
         else:
-            # Keep the least-behind of the rest (never one an operator holds out).
+            # Keep the least-behind of the rest (never one an operator holds out); one
+            # already kept stays kept, so two lagging replicas do not swap every cycle.
             by_health = {h.name: h for h in replicas}
             candidates = sorted(
                 (n for n in judged if n not in pool and holds.get(n) != "out"),
-                key=lambda n: (not by_health[n].reachable, _lag_key(by_health[n].staleness), n))
+                key=lambda n: (n not in state.pool, not by_health[n].reachable, _lag_key(by_health[n].staleness), n))
             for name in candidates[: rules.min_replicas - healthy]:
                 pool.add(name)
                 reasons[name] = f"kept to honour min_replicas {rules.min_replicas} ({reasons[name]})"

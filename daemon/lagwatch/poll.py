@@ -18,7 +18,7 @@ import psycopg
 import psycopg.conninfo
 from psycopg.rows import dict_row
 
-from lagwatch.config import ClusterConfig, Config, NodeConfig
+from lagwatch.config import ClusterConfig, Config, NodeConfig, PasswordUnavailableError
 from lagwatch.lsn import format_lsn
 from lagwatch.redact import redact_text
 from lagwatch.snapshot import ErrorKind, NodeObservation, Role
@@ -95,7 +95,7 @@ class NodePoller:
 
     def _failed(self, error: NodeError, started: float) -> NodeObservation:
         kind = error.kind
-        message = redact_text(str(error), [self.node_config.password()])
+        message = redact_text(str(error), [self._password_for_redaction()])
         if kind != "role" and not error.backing_off:
             self._last_error = message
             self._failures += 1
@@ -106,6 +106,12 @@ class NodePoller:
         return NodeObservation(cluster=self.cluster.name, node=self.node, role=self.role,
                                observed_at=now, duration=now - started, capabilities=self._caps,
                                error_kind=kind, error=message)
+
+    def _password_for_redaction(self) -> str | None:
+        try:
+            return self.node_config.password()
+        except PasswordUnavailableError:
+            return None
 
     async def _poll_once(self) -> dict[str, Any]:
         conn = await self._connection()
@@ -135,7 +141,10 @@ class NodePoller:
         if self._conn is None or self._conn.closed:
             if time.monotonic() < self._next_attempt:
                 raise NodeError("connect", f"waiting to reconnect after: {self._last_error}", backing_off=True)
-            conninfo = build_conninfo(self.node_config, self.connect_timeout, self.query_timeout)
+            try:
+                conninfo = build_conninfo(self.node_config, self.connect_timeout, self.query_timeout)
+            except PasswordUnavailableError as exc:
+                raise NodeError("connect", str(exc)) from None
             try:
                 self._conn = await asyncio.wait_for(
                     psycopg.AsyncConnection.connect(conninfo, autocommit=True, row_factory=dict_row),

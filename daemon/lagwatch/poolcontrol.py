@@ -9,10 +9,14 @@ differs. A failing apply is retried with backoff and never stops the cycle.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import threading
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from lagwatch.config import ClusterConfig
 from lagwatch.holds import Hold, HoldStore
@@ -24,6 +28,7 @@ from lagwatch.snapshot import ClusterSnapshot, PoolEvent, PoolStatus
 
 log = logging.getLogger("lagwatch.pool")
 
+T = TypeVar("T")
 MAX_EVENTS = 50
 APPLY_BACKOFF_MAX = 30.0
 
@@ -51,21 +56,28 @@ class PoolController:
         self._last_error: str | None = None
         self._backoff = _ApplyBackoff()
         self._names = [r.name for r in cluster.replicas]
+        self._inflight: asyncio.Future[Any] | None = None
+        self.deadline = max(3.0, 2 * timeout)
 
     async def step(self, snapshot: ClusterSnapshot, now: float) -> PoolStatus:
         is_leader = await self.leader.refresh()
         try:
-            self._pooler_view = await asyncio.to_thread(self.pooler.read_pool)
+            self._pooler_view = await self._call(self.pooler.read_pool)
         except PoolerError as exc:
             self._pooler_view = None
             self._note_error(f"reading the pool: {exc}")
         if self._state is None:
-            if self._pooler_view is None:
-                return self._status(is_leader, None)  # converge from the pooler's view, once known
-            self._state = PolicyState.from_pool(self._pooler_view, self._names, now)
+            if self._pooler_view is not None:
+                start = self._pooler_view
+                log.info("%s: pool starts as the pooler has it: %s", self.cluster.name,
+                         ", ".join(sorted(start)) or "(empty)")
+            else:
+                # Unknown (pooler down, or a command adapter that never applied): start with
+                # every replica in and let the policy and the next apply converge.
+                start = frozenset(self._names)
+                log.info("%s: the pooler's pool is unknown; starting with every replica in", self.cluster.name)
+            self._state = PolicyState.from_pool(start, self._names, now)
             self._applied = self._pooler_view
-            log.info("%s: pool starts as the pooler has it: %s", self.cluster.name,
-                     ", ".join(sorted(self._pooler_view)) or "(empty)")
 
         decision = decide(self._health(snapshot), {n: self.cluster.replica_sla(n) for n in self._names},
                           PoolRules(self.cluster.sla.min_replicas, self.cluster.sla.fallback_to_primary),
@@ -75,6 +87,35 @@ class PoolController:
         if is_leader and not self.cluster.dry_run and self._needs_apply(decision.pool):
             await self._apply(decision.pool)
         return self._status(is_leader, decision)
+
+    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run a blocking pooler call in a daemon thread with a deadline. A pooler that
+        hangs (a frozen PgBouncer keeps its socket open) costs one deadline, after which
+        pool control is skipped until the call returns: measuring never waits on it, and
+        a stuck thread never keeps lagwatch from exiting."""
+        if self._inflight is not None and not self._inflight.done():
+            raise PoolerError(f"the previous {self.pooler.kind} call has not returned yet")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+
+        def settle(result: Any, error: BaseException | None) -> None:
+            if not future.done():
+                future.set_exception(error) if error is not None else future.set_result(result)
+
+        def work() -> None:
+            try:
+                result, error = fn(*args), None
+            except BaseException as exc:  # handed to the loop, which decides
+                result, error = None, exc
+            with contextlib.suppress(RuntimeError):  # the loop may be gone at shutdown
+                loop.call_soon_threadsafe(settle, result, error)
+
+        threading.Thread(target=work, name=f"lagwatch-pooler-{self.cluster.name}", daemon=True).start()
+        self._inflight = future
+        done, _ = await asyncio.wait({future}, timeout=self.deadline)
+        if not done:
+            raise PoolerError(f"{self.pooler.kind} did not answer within {self.deadline:.3g}s")
+        return future.result()
 
     def _needs_apply(self, pool: frozenset[str]) -> bool:
         if self._pooler_view is not None:
@@ -118,7 +159,7 @@ class PoolController:
         if time.monotonic() < self._backoff.next_at:
             return
         try:
-            await asyncio.to_thread(self.pooler.apply_pool, members)
+            await self._call(self.pooler.apply_pool, members)
         except PoolerError as exc:
             self._apply_errors += 1
             self._backoff.failures += 1

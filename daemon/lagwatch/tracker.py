@@ -7,6 +7,7 @@ monotonic timestamps.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import deque
 from collections.abc import Sequence
@@ -15,6 +16,7 @@ from typing import TypedDict
 
 from lagwatch.config import ClusterConfig
 from lagwatch.lag import HistogramCounts, LagHistogram, LagWindow, LsnClock, WindowStats
+from lagwatch.lsn import format_lsn
 from lagwatch.snapshot import (
     ClusterSnapshot,
     NodeHealth,
@@ -23,6 +25,8 @@ from lagwatch.snapshot import (
     WalInspectTotals,
 )
 from lagwatch.views.replication import WalSender
+
+log = logging.getLogger("lagwatch.tracker")
 
 # The LSN clock must reach back further than any lag we want to measure exactly.
 _CLOCK_HORIZON_SECONDS = 3600.0
@@ -77,6 +81,9 @@ class ClusterTracker:
             assert primary is not None and primary.position is not None
             primary_lsn = primary.position.current_lsn
             if primary_lsn is not None:
+                latest = self.clock.latest_lsn
+                if latest is not None and primary_lsn < latest:
+                    self._forget_history(primary_lsn, latest)
                 self.clock.record(primary_lsn, primary.observed_at)
                 self._rate.append((primary.observed_at, primary_lsn))
         senders = {s.application_name: s for s in primary.walsenders} if primary_ok and primary else {}
@@ -171,6 +178,16 @@ class ClusterTracker:
             "histogram": histogram.snapshot(),
             "samples": window.samples(now),
         }
+
+    def _forget_history(self, now_lsn: int, before_lsn: int) -> None:
+        """The primary's LSN went backwards: a failover to a replica that was behind, a
+        restore, or a config pointing at another server. Times recorded for the old
+        timeline's LSNs would make caught-up replicas look stale forever: start afresh."""
+        log.warning("%s: the primary's WAL position went back from %s to %s (failover or restore?); "
+                    "restarting the LSN clock", self.cluster.name, format_lsn(before_lsn), format_lsn(now_lsn))
+        self.clock = LsnClock(self.clock.max_points)
+        self._last_replay.clear()
+        self._rate.clear()
 
     def _forget_vanished(self, present: set[str], now: float) -> None:
         # A replica that stopped streaming drops out of the output at once; its history is

@@ -87,6 +87,7 @@ class WebServer:
 def _make_handler(server: WebServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = "lagwatch"
+        timeout = 10  # a stalled client (or TLS handshake) must not pin a thread forever
 
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]

@@ -174,6 +174,12 @@ def test_issue_pool_example_loads_as_written(tmp_path: Path) -> None:
     assert cluster.sla.min_replicas == 1
 
 
+def test_replica_sla_override_must_be_positive(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text = ISSUE_EXAMPLE.replace("      - name: replica2\n", "      - name: replica2\n        sla: {max_lag: 0s}\n")
+    assert main(["validate", "-c", str(write(tmp_path, text))]) == 2
+    assert "clusters[0].replicas[1].sla: max_lag must be greater than 0" in capsys.readouterr().err
+
+
 def test_haproxy_pooler_and_replica_sla_override(tmp_path: Path) -> None:
     text = ISSUE_EXAMPLE.replace('''      - name: replica2
 ''', '''      - name: replica2
@@ -193,6 +199,11 @@ def test_haproxy_pooler_and_replica_sla_override(tmp_path: Path) -> None:
     ("    pooler: {kind: haproxy, socket: /s, backend: b, servers: {ghost: g}}\n", "unknown replicas: ghost"),
     ("    sla: {max_lag: 1s, readmit_below: 2s}\n", "readmit_below must not be above max_lag"),
     ("    sla: {eject_after: 0}\n", "clusters[0].sla.eject_after:"),
+    ("    sla: {readmit_below: 0s}\n", "readmit_below must be greater than 0"),
+    ("    pooler: {kind: pgbouncer, admin_dsn: 'host=a = =', include_file: /f, database: ro}\n",
+     "clusters[0].pooler.pgbouncer.admin_dsn: not a valid libpq connection string"),
+    ("    pooler: {kind: pgbouncer, admin_dsn: 'host=a', include_file: /f, database: \"ro\\nx = y\"}\n",
+     "clusters[0].pooler.pgbouncer.database: must be one line"),
 ])
 def test_bad_pool_config(tmp_path: Path, capsys: pytest.CaptureFixture[str], pool_yaml: str, needle: str) -> None:
     assert main(["validate", "-c", str(write(tmp_path, ISSUE_EXAMPLE + pool_yaml))]) == 2

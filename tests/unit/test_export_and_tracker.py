@@ -126,3 +126,14 @@ def test_collector_before_first_poll_is_empty() -> None:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SnapshotCollector(lambda: None))
     assert generate_latest(registry) == b""
+
+
+def test_primary_lsn_going_back_restarts_the_clock() -> None:
+    # A failover to a replica that was behind: the new primary's LSN is lower.
+    tracker = ClusterTracker(CONFIG.clusters[0], 1.0, 60.0)
+    for t in range(5):
+        tracker.update([primary(t, 1000 + 100 * t), replica("replica1", t, 1000 + 100 * t),
+                        replica("replica2", t, 1000 + 100 * t)], now=t)
+    for t in range(5, 15):
+        snap = tracker.update([primary(t, 500), replica("replica1", t, 500), replica("replica2", t, 500)], now=t)
+    assert [r.staleness for r in snap.replicas] == [0.0, 0.0]

@@ -121,3 +121,11 @@ def test_start_from_pooler_state() -> None:
     state = PolicyState.from_pool(frozenset({"r2"}), NAMES, now=0.0)
     d = decide([h("r1", 0), h("r2", 0)], {n: SLA for n in NAMES}, PoolRules(0, False), state, {}, now=1.0)
     assert d.pool == {"r2"} and d.changes == ()
+
+
+def test_min_replicas_does_not_swap_between_two_lagging_replicas() -> None:
+    # Both lag; which is less behind alternates every cycle. The kept one stays kept.
+    cycles = [[h("r1", 10 + (i % 2) * 5), h("r2", 15 - (i % 2) * 5)] for i in range(10)]
+    decisions = run(cycles, min_replicas=1)
+    kept = [set(d.pool) for d in decisions[2:]]
+    assert len(kept[0]) == 1 and all(k == kept[0] for k in kept), kept
