@@ -89,7 +89,7 @@ def run_daemon(config: Config, config_path: Path | None, web_config_file: Path |
     daemon = Daemon(config, config_path, notifier=Notifier())
     host, port = config.listen_address
     try:
-        web = WebServer(host, port, daemon.holder, config.interval, web_config)
+        web = WebServer(host, port, daemon.holder, lambda: daemon.config.interval, web_config)
     except OSError as exc:
         log.error("cannot listen on %s: %s", config.listen, exc.strerror)
         return 1

@@ -10,6 +10,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CollectorRegistry
@@ -27,7 +28,7 @@ log = logging.getLogger("lagwatch.web")
 class WebServer:
     """A small threaded HTTP server; every response is rendered from the last snapshot."""
 
-    def __init__(self, host: str, port: int, holder: SnapshotHolder, interval: float,
+    def __init__(self, host: str, port: int, holder: SnapshotHolder, interval: Callable[[], float],
                  web_config: WebConfig | None = None) -> None:
         self.holder = holder
         self.interval = interval
@@ -78,7 +79,7 @@ class WebServer:
             return True, "starting"
         # Liveness: cycles keep completing (a wedged scheduler is worth a restart).
         age = time.time() - snapshot.taken_at
-        budget = max(30.0, self.interval * 10)
+        budget = max(30.0, self.interval() * 10)  # the interval in force, after any reload
         if age > budget:
             return False, f"no cycle completed for {age:.0f}s"
         return True, "ok"
