@@ -63,7 +63,9 @@ class Daemon:
         self._stopped = asyncio.Event()
         self._scheduler: AsyncIOScheduler | None = None
 
-    def _build(self, config: Config) -> None:
+    def _build(self, config: Config) -> list[PoolController]:
+        """Trackers, pollers and pool controllers for ``config``; on a reload, what can
+        carry over does. Returns the controllers no longer needed, for the caller to close."""
         trackers = {}
         for cluster in config.clusters:
             old = self._trackers.get(cluster.name)
@@ -75,8 +77,19 @@ class Daemon:
         self._trackers = trackers
         self._pollers = {c.name: pollers_for(c, config) for c in config.clusters}
         holds = HoldStore(config.holds_file)
-        self._controllers = {c.name: PoolController(c, config.interval, holds, config.effective_query_timeout)
-                             for c in config.clusters if c.pooler is not None}
+        timeout = config.effective_query_timeout
+        controllers = {}
+        for cluster in config.clusters:
+            if cluster.pooler is None:
+                continue
+            kept = self._controllers.get(cluster.name)
+            if kept is not None and kept.reconfigure(cluster, config.interval, holds, timeout):
+                controllers[cluster.name] = kept  # streaks, counters and leadership carry over
+            else:
+                controllers[cluster.name] = PoolController(cluster, config.interval, holds, timeout)
+        retired = [c for c in self._controllers.values() if c not in controllers.values()]
+        self._controllers = controllers
+        return retired
 
     # -- one cycle ------------------------------------------------------------------------
 
@@ -195,9 +208,10 @@ class Daemon:
             if new.listen != self.config.listen:
                 log.warning("listen changed to %s: takes effect on restart", new.listen)
             old_interval = self.config.interval
-            await self.close()
+            await asyncio.gather(*(p.close() for pollers in self._pollers.values() for p in pollers))
             self.config = new
-            self._build(new)
+            retired = self._build(new)
+            await asyncio.gather(*(c.close() for c in retired))
             if self._scheduler is not None and new.interval != old_interval:
                 self._add_job()
         log.info("reloaded %s: %d cluster(s), interval %s", self.config_path, len(new.clusters),

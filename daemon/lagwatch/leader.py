@@ -87,6 +87,10 @@ class LeaderLock:
             with contextlib.suppress(Exception):
                 conn.pgconn.finish()
 
-    async def close(self) -> None:
+    def release(self) -> None:
+        """Give up the lock (if held) by closing the session."""
         self.is_leader = False
         self._drop()
+
+    async def close(self) -> None:
+        self.release()

@@ -50,6 +50,7 @@ class PoolController:
         self._state: PolicyState | None = None
         self._applied: frozenset[str] | None = None  # the last pool this instance applied
         self._pooler_view: frozenset[str] | None = None
+        self._read_failing = False
         self._events: deque[PoolEvent] = deque(maxlen=MAX_EVENTS)
         self._changes: Counter[tuple[str, str]] = Counter()
         self._apply_errors = 0
@@ -59,12 +60,44 @@ class PoolController:
         self._inflight: asyncio.Future[Any] | None = None
         self.deadline = max(3.0, 2 * timeout)
 
+    def reconfigure(self, cluster: ClusterConfig, interval: float, holds: HoldStore, timeout: float) -> bool:
+        """Take a reloaded config without forgetting: streaks, events, counters, backoff and
+        (if the primary is the same) the leader lock carry over, so a reload neither resets
+        hysteresis nor hands leadership to the other instance. Returns False when the
+        pooler itself changed: then this controller is retired and a fresh one starts."""
+        if cluster.pooler != self.cluster.pooler or cluster.name != self.cluster.name:
+            return False
+        if cluster.primary != self.cluster.primary or timeout != self.leader.timeout:
+            self.leader.release()
+            self.leader = LeaderLock(cluster, timeout)
+        else:
+            self.leader.cluster = cluster
+        self.pooler = make_pooler(cluster)  # the replicas' hosts and ports may have changed
+        names = [r.name for r in cluster.replicas]
+        if self._state is not None:
+            # A replica new to the config must earn its place, as at start, unless the
+            # pooler already routes to it. Replicas no longer configured fall out of the
+            # pool through the policy ("no longer configured").
+            view = self._pooler_view or frozenset()
+            new_names = [n for n in names if n not in self._state.replicas]
+            joined = PolicyState.from_pool(view & set(new_names), new_names, time.monotonic())
+            self._state = PolicyState({**self._state.replicas, **joined.replicas}, self._state.pool | joined.pool)
+        self.cluster, self.interval, self.holds, self._names = cluster, interval, holds, names
+        self.deadline = max(3.0, 2 * timeout)
+        return True
+
     async def step(self, snapshot: ClusterSnapshot, now: float) -> PoolStatus:
         is_leader = await self.leader.refresh()
         try:
             self._pooler_view = await self._call(self.pooler.read_pool)
+            if self._read_failing and self._backoff.failures:
+                # The pooler answers again: the pending change goes out now, not after the backoff.
+                log.info("%s: %s answers again; applying without waiting", self.cluster.name, self.pooler.kind)
+                self._backoff = _ApplyBackoff()
+            self._read_failing = False
         except PoolerError as exc:
             self._pooler_view = None
+            self._read_failing = True
             self._note_error(f"reading the pool: {exc}")
         if self._state is None:
             if self._pooler_view is not None:
@@ -84,8 +117,10 @@ class PoolController:
                           self._state, self._holds(), now)
         self._state = decision.state
         self._record(decision, snapshot)
-        if is_leader and not self.cluster.dry_run and self._needs_apply(decision.pool):
-            await self._apply(decision.pool)
+        if is_leader and not self.cluster.dry_run:
+            target = self.pooler.routes_for(decision.pool, self._pooler_view)
+            if self._needs_apply(target):
+                await self._apply(decision.pool, target)
         return self._status(is_leader, decision)
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
@@ -117,11 +152,12 @@ class PoolController:
             raise PoolerError(f"{self.pooler.kind} did not answer within {self.deadline:.3g}s")
         return future.result()
 
-    def _needs_apply(self, pool: frozenset[str]) -> bool:
+    def _needs_apply(self, target: frozenset[str]) -> bool:
+        """``target`` is what the pooler would route to once given the decided pool."""
         if self._pooler_view is not None:
-            return self._pooler_view != pool  # e.g. a restarted HAProxy forgot our changes
+            return self._pooler_view != target  # e.g. a restarted HAProxy forgot our changes
         # The pooler cannot be read right now: only push a change we have not applied yet.
-        return pool != self._applied
+        return target != self._applied
 
     def _holds(self) -> dict[str, Hold]:
         try:
@@ -155,7 +191,7 @@ class PoolController:
                         " (dry run, not applied)" if self.cluster.dry_run else "", self.cluster.name,
                         change.member, change.action, change.reason, _fmt(staleness), _fmt(p95))
 
-    async def _apply(self, members: frozenset[str]) -> None:
+    async def _apply(self, members: frozenset[str], target: frozenset[str]) -> None:
         if time.monotonic() < self._backoff.next_at:
             return
         try:
@@ -168,9 +204,9 @@ class PoolController:
             self._note_error(f"applying {sorted(members)}: {exc} (retry in {delay:.3g}s)")
             return
         self._backoff = _ApplyBackoff()
-        self._pooler_view = self._applied = members
+        self._pooler_view = self._applied = target
         self._last_error = None
-        log.info("%s: %s pool is now %s", self.cluster.name, self.pooler.kind, ", ".join(sorted(members)))
+        log.info("%s: %s pool is now %s", self.cluster.name, self.pooler.kind, ", ".join(sorted(target)))
 
     def _note_error(self, message: str) -> None:
         if message != self._last_error:

@@ -13,17 +13,13 @@ from typing import Any
 import psycopg
 import pytest
 from harness import Lagwatch, Writer, cluster_config, run_cli
-from lagwatch.localcluster import LocalCluster, available_majors, free_port
+from lagwatch.localcluster import LocalCluster, free_port
 from pgbouncer_server import PgBouncerServer, readable_by_servers
 
 INTERVAL = 1.0
 
 
-@pytest.fixture(scope="module", params=[pytest.param(m, id=f"pg{m}") for m in available_majors()[:1]])
-def pg_major(request: pytest.FixtureRequest) -> int:
-    """Pool control is about the pooler: one PostgreSQL version (the first available) is enough."""
-    major: int = request.param
-    return major
+pytestmark = pytest.mark.one_pg_version
 
 SLA = {"max_lag": "2s", "eject_after": 2, "readmit_below": "1s", "readmit_after": 5, "min_replicas": 1}
 
@@ -181,6 +177,65 @@ def test_both_paused_fallback_to_primary(pg_cluster: LocalCluster, pgbouncer: Pg
         lw.stop()
 
 
+def test_all_ejected_with_min_replicas_0_points_at_primary_once(pg_cluster: LocalCluster,
+                                                                pgbouncer: PgBouncerServer, tmp_path: Path) -> None:
+    """With no replica left, the entry points at the primary (never an empty host=), and
+    that is applied once: the pool PgBouncer reports then is what lagwatch asked for."""
+    r1, r2 = pg_cluster.replicas
+    lw = Lagwatch(tmp_path, pool_config(pg_cluster, pgbouncer, tmp_path, min_replicas=0))
+    try:
+        lw.wait_ready()
+        with Writer(pg_cluster):
+            r1.pause_replay()
+            r2.pause_replay()
+            wait_hosts(pgbouncer, lambda hosts: hosts == [pg_cluster.primary.host], timeout=15)
+            cycles = lw.daemon_value("lagwatch_cycles_total") or 0
+            lw.wait_for("5 more cycles", lambda: (lw.daemon_value("lagwatch_cycles_total") or 0) >= cycles + 5,
+                        timeout=15)
+            assert lw.log_text().count("pgbouncer pool is now primary") == 1
+            assert lw.value("lagwatch_pool_apply_errors_total") == 0
+        r1.resume_replay()
+        r2.resume_replay()
+        wait_hosts(pgbouncer, lambda hosts: hosts == sorted([r1.host, r2.host]), timeout=20)
+    finally:
+        lw.stop()
+
+
+def test_reload_keeps_pool_state_and_leadership(pg_cluster: LocalCluster, pgbouncer: PgBouncerServer,
+                                                tmp_path: Path) -> None:
+    """SIGHUP with a changed SLA: counters, events and the leader lock carry over; the
+    ejected replica stays out until it earns its way back under the new SLA."""
+    r1, r2 = pg_cluster.replicas
+    config = pool_config(pg_cluster, pgbouncer, tmp_path)
+    lw = Lagwatch(tmp_path, config)
+    try:
+        lw.wait_ready()
+        lw.wait_for("leadership", lambda: lw.value("lagwatch_leader") == 1, timeout=10)
+        r1.pause_replay()
+        with Writer(pg_cluster):
+            wait_hosts(pgbouncer, lambda hosts: hosts == [r2.host], timeout=15)
+            config["clusters"][0]["sla"]["readmit_after"] = 3
+            lw.write_config(config)
+            lw.signal(signal.SIGHUP)
+            lw.wait_for("the reload", lambda: "reloaded " in lw.log_text(), timeout=10)
+            cycles = lw.daemon_value("lagwatch_cycles_total") or 0
+            lw.wait_for("3 more cycles", lambda: (lw.daemon_value("lagwatch_cycles_total") or 0) >= cycles + 3,
+                        timeout=15)
+            assert app_ro_hosts(pgbouncer) == [r2.host]
+            assert lw.value("lagwatch_pool_changes_total", replica="replica1", action="eject") == 1
+            assert lw.value("lagwatch_leader") == 1
+            events = lw.status()["clusters"][0]["pool"]["events"]
+            assert [(e["member"], e["action"]) for e in events] == [("replica1", "eject")]
+        r1.resume_replay()
+        wait_hosts(pgbouncer, lambda hosts: hosts == sorted([r1.host, r2.host]), timeout=20)
+    finally:
+        lw.stop()
+    log = lw.log_text()
+    assert log.count("this instance is now the leader") == 1
+    assert "no longer the leader" not in log.split("reloaded ", 1)[1].split("stopping", 1)[0]
+    assert "readmit" in log and "below 1s for 3 cycle(s)" in log
+
+
 def test_stopped_replica_ejected_and_readmitted(pg_cluster: LocalCluster, pgbouncer: PgBouncerServer,
                                                 tmp_path: Path) -> None:
     r1, r2 = pg_cluster.replicas
@@ -244,10 +299,11 @@ def test_pgbouncer_down_during_change(pg_cluster: LocalCluster, pgbouncer: PgBou
         r1.pause_replay()
         with Writer(pg_cluster):
             lw.wait_for("apply errors", lambda: (lw.value("lagwatch_pool_apply_errors_total") or 0) >= 1, timeout=20)
-            # The include file is always whole: the old entry or the new one.
+            # RELOAD never reached PgBouncer, so the file it would start from is the old one:
+            # whole, never partial, and put back after each failed attempt.
+            lw.wait_for("a retry", lambda: (lw.value("lagwatch_pool_apply_errors_total") or 0) >= 2, timeout=20)
             for _ in range(20):
-                text = pgbouncer.include_file.read_text()
-                assert text == old or text.endswith(f"app_ro = host={r2.host} port={r2.port} dbname=postgres\n")
+                assert pgbouncer.include_file.read_text() == old
                 time.sleep(0.1)
             assert lw.proc.poll() is None
             pgbouncer.start()
@@ -255,6 +311,9 @@ def test_pgbouncer_down_during_change(pg_cluster: LocalCluster, pgbouncer: PgBou
     finally:
         lw.stop()
     assert "PgBouncer admin console" in lw.log_text()
+    # Once PgBouncer answers again the pending change goes out at once, not after the backoff.
+    assert "pgbouncer answers again; applying without waiting" in lw.log_text()
+    assert pgbouncer.include_file.read_text().endswith(f"app_ro = host={r2.host} port={r2.port} dbname=postgres\n")
 
 
 def test_two_instances_one_leader(pg_cluster: LocalCluster, pgbouncer: PgBouncerServer, tmp_path: Path) -> None:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
-from lagwatch.poolers.haproxy import ServerState, parse_servers_state
+from lagwatch.config import HAProxyPoolerConfig
+from lagwatch.poolers.haproxy import HAProxyPooler, ServerState, parse_servers_state
 
 _HEADER = (
     "# be_id be_name srv_id srv_name srv_addr srv_op_state srv_admin_state srv_uweight srv_iweight"
@@ -97,3 +100,13 @@ def test_rejects(text: str, message: str) -> None:
     with pytest.raises(ValueError) as info:
         parse_servers_state(text)
     assert message in str(info.value)
+
+
+def test_routes_for_ignores_members_without_a_server() -> None:
+    """A member with no HAProxy server mapped (say the fallback primary) cannot be routed
+    to; counting it would make lagwatch re-apply the same pool every cycle."""
+    config = HAProxyPoolerConfig(kind="haproxy", socket=Path("/nonexistent.sock"), backend="pg_ro",
+                                 servers={"replica1": "r1", "replica2": "r2"})
+    pooler = HAProxyPooler(config)
+    assert pooler.routes_for(frozenset({"replica1", "primary"}), None) == frozenset({"replica1"})
+    assert pooler.routes_for(frozenset(), frozenset({"replica2"})) == frozenset()

@@ -46,6 +46,12 @@ class Pooler(Protocol):
         """Make the pooler route reads to exactly ``members``, then read back and raise
         PoolerError unless it does. A failure must leave the previous config in place."""
 
+    def routes_for(self, members: frozenset[str], current: frozenset[str] | None) -> frozenset[str]:
+        """What ``read_pool`` will say once ``members`` is applied, given what it says now
+        (``None``: unknown). Usually ``members``; an adapter that cannot route to exactly
+        that (no empty PgBouncer entry, an unmapped HAProxy server) says what it does
+        instead, so that lagwatch does not re-apply the same pool every cycle."""
+
 
 BackendMap = Mapping[str, Backend]
 

@@ -150,6 +150,9 @@ class CommandPooler:
         output = self.config.output_file
         return output.with_name(output.name + ".members")
 
+    def routes_for(self, members: frozenset[str], current: frozenset[str] | None) -> frozenset[str]:
+        return members
+
     def read_pool(self) -> frozenset[str]:
         output = self.config.output_file
         raw = read_text(self.sidecar)

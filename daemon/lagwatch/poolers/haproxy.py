@@ -177,6 +177,9 @@ class HAProxyPooler:
 
     # -- Pooler protocol ---------------------------------------------------------------------
 
+    def routes_for(self, members: frozenset[str], current: frozenset[str] | None) -> frozenset[str]:
+        return members & self._servers.keys()  # members with no server mapped are ignored
+
     def read_pool(self) -> frozenset[str]:
         return frozenset(m for m, s in self.server_states().items() if s.in_rotation)
 

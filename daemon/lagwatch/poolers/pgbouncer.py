@@ -6,7 +6,9 @@ Hosts are written in a fixed sorted order, because any change to the host string
 PgBouncer recycle that database's server connections: an unchanged pool is never
 rewritten. The file is replaced atomically, PgBouncer is told to ``RELOAD``, and the entry
 is read back with ``SHOW DATABASES``: 1.18's RELOAD reports no errors, so a mismatch is the
-only sign that the new entry was not taken (the previous file is then put back).
+only sign that the new entry was not taken. When the change does not take (admin console
+unreachable, entry not taken), the previous file is put back: the file always says what
+PgBouncer runs, and a PgBouncer restart never picks up a change lagwatch did not see take.
 
 PgBouncer uses one port for every host of an entry, so the members of one pool must
 listen on the same port. An empty ``host=`` would mean the Unix socket: with no member
@@ -59,6 +61,10 @@ def render(database: str, members: frozenset[str], backends: Mapping[str, Backen
     return f"{HEADER}{database} = {' '.join(parts)}\n"
 
 
+class AdminUnreachableError(PoolerError):
+    """The admin console could not be reached: no command was sent."""
+
+
 class PgBouncerPooler:
     kind = "pgbouncer"
 
@@ -80,8 +86,12 @@ class PgBouncerPooler:
         if password:
             extra["password"] = password
         try:
-            with psycopg.connect(psycopg.conninfo.make_conninfo(self.config.admin_dsn, **extra),
-                                 autocommit=True) as conn:
+            conn = psycopg.connect(psycopg.conninfo.make_conninfo(self.config.admin_dsn, **extra), autocommit=True)
+        except psycopg.Error as exc:
+            message = redact_text(" ".join(str(exc).split()), [password])
+            raise AdminUnreachableError(f"PgBouncer admin console: {message}") from None
+        try:
+            with conn:
                 rows: list[dict[str, Any]] = []
                 for command in commands:
                     cursor = conn.execute(command)
@@ -117,6 +127,13 @@ class PgBouncerPooler:
 
     # -- the Pooler protocol --------------------------------------------------------------
 
+    def routes_for(self, members: frozenset[str], current: frozenset[str] | None) -> frozenset[str]:
+        if members:
+            return members
+        if self.config.when_empty == "primary":
+            return frozenset({PRIMARY})
+        return current if current is not None else members  # "keep": the entry stays as it is
+
     def read_pool(self) -> frozenset[str]:
         entry = self._entry_hosts(self._admin("SHOW DATABASES"))
         if entry is None:
@@ -139,13 +156,26 @@ class PgBouncerPooler:
                 write_atomically(path, text)
             except OSError as exc:
                 raise PoolerError(f"cannot write {path}: {exc.strerror}") from None
-        rows = self._admin("RELOAD", "SHOW DATABASES")
+        try:
+            rows = self._admin("RELOAD", "SHOW DATABASES")
+        except AdminUnreachableError:
+            # RELOAD never reached PgBouncer, so it still runs the previous entry: put the
+            # previous file back, so that file and PgBouncer agree until the retry.
+            self._restore(previous, text)
+            raise
         expected_hosts, expected_port = entry_hosts_and_port(members, self.backends, self.config.options)
         entry = self._entry_hosts(rows)
         if entry is None or entry[0] != expected_hosts or (expected_port and entry[1] != expected_port):
-            if previous is not None and previous != text:
-                # Keep the file in line with what PgBouncer runs.
-                write_atomically(path, previous)
+            self._restore(previous, text)  # keep the file in line with what PgBouncer runs
             seen = "no entry" if entry is None else f"host={','.join(entry[0])} port={entry[1]}"
             raise PoolerError(f"PgBouncer did not take the new {self.config.database} entry after RELOAD "
                               f"(SHOW DATABASES says {seen}); see PgBouncer's log")
+
+    def _restore(self, previous: str | None, written: str) -> None:
+        path = self.config.include_file
+        if previous is None or previous == written:
+            return
+        try:
+            write_atomically(path, previous)
+        except OSError as exc:
+            log.error("could not put the previous %s back: %s", path, exc.strerror)

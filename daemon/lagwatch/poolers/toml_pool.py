@@ -759,6 +759,9 @@ class TomlPooler:
             raise PoolerError(f"{self.config.config_file} does not exist")
         return text
 
+    def routes_for(self, members: frozenset[str], current: frozenset[str] | None) -> frozenset[str]:
+        return members
+
     def read_pool(self) -> frozenset[str]:
         path = self.config.config_file
         text = self._text()
