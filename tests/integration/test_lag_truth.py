@@ -1,7 +1,7 @@
 """Staleness against what was really done to real replicas (PostgreSQL 15 and 18).
 
 One `lagwatch run` process (interval 1s) watches the module's cluster; each test makes lag
-real (idle primary, paused replay, cut-off replica) and checks the exported numbers
+real (idle primary, paused replay, cut-off replica, cascading) and checks the exported numbers
 against the times the test itself measured.
 """
 
@@ -97,6 +97,50 @@ def test_cut_off_replica_grows_and_is_not_streaming(pg_cluster: LocalCluster, la
     assert lagwatch.value("lagwatch_replica_streaming", replica="replica2") == 0
     # The healthy replica is unaffected.
     assert _at_most(lag(lagwatch, "replica1"), INTERVAL)
+
+
+def test_cascaded_replica_is_measured_end_to_end(pg_cluster: LocalCluster, lagwatch: Lagwatch) -> None:
+    """replica2 streams from replica1 (cascading): the primary has no walsender for it, yet
+    its own replay LSN still dates its staleness against the primary's WAL. With replica1
+    cut off while the primary writes, replica2 keeps streaming (from replica1, which has
+    nothing new) and its staleness still grows with wall time."""
+    replica1, replica2 = pg_cluster.replicas
+    replica2.alter_system("primary_slot_name", None)  # its slot lives on the primary
+    replica2.set_primary_conninfo(f"host={replica1.host} port={replica1.port} user=postgres "
+                                  f"application_name={replica2.application_name}")
+    try:
+        lagwatch.wait_for("replica2 cascading from replica1", lambda: replica2.is_streaming() and not any(
+            row[0] == replica2.application_name
+            for row in pg_cluster.primary.execute("SELECT application_name FROM pg_stat_replication")), timeout=20)
+        with Writer(pg_cluster):
+            time.sleep(4)
+            assert _at_most(lag(lagwatch, "replica2"), 2 * INTERVAL)
+            assert lagwatch.value("lagwatch_replica_streaming", replica="replica2") == 1
+            # The primary cannot see it: no walsender-side signals for it.
+            assert lagwatch.value("lagwatch_replica_lag_bytes", replica="replica2", stage="sent") is None
+
+        replica1.cut_off()
+        with Writer(pg_cluster) as writer:
+            assert writer.first_write_at is not None
+            for _ in range(6):
+                time.sleep(1.0)
+                expected = time.monotonic() - writer.first_write_at
+                got = lag(lagwatch, "replica2")
+                assert got is not None and abs(got - expected) <= 2 * INTERVAL, (got, expected)
+            assert got is not None and got >= 4, got
+            assert lagwatch.value("lagwatch_replica_streaming", replica="replica2") == 1
+            assert lagwatch.value("lagwatch_replica_streaming", replica="replica1") == 0
+    finally:
+        replica1.reconnect(wait=True)
+        replica2.restore_auto_conf()
+        lagwatch.wait_for("replica2 back on the primary", lambda: any(
+            row[0] == replica2.application_name
+            for row in pg_cluster.primary.execute("SELECT application_name FROM pg_stat_replication "
+                                                  "WHERE state = 'streaming'")), timeout=30)
+        pg_cluster.wait_replayed()
+    lagwatch.wait_for("both replicas caught up",
+                      lambda: all(_at_most(lag(lagwatch, r), 2 * INTERVAL) for r in ("replica1", "replica2")),
+                      timeout=10)
 
 
 def test_inactive_slot_retains_wal_and_wal_stats_move(pg_cluster: LocalCluster, lagwatch: Lagwatch) -> None:
