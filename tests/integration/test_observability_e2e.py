@@ -1,19 +1,23 @@
 """See it and get paged, end to end, with every component real:
 
-real primary + 2 replicas -> lagwatch (with PgBouncer pool control) -> Prometheus (Debian's)
-scraping it and evaluating the shipped rules -> Alertmanager configured from the shipped
-example -> a webhook served by this test. Plus the shipped dashboard's queries against
-that Prometheus, and the status page in headless Chromium.
+two real clusters (primary + 2 replicas each) -> one lagwatch (PgBouncer pool control on
+both) -> Prometheus (Debian's) scraping it and evaluating the shipped rules -> Alertmanager
+configured from the shipped example -> a webhook served by this test. Plus the shipped
+dashboard's queries against that Prometheus, and the status page in headless Chromium.
+
+Cluster ``main`` gets replica1's replay paused under writes; cluster ``idle`` gets no writes
+at all for the same duration, and must not make a single replica alert even go pending.
 """
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +25,7 @@ from typing import Any
 import pytest
 import yaml
 from harness import ROOT, Lagwatch, Writer, cluster_config
-from lagwatch.localcluster import LocalCluster, free_port
+from lagwatch.localcluster import LocalCluster, find_binaries, free_port
 from pgbouncer_server import PgBouncerServer, readable_by_servers
 from prom_stack import Alertmanager, Prometheus, WebhookReceiver
 
@@ -37,11 +41,11 @@ pytestmark = pytest.mark.one_pg_version
 @dataclass
 class Stack:
     cluster: LocalCluster
+    idle_cluster: LocalCluster
     lagwatch: Lagwatch
     prometheus: Prometheus
     alertmanager: Alertmanager
     webhook: WebhookReceiver
-    pgbouncer: PgBouncerServer
 
 
 def alertmanager_config(webhook: WebhookReceiver) -> str:
@@ -53,37 +57,68 @@ def alertmanager_config(webhook: WebhookReceiver) -> str:
     return yaml.safe_dump(config)
 
 
-@pytest.fixture(scope="module")
-def stack(pg_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    r1, r2 = pg_cluster.replicas
-    pgbouncer = PgBouncerServer(primary_dsn_entry=f"host=127.0.0.1 port={pg_cluster.primary.port} dbname=postgres")
+def pooled_cluster(name: str, cluster: LocalCluster, pgbouncer: PgBouncerServer) -> dict[str, Any]:
+    """One ``clusters[]`` entry, with PgBouncer pool control over both replicas."""
+    r1, r2 = cluster.replicas
     pgbouncer.include_file.write_text(f"app_ro = host={r1.host},{r2.host} port={r1.port} dbname=postgres\n")
     readable_by_servers(pgbouncer.include_file)
+    return {
+        "name": name,
+        "primary": {"dsn": cluster.primary.dsn()},
+        "replicas": [{"name": r.name, "dsn": r.dsn()} for r in cluster.replicas],
+        "sla": SLA,
+        "pooler": {"kind": "pgbouncer", "admin_dsn": pgbouncer.admin_dsn, "include_file": str(pgbouncer.include_file),
+                   "database": "app_ro", "options": f"port={r1.port} dbname=postgres"},
+    }
+
+
+@pytest.fixture(scope="module")
+def stack(pg_cluster: LocalCluster, pg_major: int, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     workdir = tmp_path_factory.mktemp("e2e")
     config = cluster_config(pg_cluster, free_port(["127.0.0.1"]), window="1m", state_dir=str(workdir / "state"))
-    config["clusters"][0].update({"sla": SLA, "pooler": {
-        "kind": "pgbouncer", "admin_dsn": pgbouncer.admin_dsn, "include_file": str(pgbouncer.include_file),
-        "database": "app_ro", "options": f"port={r1.port} dbname=postgres"}})
-    with pgbouncer, WebhookReceiver() as webhook:
+    with contextlib.ExitStack() as started:
+        idle_cluster = started.enter_context(LocalCluster(find_binaries(pg_major), replicas=2))
+        config["clusters"] = []
+        for name, cluster in (("main", pg_cluster), ("idle", idle_cluster)):
+            pgbouncer = PgBouncerServer(primary_dsn_entry=f"host=127.0.0.1 port={cluster.primary.port} dbname=postgres")
+            config["clusters"].append(pooled_cluster(name, cluster, pgbouncer))  # writes its include file
+            started.enter_context(pgbouncer)
+        webhook = started.enter_context(WebhookReceiver())
         alertmanager = Alertmanager(alertmanager_config(webhook))
+        started.callback(alertmanager.stop)
+        alertmanager.start()
         lagwatch = Lagwatch(workdir, config)
-        prometheus = None
-        try:
-            alertmanager.start()
-            lagwatch.wait_ready()
-            prometheus = Prometheus([f"127.0.0.1:{lagwatch.port}"], [RULES], alertmanager.address)
-            prometheus.start()
-            yield Stack(pg_cluster, lagwatch, prometheus, alertmanager, webhook, pgbouncer)
-        finally:
-            if prometheus is not None:
-                prometheus.stop()
-            alertmanager.stop()
-            lagwatch.stop()
+        started.callback(lagwatch.stop)
+        lagwatch.wait_ready()
+        prometheus = Prometheus([f"127.0.0.1:{lagwatch.port}"], [RULES], alertmanager.address)
+        started.callback(prometheus.stop)
+        prometheus.start()
+        yield Stack(pg_cluster, idle_cluster, lagwatch, prometheus, alertmanager, webhook)
 
 
-def wait(what: str, predicate: Any, timeout: float, every: float = 0.5) -> None:
+class AlertStates:
+    """Every (cluster, alertname, replica, state) Prometheus reported, sampled while waiting:
+    "pending" counts, so a rule that would fire after its ``for:`` is caught long before."""
+
+    def __init__(self, prometheus: Prometheus) -> None:
+        self.prometheus = prometheus
+        self.seen: set[tuple[str, str, str, str]] = set()
+
+    def sample(self) -> None:
+        for alert in self.prometheus.alerts():
+            labels = alert["labels"]
+            self.seen.add((labels.get("cluster", ""), labels["alertname"], labels.get("replica", ""), alert["state"]))
+
+    def of(self, cluster: str) -> set[tuple[str, str, str, str]]:
+        return {s for s in self.seen if s[0] == cluster}
+
+
+def wait(what: str, predicate: Any, timeout: float, every: float = 0.5,
+         meanwhile: Callable[[], None] | None = None) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if meanwhile is not None:
+            meanwhile()
         if predicate():
             return
         time.sleep(every)
@@ -106,8 +141,9 @@ def status_dom(stack: Stack) -> str:
     return result.stdout
 
 
-def replica_row(dom: str, replica: str) -> str:
-    start = dom.index(f'data-replica="{replica}"')
+def replica_row(dom: str, replica: str, cluster: str = "main") -> str:
+    section = dom.index(f'data-cluster="{cluster}"')
+    start = dom.index(f'data-replica="{replica}"', section)
     return dom[start:dom.index("</tr>", start)]
 
 
@@ -137,22 +173,18 @@ def test_dashboard_queries_run_against_prometheus(stack: Stack) -> None:
 
 def test_status_page_in_chromium_healthy(stack: Stack) -> None:
     dom = status_dom(stack)
-    for replica in ("replica1", "replica2"):
-        row = replica_row(dom, replica)
-        assert "streaming" in row and "in pool" in row and "<svg" in row
+    for cluster in ("main", "idle"):
+        for replica in ("replica1", "replica2"):
+            row = replica_row(dom, replica, cluster)
+            assert "streaming" in row and "in pool" in row and "<svg" in row
     assert "http://" not in dom.replace(stack.lagwatch.url(""), "")  # no external assets
     screenshot(stack, "status-healthy.png")
 
 
-def test_idle_primary_sends_nothing(stack: Stack) -> None:
-    stack.cluster.wait_replayed()
-    time.sleep(100)
-    assert stack.webhook.notifications() == []
-    firing = [a for a in stack.prometheus.alerts() if a["state"] == "firing"]
-    assert firing == [], firing
-
-
-def test_paused_replica_pages_then_resolves(stack: Stack) -> None:
+def test_paused_replica_pages_then_resolves_idle_cluster_stays_silent(stack: Stack) -> None:
+    stack.idle_cluster.wait_replayed()
+    states = AlertStates(stack.prometheus)
+    started = time.monotonic()
     replica1 = stack.cluster.replicas[0]
     replica1.pause_replay()
     with Writer(stack.cluster, every=0.2, max_seconds=240):
@@ -168,7 +200,7 @@ def test_paused_replica_pages_then_resolves(stack: Stack) -> None:
             return [a for n in stack.webhook.notifications("/pager") if n["status"] == "firing"
                     for a in n["alerts"] if a["labels"].get("replica") == "replica1"]
 
-        wait("a page for replica1", paged, timeout=200, every=1)
+        wait("a page for replica1", paged, timeout=200, every=1, meanwhile=states.sample)
     alert = paged()[0]
     assert alert["labels"]["cluster"] == "main" and alert["labels"]["severity"] == "page"
     summary = alert["annotations"]["summary"]
@@ -183,4 +215,20 @@ def test_paused_replica_pages_then_resolves(stack: Stack) -> None:
                                                      for a in n["alerts"])
                    for n in stack.webhook.notifications("/pager"))
 
-    wait("the resolved notification", resolved, timeout=180, every=1)
+    wait("the resolved notification", resolved, timeout=180, every=1, meanwhile=states.sample)
+    idle_for = time.monotonic() - started
+
+    # The sampling sees pending alerts (it saw the page coming on main) ...
+    assert ("main", alert["labels"]["alertname"], "replica1", "pending") in states.seen, states.of("main")
+    # ... and over the same time the idle cluster made none, pending or firing, and sent nothing.
+    # Only its inactive slot may show (it holds WAL: true, and warned about after 30 minutes).
+    assert idle_for > 120
+    assert {s for s in states.of("idle") if s[1] != "LagwatchSlotInactive"} == set(), states.of("idle")
+    sent_for_idle = [a["labels"] for n in stack.webhook.notifications() for a in n["alerts"]
+                     if a["labels"].get("cluster") == "idle"]
+    assert sent_for_idle == []
+    # The idle cluster's replicas stayed in its pool, at no lag.
+    for replica in ("replica1", "replica2"):
+        assert stack.lagwatch.value("lagwatch_pool_member", cluster="idle", replica=replica) == 1
+        assert stack.lagwatch.value("lagwatch_pool_changes_total", cluster="idle", replica=replica,
+                                    action="eject") in (None, 0)
