@@ -58,11 +58,16 @@ class NodeConfig(_Strict):
             params = psycopg.conninfo.conninfo_to_dict(dsn)
         except psycopg.ProgrammingError as exc:
             # libpq quotes fragments of the string it could not parse; a fragment may be
-            # part of a password, so its detail is only shown when no password is present.
-            detail = "" if "password" in dsn.lower() else f" ({str(exc).strip()})"
+            # part of a password, so its detail is only shown when the string cannot hold
+            # one: no password key, and no user:password@ part of a URI.
+            detail = "" if _may_hold_password(dsn) else f" ({str(exc).strip()})"
             raise ValueError(f"not a valid libpq connection string{detail}") from None
         if "application_name" in params:
             raise ValueError("must not set application_name: lagwatch connects as 'lagwatch'")
+        # libpq only parses the string here; a bad port would surface at the first connect.
+        for port in str(params.get("port", "")).split(","):
+            if port.strip() and not (port.strip().isdigit() and 0 < int(port) < 65536):
+                raise ValueError(f"port {port.strip()!r} is not a TCP port number")
         return dsn
 
     @model_validator(mode="after")
@@ -84,6 +89,10 @@ class NodeConfig(_Strict):
         if self.password_env is not None:
             return os.environ.get(self.password_env) or None
         return None
+
+
+def _may_hold_password(dsn: str) -> bool:
+    return "password" in dsn.lower() or ("://" in dsn and "@" in dsn)
 
 
 def _positive_durations(values: dict[str, float | None]) -> None:
@@ -244,6 +253,9 @@ class ClusterConfig(_Strict):
             unknown = sorted(set(self.pooler.servers) - known)
             if unknown:
                 raise ValueError(f"pooler.servers names unknown replicas: {', '.join(unknown)}")
+            if self.sla.fallback_to_primary and "primary" not in self.pooler.servers:
+                raise ValueError("sla.fallback_to_primary needs a 'primary' entry in pooler.servers: "
+                                 "HAProxy can only route reads to a server of its backend")
         return self
 
     @model_validator(mode="after")

@@ -28,21 +28,38 @@ QUANTILES: tuple[float, ...] = (0.5, 0.95, 0.99, 1.0)
 class LsnClock:
     """When the primary was first seen at or past each LSN (monotonic seconds).
 
-    Only advances are recorded, so an idle primary adds nothing. Bounded: when full, the
-    oldest points go and a replica further behind than the oldest point gets a lower bound
-    (time since that oldest point), which still grows and still breaks any sane SLA.
+    Only advances are recorded, so an idle primary adds nothing. Bounded: when full, points
+    are dropped where that under-reads any staleness by at most a small fraction of it
+    (``resolution``, 1/64 to start: recent history stays exact to the poll, and a replica
+    stuck for a day reads within ~1.6%). The first point always stays, so a replica stuck
+    further back than the whole history reads the time since the history began, which
+    still grows with wall time. Never over-reads.
     """
 
     def __init__(self, max_points: int) -> None:
+        if max_points < 4:
+            raise ValueError("max_points must be at least 4")
         self.max_points = max_points
-        self._lsns: deque[int] = deque(maxlen=max_points)
-        self._times: deque[float] = deque(maxlen=max_points)
+        self._lsns: list[int] = []
+        self._times: list[float] = []
 
     def record(self, lsn: int, now: float) -> None:
         if self._lsns and lsn <= self._lsns[-1]:
             return
+        if len(self._lsns) >= self.max_points:
+            self._thin(now)
         self._lsns.append(lsn)
         self._times.append(now)
+
+    def _thin(self, now: float) -> None:
+        # Runs when full and leaves at most 3/4 of the capacity: amortised O(1) per record.
+        resolution = 1 / 64
+        while True:
+            lsns, times = _thinned(self._lsns, self._times, resolution, now)
+            if len(lsns) <= self.max_points * 3 // 4:
+                break
+            resolution *= 2
+        self._lsns, self._times = lsns, times
 
     @property
     def latest_lsn(self) -> int | None:
@@ -50,6 +67,12 @@ class LsnClock:
 
     def __len__(self) -> int:
         return len(self._lsns)
+
+    def reaches_back_to(self, lsn: int) -> bool:
+        """Whether the history starts at or before ``lsn``: if not (lagwatch started, or
+        restarted its clock, after the primary passed it), ``staleness`` is only a lower
+        bound, the time since the history began."""
+        return bool(self._lsns) and lsn >= self._lsns[0]
 
     def staleness(self, replay_lsn: int, now: float) -> float | None:
         """Seconds since the primary was first seen past ``replay_lsn``; 0 if it never was.
@@ -63,6 +86,25 @@ class LsnClock:
         if index == len(self._lsns):
             return 0.0
         return max(0.0, now - self._times[index])
+
+
+def _thinned(lsns: list[int], times: list[float], resolution: float, now: float) -> tuple[list[int], list[float]]:
+    """The points worth keeping. Dropping point i makes replay LSNs in (lsn[i-1], lsn[i]]
+    date from the next kept point instead: under-read by at most that point's time minus
+    t[i-1]. A point goes only when that gap is within ``resolution`` of the staleness such
+    a replica would read. The first and the last point always stay."""
+    if len(lsns) < 3:
+        return list(lsns), list(times)
+    kept_lsns, kept_times = [lsns[-1]], [times[-1]]  # built newest to oldest
+    for i in range(len(lsns) - 2, 0, -1):
+        following = kept_times[-1]
+        if following - times[i - 1] <= resolution * (now - following):
+            continue
+        kept_lsns.append(lsns[i])
+        kept_times.append(times[i])
+    kept_lsns.append(lsns[0])
+    kept_times.append(times[0])
+    return kept_lsns[::-1], kept_times[::-1]
 
 
 @dataclass(frozen=True)

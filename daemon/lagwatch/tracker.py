@@ -87,12 +87,18 @@ class ClusterTracker:
                 self.clock.record(primary_lsn, primary.observed_at)
                 self._rate.append((primary.observed_at, primary_lsn))
         senders = {s.application_name: s for s in primary.walsenders} if primary_ok and primary else {}
+        # The primary's view of a replica is as of the primary's answer, not of the cycle's end.
+        senders_at = primary.observed_at if primary_ok and primary else now
 
-        replicas = [self._configured_replica(r.name, r.walsender_name, by_node.get(r.name), senders, now)
+        replicas = [self._configured_replica(r.name, r.walsender_name, by_node.get(r.name), senders, senders_at, now)
                     for r in self.cluster.replicas]
         configured_names = {r.walsender_name for r in self.cluster.replicas}
+        configured_labels = {r.name for r in self.cluster.replicas}
         for name in sorted(set(senders) - configured_names):
-            replicas.append(self._unconfigured_replica(name, senders[name], now))
+            # A walsender named like a configured replica (that replica matched by another
+            # application_name) must not share its series nor its window.
+            label = f"{name} (not configured)" if name in configured_labels else name
+            replicas.append(self._unconfigured_replica(label, senders[name], senders_at, now))
         self._forget_vanished({r.name for r in replicas}, now)
 
         walinspect = self._walinspect(primary) if primary_ok else None
@@ -113,14 +119,14 @@ class ClusterTracker:
     # -- replicas -------------------------------------------------------------------------
 
     def _configured_replica(self, name: str, walsender_name: str, obs: NodeObservation | None,
-                            senders: dict[str, WalSender], now: float) -> ReplicaState:
+                            senders: dict[str, WalSender], senders_at: float, now: float) -> ReplicaState:
         sender = senders.get(walsender_name)
         own = obs.position if obs is not None and obs.ok and obs.position is not None else None
         if own is not None and own.in_recovery and own.replay_lsn is not None:
             assert obs is not None
             replay: _ReplayPosition | None = _ReplayPosition(own.replay_lsn, obs.observed_at, "replica")
         else:
-            replay = self._replay_from_sender(name, sender, now)
+            replay = self._replay_from_sender(name, sender, senders_at)
         receiver = obs.receiver if obs is not None and obs.ok else None
         if receiver is not None:
             streaming = receiver.streaming
@@ -137,29 +143,30 @@ class ClusterTracker:
             replay_pause_state=own.replay_pause_state if own else None,
             last_replay_age_seconds=own.last_replay_age_seconds if own else None,
             wal_receiver_status=receiver.status if receiver else None,
-            **self._lag_fields(name, replay, now),
+            **self._lag_fields(name, replay, sender, now),
         )
 
-    def _unconfigured_replica(self, name: str, sender: WalSender, now: float) -> ReplicaState:
+    def _unconfigured_replica(self, name: str, sender: WalSender, senders_at: float, now: float) -> ReplicaState:
         return ReplicaState(
             name=name,
             configured=False,
             node_up=None,
             walsender=sender,
             streaming=sender.state == "streaming",
-            **self._lag_fields(name, self._replay_from_sender(name, sender, now), now),
+            **self._lag_fields(name, self._replay_from_sender(name, sender, senders_at), sender, now),
         )
 
-    def _replay_from_sender(self, name: str, sender: WalSender | None, now: float) -> _ReplayPosition | None:
+    def _replay_from_sender(self, name: str, sender: WalSender | None, at: float) -> _ReplayPosition | None:
         if sender is not None and sender.replay_lsn is not None:
-            return _ReplayPosition(sender.replay_lsn, now, "primary")
+            return _ReplayPosition(sender.replay_lsn, at, "primary")
         if name in self._last_replay:
             # Nobody can tell us where it is now; it is at least as far behind as when we
             # last knew, and that keeps growing while the primary writes.
-            return _ReplayPosition(self._last_replay[name], now, "last_known")
+            return _ReplayPosition(self._last_replay[name], at, "last_known")
         return None
 
-    def _lag_fields(self, name: str, replay: _ReplayPosition | None, now: float) -> _LagFields:
+    def _lag_fields(self, name: str, replay: _ReplayPosition | None, sender: WalSender | None,
+                    now: float) -> _LagFields:
         window = self._windows.setdefault(name, LagWindow(self.window, self._window_samples))
         histogram = self._histograms.setdefault(name, LagHistogram())
         self._last_seen[name] = now
@@ -167,6 +174,11 @@ class ClusterTracker:
         if replay is not None:
             self._last_replay[name] = replay.lsn
             staleness = self.clock.staleness(replay.lsn, replay.at)
+            if staleness is not None and not self.clock.reaches_back_to(replay.lsn) and sender is not None:
+                # Our history starts after the primary passed this replay LSN (lagwatch just
+                # started, or the clock restarted): the clock only knows a lower bound. The
+                # walsender's replay_lag, measured by the primary, is a better floor.
+                staleness = max(staleness, sender.lag_seconds("replay") or 0.0)
         if staleness is not None:
             window.add(now, staleness)
             histogram.observe(staleness)

@@ -49,6 +49,9 @@ def test_idle_primary_is_not_lag(pg_cluster: LocalCluster, lagwatch: Lagwatch) -
         staleness = lag(lagwatch, replica)
         assert staleness is not None and staleness <= INTERVAL, (replica, staleness)
         assert lagwatch.value("lagwatch_replica_streaming", replica=replica) == 1
+        # The walsender's time lags are NULL while caught up and idle: exported as 0, not missing.
+        for stage in ("write", "flush", "replay"):
+            assert lagwatch.value("lagwatch_replica_walsender_lag_seconds", replica=replica, stage=stage) == 0
 
 
 def test_paused_replay_grows_with_wall_time(pg_cluster: LocalCluster, lagwatch: Lagwatch) -> None:
@@ -65,6 +68,12 @@ def test_paused_replay_grows_with_wall_time(pg_cluster: LocalCluster, lagwatch: 
             other = lag(lagwatch, "replica2")
             assert other is not None and other <= INTERVAL, other
     assert lagwatch.value("lagwatch_replica_replay_paused", replica="replica1") == 1
+    # What the slot-based exporters see: a paused replica still receives and flushes WAL,
+    # so its slot retains (next to) nothing while its replay falls behind.
+    retained = lagwatch.value("lagwatch_slot_retained_bytes", slot=replica1.slot_name)
+    replay_bytes = lagwatch.value("lagwatch_replica_lag_bytes", replica="replica1", stage="replay")
+    assert retained is not None and replay_bytes is not None and replay_bytes > 100_000
+    assert retained < replay_bytes / 10, (retained, replay_bytes)
     # Writes have stopped: the oldest unreplayed change only gets older.
     time.sleep(15)
     expected = time.monotonic() - first_unreplayed
@@ -165,13 +174,24 @@ def test_inactive_slot_retains_wal_and_wal_stats_move(pg_cluster: LocalCluster, 
     assert lagwatch.value("lagwatch_slot_active", slot="replica1") == 1
     assert lagwatch.value("lagwatch_slot_safe_wal_size_bytes", slot="inactive") is not None
     assert lagwatch.value("lagwatch_slot_wal_status", slot="inactive", status="reserved") == 1
+    # PostgreSQL 17+ says since when a slot is inactive.
+    inactive_for = lagwatch.value("lagwatch_slot_inactive_seconds", slot="inactive")
+    if pg_cluster.binaries.major >= 17:
+        assert inactive_for is not None and inactive_for > 0
+    else:
+        assert inactive_for is None
 
 
-def _cadence(lw: Lagwatch, node: str, seconds: float) -> float:
-    before = lw.value("lagwatch_polls_total", node=node) or 0
-    time.sleep(seconds)
-    after = lw.value("lagwatch_polls_total", node=node) or 0
-    return after - before
+def _answered(lw: Lagwatch, node: str) -> float:
+    """Polls of ``node`` that got an answer: attempts minus failures of every kind."""
+    samples = lw.samples()
+    errors = sum(v for (name, labels), v in samples.items()
+                 if name == "lagwatch_poll_errors_total" and ("node", node) in labels)
+    return samples.get(("lagwatch_polls_total", _labels(node=node)), 0) - errors
+
+
+def _sampled(lw: Lagwatch, replica: str) -> float:
+    return lw.value("lagwatch_replica_lag_sampled_seconds_count", replica=replica) or 0
 
 
 @pytest.mark.parametrize("how", ["stopped", "frozen"])
@@ -186,10 +206,16 @@ def test_unanswering_node_is_down_alone(pg_cluster: LocalCluster, lagwatch: Lagw
     assert time.monotonic() - went <= 2 * INTERVAL + 0.5
     assert lagwatch.value("lagwatch_up", node="primary") == 1
     assert lagwatch.value("lagwatch_up", node="replica1") == 1
-    # The other nodes keep their cadence: about one poll per interval.
-    for node in ("primary", "replica1"):
-        polls = _cadence(lagwatch, node, 5.0)
-        assert 4 <= polls <= 6, (node, polls)
+    # The other nodes keep their cadence: about one answered poll, and one staleness sample
+    # of replica1, per interval.
+    before = {"primary": _answered(lagwatch, "primary"), "replica1": _answered(lagwatch, "replica1"),
+              "samples": _sampled(lagwatch, "replica1")}
+    time.sleep(5.0)
+    after = {"primary": _answered(lagwatch, "primary"), "replica1": _answered(lagwatch, "replica1"),
+             "samples": _sampled(lagwatch, "replica1")}
+    for what in before:
+        assert 4 <= after[what] - before[what] <= 6, (what, before, after)
+    assert lagwatch.value("lagwatch_up", node="replica2") == 0
     if how == "stopped":
         replica2.start()
     else:

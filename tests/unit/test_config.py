@@ -80,9 +80,17 @@ def test_missing_clusters_and_wrong_types() -> None:
     assert any(p.startswith("clusters[0].replicas:") for p in found)
 
 
-def test_bad_dsn_with_password_does_not_echo_it() -> None:
-    found = problems({"clusters": [{"name": "m", "primary": {"dsn": "host=a password=s3cr3t junk"}}]})
-    assert found and all("s3cr3t" not in p for p in found)
+@pytest.mark.parametrize("dsn", ["host=a password=s3cr3t junk", "postgresql://u:s3cr3t@[::1/db",
+                                 "postgresql://u:s3cr3t@h/db?port=x&junk"])
+def test_bad_dsn_with_password_does_not_echo_it(dsn: str) -> None:
+    found = problems({"clusters": [{"name": "m", "primary": {"dsn": dsn}}]})
+    assert found and all("s3cr3t" not in p for p in found), found
+    assert any(p.startswith("clusters[0].primary.dsn: not a valid libpq connection string") for p in found), found
+
+
+def test_bad_dsn_without_password_says_what_libpq_said() -> None:
+    found = problems({"clusters": [{"name": "m", "primary": {"dsn": "host=a junk"}}]})
+    assert any("not a valid libpq connection string (" in p and "junk" in p for p in found), found
 
 
 def test_duplicates_and_reserved_names() -> None:
@@ -208,3 +216,21 @@ def test_haproxy_pooler_and_replica_sla_override(tmp_path: Path) -> None:
 def test_bad_pool_config(tmp_path: Path, capsys: pytest.CaptureFixture[str], pool_yaml: str, needle: str) -> None:
     assert main(["validate", "-c", str(write(tmp_path, ISSUE_EXAMPLE + pool_yaml))]) == 2
     assert needle in capsys.readouterr().err
+
+
+def test_haproxy_fallback_to_primary_needs_a_primary_server() -> None:
+    cluster = {"name": "m", "primary": {"dsn": "host=a"}, "replicas": [{"name": "r1", "dsn": "host=b"}],
+               "sla": {"fallback_to_primary": True},
+               "pooler": {"kind": "haproxy", "socket": "/run/haproxy/admin.sock", "backend": "pg_ro",
+                          "servers": {"r1": "pg1"}}}
+    found = problems({"clusters": [cluster]})
+    assert any(p.startswith("clusters[0]: sla.fallback_to_primary needs a 'primary' entry in pooler.servers")
+               for p in found), found
+    cluster["pooler"]["servers"]["primary"] = "pg0"  # type: ignore[index]
+    parse_config({"clusters": [cluster]})
+
+
+@pytest.mark.parametrize("dsn", ["host=a port=abc", "host=a,b port=5432,99999", "postgresql://h:0/db"])
+def test_bad_port_in_dsn(dsn: str) -> None:
+    found = problems({"clusters": [{"name": "m", "primary": {"dsn": dsn}}]})
+    assert any(p.startswith("clusters[0].primary.dsn:") and "is not a TCP port number" in p for p in found), found

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from lagwatch.config import parse_config
 from lagwatch.export import SnapshotCollector
 from lagwatch.snapshot import NodeObservation, Snapshot
@@ -67,6 +69,23 @@ def test_unreachable_replica_falls_back_to_primary_then_last_known() -> None:
     snap = tracker.update([primary(5, 300), down("replica1", 5), replica("replica2", 5, 300)], now=5)
     r1 = snap.replicas[0]
     assert r1.staleness_source == "last_known" and r1.staleness == 4.0 and r1.streaming is False
+
+
+def test_replica_behind_before_lagwatch_started_reads_at_least_the_walsender_replay_lag() -> None:
+    """At start the LSN clock has no history: a replica already far behind would read ~0.
+    The walsender's replay_lag (the primary's own measure) is then the floor; once the
+    clock's history covers the replica's replay LSN, the clock alone decides."""
+    tracker = ClusterTracker(CONFIG.clusters[0], 1.0, 60.0)
+    behind = replace(sender("replica1", 5000, 100), replay_lag=3600.0)
+    snap = tracker.update([primary(0, 5000, (behind,)), replica("replica1", 0, 100), replica("replica2", 0, 5000)],
+                          now=0)
+    assert snap.replicas[0].staleness == 3600.0
+    assert snap.replicas[1].staleness == 0.0
+    # It catches up past where our history starts: from then on the clock is exact.
+    caught_up = replace(sender("replica1", 6000, 5500), replay_lag=3600.0)
+    snap = tracker.update([primary(10, 6000, (caught_up,)), replica("replica1", 10, 5500),
+                           replica("replica2", 10, 6000)], now=10)
+    assert snap.replicas[0].staleness == 0.0  # the primary was never seen past 5500 before t=10
 
 
 def test_unconfigured_walsender_appears_and_vanishes() -> None:
@@ -137,3 +156,14 @@ def test_primary_lsn_going_back_restarts_the_clock() -> None:
     for t in range(5, 15):
         snap = tracker.update([primary(t, 500), replica("replica1", t, 500), replica("replica2", t, 500)], now=t)
     assert [r.staleness for r in snap.replicas] == [0.0, 0.0]
+
+
+def test_unconfigured_walsender_named_like_a_configured_replica_gets_its_own_label() -> None:
+    config = parse_config({"clusters": [{
+        "name": "main", "primary": {"dsn": "host=p"},
+        "replicas": [{"name": "replica1", "application_name": "r1_walsender", "dsn": "host=r1"}]}]})
+    tracker = ClusterTracker(config.clusters[0], 1.0, 60.0)
+    snap = tracker.update([primary(0, 100, (sender("r1_walsender", 100, 100), sender("replica1", 100, 50))),
+                           replica("replica1", 0, 100)], now=0)
+    assert [(r.name, r.configured) for r in snap.replicas] == [("replica1", True),
+                                                               ("replica1 (not configured)", False)]

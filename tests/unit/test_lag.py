@@ -33,13 +33,34 @@ def test_idle_primary_adds_no_points_and_keeps_first_time() -> None:
     assert clock.staleness(999, now=60.0) == pytest.approx(59.0)
 
 
-def test_clock_bounded_gives_lower_bound_for_very_old_replay() -> None:
-    clock = LsnClock(3)
-    for i, t in enumerate([1.0, 2.0, 3.0, 4.0, 5.0]):
-        clock.record(100 * (i + 1), now=t)
-    assert len(clock) == 3
-    # Replay LSN older than the oldest kept point (300 at t=3): lower bound from t=3.
-    assert clock.staleness(50, now=10.0) == pytest.approx(7.0)
+def test_clock_bounded_keeps_its_first_point_and_stays_bounded() -> None:
+    clock = LsnClock(200)
+    for i in range(5000):
+        clock.record(100 * (i + 1), now=float(i))
+        assert len(clock) <= 200
+    assert clock.reaches_back_to(100) and not clock.reaches_back_to(99)
+    # Recent history is exact to the poll ...
+    assert clock.staleness(100 * 4990, now=5000.0) == pytest.approx(5000.0 - 4990.0)
+    # ... older history within a small fraction, never over.
+    for stuck_at in (100, 100 * 1000, 100 * 2500, 100 * 4800):
+        truth = 5000.0 - stuck_at / 100  # first seen past it one record later
+        got = clock.staleness(stuck_at, now=5000.0)
+        assert got is not None and 0.93 * truth <= got <= truth, (stuck_at, got, truth)
+
+
+def test_clock_full_stuck_replica_keeps_growing() -> None:
+    """A replica stuck while the primary writes on, far past the clock's capacity: its
+    staleness keeps growing with wall time instead of flattening at the clock's horizon."""
+    clock = LsnClock(400)
+    clock.record(1000, now=0.0)
+    readings = []
+    for t in range(1, 20_000):
+        clock.record(1000 + t, now=float(t))
+        readings.append(clock.staleness(1000, now=float(t)))
+    truths = [t - 1.0 for t in range(1, 20_000)]  # the primary was first past 1000 at t=1
+    assert all(r is not None and r <= truth for r, truth in zip(readings, truths, strict=True))
+    assert all(r is not None and r >= 0.9 * truth for r, truth in zip(readings, truths, strict=True))
+    assert readings[-1] is not None and readings[-1] > 15_000
 
 
 def test_clock_empty_is_unknown_and_never_negative() -> None:

@@ -20,8 +20,9 @@ QUERIES = {
     s.slot_name
 FROM pg_stat_replication r
 LEFT JOIN pg_replication_slots s ON s.active_pid = r.pid
--- A base backup's walsenders and logical subscribers are not read replicas.
-WHERE r.state <> 'backup' AND r.application_name <> 'pg_basebackup'
+-- A base backup's walsenders and logical subscribers are not read replicas. (state is
+-- NULL to a role without pg_read_all_stats: such rows stay, with what it may see.)
+WHERE r.state IS DISTINCT FROM 'backup' AND r.application_name IS DISTINCT FROM 'pg_basebackup'
   AND coalesce(s.slot_type, 'physical') = 'physical'
 ORDER BY r.application_name, r.pid""",
 }
