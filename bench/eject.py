@@ -65,11 +65,12 @@ def main() -> int:
             try:
                 lw.wait_ready()
                 for trial in range(args.trials):
-                    r1.pause_replay()
-                    with Writer(cluster, every=0.05) as writer:
-                        assert writer.first_write_at is not None
+                    with Writer(cluster, every=0.05):
+                        time.sleep(0.5)  # writes are flowing (and replayed) before the pause
+                        paused_at = time.monotonic()
+                        r1.pause_replay()
                         left = wait(lambda: r1.host not in hosts(pgb), 30)
-                        times.append(left - writer.first_write_at)
+                        times.append(left - paused_at)
                     r1.resume_replay()
                     wait(lambda: r1.host in hosts(pgb), 60)
                     # Readmission happens on a cycle: start the next pause at a random phase

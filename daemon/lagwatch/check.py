@@ -85,10 +85,17 @@ def render(rows: list[CheckRow]) -> str:
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in table)
 
 
+def measuring_only(config: Config) -> Config:
+    """``config`` without pool control: a check measures and reports; it must never take
+    the leader lock from the running daemon or change a pooler."""
+    return config.model_copy(update={"clusters": tuple(c.model_copy(update={"pooler": None})
+                                                       for c in config.clusters)})
+
+
 def run_check(config: Config, *, warning: float, critical: float, out: TextIO) -> int:
     from lagwatch.daemon import Daemon
 
-    daemon = Daemon(config)
+    daemon = Daemon(measuring_only(config))
 
     async def two_polls() -> Snapshot:
         try:

@@ -268,11 +268,15 @@ def _pool_metrics(c: ClusterSnapshot) -> Iterator[Metric]:
                    ["cluster"]), key, 1.0 if pool.dry_run else 0.0)
     yield _counter("lagwatch_pool_apply_errors", "Failed attempts to make the pooler match the decision",
                    ["cluster"], key, pool.apply_errors_total)
+    yield _counter("lagwatch_pool_read_errors", "Failed attempts to read the pooler's own view of its read pool "
+                   "(pooler down, admin console or socket unreachable)", ["cluster"], key, pool.read_errors_total)
     lbl = ["cluster", "replica"]
     member = _g("lagwatch_pool_member", "1 if lagwatch's decision puts the member (replica, or 'primary' as a "
                 "fallback) in the read pool", lbl)
     pooler = _g("lagwatch_pool_pooler_member", "1 if the pooler itself reports the member in its read pool", lbl)
-    names = sorted({*pool.reasons, *(pool.members or ()), *(pool.pooler_members or ())})
+    # Every member ever changed stays (a removed fallback primary reads 0, not absent).
+    names = sorted({*pool.reasons, *(pool.members or ()), *(pool.pooler_members or ()),
+                    *(member for member, _ in pool.changes_total)})
     for name in names:
         if pool.members is not None:
             member.add_metric([c.name, name], 1.0 if name in pool.members else 0.0)

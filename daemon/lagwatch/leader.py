@@ -17,7 +17,7 @@ from typing import Any
 import psycopg
 import psycopg.conninfo
 
-from lagwatch.config import ClusterConfig
+from lagwatch.config import ClusterConfig, PasswordUnavailableError
 from lagwatch.poll import build_conninfo
 
 log = logging.getLogger("lagwatch.leader")
@@ -53,7 +53,7 @@ class LeaderLock:
                     await task
                 raise TimeoutError(f"no answer within {self.timeout:.3g}s")
             self.is_leader = task.result()
-        except (TimeoutError, psycopg.Error, OSError) as exc:
+        except (TimeoutError, psycopg.Error, OSError, PasswordUnavailableError) as exc:
             log.debug("%s: leader lock check failed: %s", self.cluster.name, exc)
             self.is_leader = False
             self._drop()

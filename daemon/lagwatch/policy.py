@@ -9,10 +9,15 @@ Rules (hysteresis, so nothing flaps):
   ``max_lag``, unknown, or the node unreachable / not streaming. Its p95 since it was
   (re)admitted above the SLA's ``p95`` ejects it at once;
 - an ejected replica is readmitted after ``readmit_after`` consecutive cycles reachable,
-  streaming and below ``readmit_below``; "unknown" never counts as good;
+  streaming and below ``readmit_below`` (and at or below ``p95`` where that is set, or a
+  replica steadily between the two would be ejected again as soon as its p95 fills);
+  "unknown" never counts as good;
 - an operator hold (in/out) beats all of the above;
-- the pool never shrinks below ``min_replicas``: the least-behind ejected replicas stay,
-  or, with ``fallback_to_primary``, the primary joins while too few replicas are healthy.
+- the pool never shrinks below ``min_replicas``: the least-behind ejected replicas stay
+  (reachable and streaming ones first; one already kept stays unless another is less behind
+  by more than its ``max_lag`` and by more than half, so two lagging replicas do not swap
+  every cycle), or, with
+  ``fallback_to_primary``, the primary joins while too few replicas are healthy.
 """
 
 from __future__ import annotations
@@ -121,6 +126,8 @@ def _judge(health: ReplicaHealth, sla: ReplicaSla, prev: ReplicaPolicyState, now
     # Out of the pool: only a clean run of good cycles brings it back.
     if not problem and health.staleness is not None and health.staleness >= sla.readmit_below:
         problem = f"staleness {health.staleness:.3g}s >= readmit_below {sla.readmit_below:.3g}s"
+    if not problem and health.staleness is not None and sla.p95 is not None and health.staleness > sla.p95:
+        problem = f"staleness {health.staleness:.3g}s > p95 SLA {sla.p95:.3g}s"
     if problem:
         return replace(prev, good_streak=0, reason=problem)
     streak = prev.good_streak + 1
@@ -150,12 +157,20 @@ def decide(replicas: Sequence[ReplicaHealth], slas: Mapping[str, ReplicaSla], ru
             pool.add(PRIMARY)
             reasons[PRIMARY] = f"fallback: {healthy} healthy replica(s) < min_replicas {rules.min_replicas}"
         else:
-            # Keep the least-behind of the rest (never one an operator holds out); one
-            # already kept stays kept, so two lagging replicas do not swap every cycle.
+            # Keep the least-behind of the rest (never one an operator holds out).
             by_health = {h.name: h for h in replicas}
-            candidates = sorted(
-                (n for n in judged if n not in pool and holds.get(n) != "out"),
-                key=lambda n: (n not in state.pool, not by_health[n].reachable, _lag_key(by_health[n].staleness), n))
+
+            def keep_order(name: str) -> tuple[bool, float, str]:
+                health = by_health[name]
+                usable = health.reachable and health.streaming and health.staleness is not None
+                lag = _lag_key(health.staleness)
+                if name in state.pool:
+                    # Stays kept unless another is clearly less behind: by more than its
+                    # max_lag and by more than half its staleness.
+                    lag = min(lag - slas[name].max_lag, lag / 2)
+                return (not usable, lag, name)
+
+            candidates = sorted((n for n in judged if n not in pool and holds.get(n) != "out"), key=keep_order)
             for name in candidates[: rules.min_replicas - healthy]:
                 pool.add(name)
                 reasons[name] = f"kept to honour min_replicas {rules.min_replicas} ({reasons[name]})"

@@ -1,9 +1,10 @@
 """Pool control for one cluster: decide from the snapshot, apply through the pooler.
 
 Each cycle: read the pooler's own view (so a restarted HAProxy or an edited file is seen),
-take or keep the leader lock, run the pure policy, log and count every change, and, if
-this instance leads and this is not a dry run, make the pooler match the decision when it
-differs. A failing apply is retried with backoff and never stops the cycle.
+take or keep the leader lock (a dry run never takes it: a trial instance must not keep
+the real one from applying), run the pure policy, log and count every change, and, if
+this instance leads, make the pooler match the decision when it differs. A failing read
+or apply is counted, retried with backoff and never stops the cycle.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from lagwatch.config import ClusterConfig
+from lagwatch.config import ClusterConfig, PasswordUnavailableError
 from lagwatch.holds import Hold, HoldStore
 from lagwatch.leader import LeaderLock
 from lagwatch.policy import Decision, PolicyState, PoolRules, ReplicaHealth, decide
@@ -54,6 +55,8 @@ class PoolController:
         self._events: deque[PoolEvent] = deque(maxlen=MAX_EVENTS)
         self._changes: Counter[tuple[str, str]] = Counter()
         self._apply_errors = 0
+        self._read_errors = 0
+        self._last_holds: dict[str, Hold] = {}
         self._last_error: str | None = None
         self._backoff = _ApplyBackoff()
         self._names = [r.name for r in cluster.replicas]
@@ -87,7 +90,11 @@ class PoolController:
         return True
 
     async def step(self, snapshot: ClusterSnapshot, now: float) -> PoolStatus:
-        is_leader = await self.leader.refresh()
+        if self.cluster.dry_run:
+            self.leader.release()
+            is_leader = False
+        else:
+            is_leader = await self.leader.refresh()
         try:
             self._pooler_view = await self._call(self.pooler.read_pool)
             if self._read_failing and self._backoff.failures:
@@ -98,6 +105,7 @@ class PoolController:
         except PoolerError as exc:
             self._pooler_view = None
             self._read_failing = True
+            self._read_errors += 1
             self._note_error(f"reading the pool: {exc}")
         if self._state is None:
             if self._pooler_view is not None:
@@ -150,7 +158,15 @@ class PoolController:
         done, _ = await asyncio.wait({future}, timeout=self.deadline)
         if not done:
             raise PoolerError(f"{self.pooler.kind} did not answer within {self.deadline:.3g}s")
-        return future.result()
+        try:
+            return future.result()
+        except PoolerError:
+            raise
+        except (OSError, PasswordUnavailableError) as exc:  # e.g. an unreadable admin password file
+            raise PoolerError(str(exc)) from None
+        except Exception as exc:  # a bug in an adapter: counted and retried like any failure
+            log.exception("%s: unexpected error from the %s adapter", self.cluster.name, self.pooler.kind)
+            raise PoolerError(f"internal error: {type(exc).__name__}") from None
 
     def _needs_apply(self, target: frozenset[str]) -> bool:
         """``target`` is what the pooler would route to once given the decided pool."""
@@ -161,10 +177,14 @@ class PoolController:
 
     def _holds(self) -> dict[str, Hold]:
         try:
-            return {r: h for r, h in self.holds.for_cluster(self.cluster.name).items() if r in self._names}
+            holds = {r: h for r, h in self.holds.for_cluster(self.cluster.name).items() if r in self._names}
         except ValueError as exc:
-            self._note_error(str(exc))
-            return {}
+            # A half-edited or corrupt holds file: keep the holds last read, so a replica an
+            # operator holds out is not readmitted by automation meanwhile.
+            self._note_error(f"{exc}; keeping the holds last read")
+            return dict(self._last_holds)
+        self._last_holds = holds
+        return holds
 
     def _health(self, snapshot: ClusterSnapshot) -> list[ReplicaHealth]:
         by_name = {r.name: r for r in snapshot.replicas}
@@ -224,6 +244,7 @@ class PoolController:
             holds={replica: str(hold) for replica, hold in self._holds().items()},
             changes_total=dict(self._changes),
             apply_errors_total=self._apply_errors,
+            read_errors_total=self._read_errors,
             last_error=self._last_error,
             events=tuple(self._events),
         )

@@ -125,6 +125,7 @@ class PoolStatus:
     holds: dict[str, str]
     changes_total: dict[tuple[str, str], int]  # (member, action) -> count
     apply_errors_total: int
+    read_errors_total: int  # the pooler's own view could not be read
     last_error: str | None
     events: tuple[PoolEvent, ...]
 

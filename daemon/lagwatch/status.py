@@ -78,6 +78,7 @@ def pool_status(p: PoolStatus) -> dict[str, Any]:
         "holds": p.holds,
         "changes_total": [{"member": m, "action": a, "count": n} for (m, a), n in sorted(p.changes_total.items())],
         "apply_errors_total": p.apply_errors_total,
+        "read_errors_total": p.read_errors_total,
         "last_error": p.last_error,
         "events": [asdict(e) for e in reversed(p.events)],  # newest first
     }

@@ -139,11 +139,14 @@ def test_drain_mode(hx: HAProxyServer) -> None:
     assert admin_states(hx)["pg1"] == 0
 
 
-def test_empty_pool_and_ready_before_eject(hx: HAProxyServer) -> None:
+def test_never_empties_the_backend_and_ready_before_eject(hx: HAProxyServer) -> None:
     pooler = make_pooler(hx)
-    pooler.apply_pool(frozenset())
-    assert pooler.read_pool() == frozenset()
-    assert admin_states(hx) == {"pg1": ADMF_FMAINT, "pg2": ADMF_FMAINT, "other": 0}
+    pooler.apply_pool(frozenset({"replica1"}))
+    pooler.commands.clear()
+    pooler.apply_pool(frozenset())  # every replica ejected (min_replicas 0): reads must not fail
+    assert pooler.set_commands == []
+    assert pooler.read_pool() == {"replica1"}
+    assert pooler.routes_for(frozenset(), frozenset({"replica1"})) == {"replica1"}
 
     pooler.apply_pool(frozenset({"replica2"}))
     pooler.commands.clear()
@@ -221,16 +224,18 @@ def test_mapped_server_missing_from_backend(hx: HAProxyServer) -> None:
 
 def test_refused_command_rolls_back(hx: HAProxyServer) -> None:
     pooler = make_pooler(hx)
-    pooler.refuse[f"set server {BACKEND}/pg2 state maint"] = "No such server.\n\n"
+    pooler.apply_pool(frozenset({"replica1"}))
+    pooler.commands.clear()
+    pooler.refuse[f"set server {BACKEND}/pg1 state maint"] = "No such server.\n\n"
     with pytest.raises(PoolerError) as info:
-        pooler.apply_pool(frozenset())
+        pooler.apply_pool(frozenset({"replica2"}))  # swap: pg2 ready first, then pg1 out (refused)
     message = str(info.value)
-    assert f"HAProxy refused 'set server {BACKEND}/pg2 state maint'" in message
+    assert f"HAProxy refused 'set server {BACKEND}/pg1 state maint'" in message
     assert "No such server." in message
-    assert "rolled back replica1" in message
-    assert pooler.set_commands == [f"set server {BACKEND}/pg1 state maint", f"set server {BACKEND}/pg2 state maint",
-                                   f"set server {BACKEND}/pg1 state ready"]
-    assert pooler.read_pool() == BOTH
+    assert "rolled back replica2" in message
+    assert pooler.set_commands == [f"set server {BACKEND}/pg2 state ready", f"set server {BACKEND}/pg1 state maint",
+                                   f"set server {BACKEND}/pg2 state maint"]
+    assert pooler.read_pool() == {"replica1"}
 
 
 def test_real_haproxy_error_text(hx: HAProxyServer) -> None:

@@ -257,12 +257,22 @@ def test_apply_delay_near_threshold_does_not_flap(pg_cluster: LocalCluster, pgbo
     lw = Lagwatch(tmp_path, pool_config(pg_cluster, pgbouncer, tmp_path))
     try:
         lw.wait_ready()
-        r1.set_apply_delay(2.0)  # staleness hovers around max_lag (2s)
+        # Staleness is dated at the first poll after a write, so it reads about the delay
+        # rounded down to whole intervals: with writes every 0.3s, a 3.1s delay reads just
+        # under 2s or just under 3s from one cycle to the next, on both sides of max_lag (2s).
+        r1.set_apply_delay(3.1)
+        readings = []
         with Writer(pg_cluster, every=0.3, max_seconds=40):
-            time.sleep(30)
+            for _ in range(30):
+                time.sleep(1.0)
+                readings.append(lw.value("lagwatch_replica_lag_seconds", replica="replica1"))
         changes = sum(v for (name, labels), v in lw.samples().items()
                       if name == "lagwatch_pool_changes_total" and ("replica", "replica1") in labels)
         assert changes <= 2, changes  # at most one eject and one readmit in 30 cycles
+        # ... while its staleness was on both sides of max_lag (2s), again and again.
+        above = sum(1 for r in readings if r is not None and r > 2.0)
+        below = sum(1 for r in readings if r is not None and 0.5 < r <= 2.0)
+        assert above >= 3 and below >= 3, readings
     finally:
         lw.stop()
 

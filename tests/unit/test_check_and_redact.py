@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from lagwatch.check import CRITICAL, OK, UNKNOWN, WARNING, evaluate, render
+from lagwatch.check import CRITICAL, OK, UNKNOWN, WARNING, evaluate, measuring_only, render
+from lagwatch.config import parse_config
 from lagwatch.lag import LagHistogram
 from lagwatch.redact import redact_dsn, redact_text
 from lagwatch.snapshot import ClusterSnapshot, NodeHealth, ReplicaState, Snapshot
@@ -44,3 +45,19 @@ def test_redact_dsn_and_text() -> None:
     assert "hunter2" not in redact_dsn("postgresql://u:hunter2@h/db")
     assert "hunter2" not in redact_dsn("host=a password='hunter2 x' junk junk")
     assert redact_text("auth failed for hunter2", ["hunter2", None]) == "auth failed for ***"
+
+
+def test_check_never_controls_the_pool() -> None:
+    """`lagwatch check` beside a running daemon must not take its leader lock nor touch the
+    pooler: the Daemon it builds gets the config without poolers."""
+    from lagwatch.daemon import Daemon
+
+    config = parse_config({"clusters": [{
+        "name": "main", "primary": {"dsn": "host=p"}, "replicas": [{"name": "r1", "dsn": "host=r1"}],
+        "pooler": {"kind": "command", "template": "{hosts}", "output_file": "/nonexistent/pool.txt",
+                   "reload_command": ["true"]}}]})
+    assert config.clusters[0].pooler is not None
+    checked = measuring_only(config)
+    assert [c.pooler for c in checked.clusters] == [None]
+    assert checked.clusters[0].replicas == config.clusters[0].replicas
+    assert Daemon(checked)._controllers == {}

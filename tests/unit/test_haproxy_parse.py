@@ -109,4 +109,6 @@ def test_routes_for_ignores_members_without_a_server() -> None:
                                  servers={"replica1": "r1", "replica2": "r2"})
     pooler = HAProxyPooler(config)
     assert pooler.routes_for(frozenset({"replica1", "primary"}), None) == frozenset({"replica1"})
-    assert pooler.routes_for(frozenset(), frozenset({"replica2"})) == frozenset()
+    # Nothing left to route to: the backend stays as it is, never emptied.
+    assert pooler.routes_for(frozenset(), frozenset({"replica2"})) == frozenset({"replica2"})
+    assert pooler.routes_for(frozenset({"primary"}), frozenset({"replica1", "replica2"})) == {"replica1", "replica2"}

@@ -121,6 +121,55 @@ def test_start_from_pooler_state() -> None:
     state = PolicyState.from_pool(frozenset({"r2"}), NAMES, now=0.0)
     d = decide([h("r1", 0), h("r2", 0)], {n: SLA for n in NAMES}, PoolRules(0, False), state, {}, now=1.0)
     assert d.pool == {"r2"} and d.changes == ()
+    # r1, out of the pool at start, earns its way back like any ejected replica.
+    for now in (2.0, 3.0):
+        d = decide([h("r1", 0), h("r2", 0)], {n: SLA for n in NAMES}, PoolRules(0, False), d.state, {}, now=now)
+    assert d.pool == {"r1", "r2"} and [(c.member, c.action) for c in d.changes] == [("r1", "readmit")]
+
+
+@pytest.mark.parametrize(("later", "kept_after"), [
+    # The kept replica stops answering: the reachable one, though behind, takes its place.
+    ([h("r1", 3.0), h("r2", None, reachable=False)], {"r1"}),
+    # The kept replica stops streaming.
+    ([h("r1", 3.0), h("r2", 3.0, streaming=False)], {"r1"}),
+    # The kept replica falls far behind while the other recovers most of the way.
+    ([h("r1", 1.5), h("r2", 1000.0)], {"r1"}),
+    # Slightly behind the other: no swap (hysteresis).
+    ([h("r1", 8.0), h("r2", 11.0)], {"r2"}),
+])
+def test_min_replicas_kept_replica_gives_way_only_when_clearly_worse(later: list[ReplicaHealth],
+                                                                      kept_after: set[str]) -> None:
+    # Both lag, r2 less: r2 is the one kept. Then the situation changes.
+    cycles = [[h("r1", 10.0), h("r2", 5.0)]] * 3 + [later] * 3
+    decisions = run(cycles, min_replicas=1)
+    assert set(decisions[2].pool) == {"r2"}
+    assert set(decisions[-1].pool) == kept_after
+
+
+def test_p95_ejected_replica_is_not_readmitted_while_steadily_above_p95() -> None:
+    """max_lag 2s, p95 500ms, readmit_below 1s: a replica steady at 0.7s breaks the p95
+    SLA. It is ejected once, and must not come back (only to be ejected again when its
+    p95 fills) while it stays there: one change in 200 cycles, not one every 25."""
+    sla = ReplicaSla(max_lag=2.0, p95=0.5, eject_after=2, readmit_below=1.0, readmit_after=5)
+    state = PolicyState.from_pool(frozenset(NAMES), NAMES, now=0.0)
+    changes = []
+    samples: list[tuple[float, float]] = []
+    for i in range(1, 201):
+        samples.append((float(i), 0.7))
+        cycle = [ReplicaHealth("r1", 0.7, True, True, tuple(samples)), h("r2", 0.0)]
+        decision = decide(cycle, {n: sla for n in NAMES}, PoolRules(0, False), state, {}, now=float(i))
+        state = decision.state
+        changes += decision.changes
+    assert [(c.member, c.action) for c in changes] == [("r1", "eject")]
+    assert "p95" in changes[0].reason
+    # Once it is really back under the p95 SLA, it is readmitted.
+    for i in range(201, 207):
+        samples.append((float(i), 0.1))
+        cycle = [ReplicaHealth("r1", 0.1, True, True, tuple(samples)), h("r2", 0.0)]
+        decision = decide(cycle, {n: sla for n in NAMES}, PoolRules(0, False), state, {}, now=float(i))
+        state = decision.state
+        changes += decision.changes
+    assert [(c.member, c.action) for c in changes] == [("r1", "eject"), ("r1", "readmit")]
 
 
 def test_min_replicas_does_not_swap_between_two_lagging_replicas() -> None:

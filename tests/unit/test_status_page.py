@@ -25,7 +25,8 @@ def replica(name: str, staleness: float, **kw: object) -> ReplicaState:
 def snapshot() -> Snapshot:
     pool = PoolStatus(kind="pgbouncer", leader=True, dry_run=False, members=frozenset({"replica2"}),
                       pooler_members=frozenset({"replica2"}), reasons={"replica1": "staleness 9s > max_lag 2s"},
-                      holds={}, changes_total={("replica1", "eject"): 1}, apply_errors_total=0, last_error=None,
+                      holds={}, changes_total={("replica1", "eject"): 1}, apply_errors_total=0,
+                      read_errors_total=0, last_error=None,
                       events=(PoolEvent(1.0e9, "replica1", "eject", "staleness <b>9s</b> > max_lag 2s", 9.0, 3.0,
                                         False),))
     nodes = (NodeHealth("primary", "primary", True, 180000, 0.01, 5, {}, None, {}),
@@ -64,3 +65,22 @@ def test_sparkline_draws_sla_and_turns_red_over_it() -> None:
 
 def test_before_first_poll() -> None:
     assert "Waiting for the first poll" in render(None)
+
+
+def test_p95_sla_breach_shows_and_every_cell_is_labelled_for_phones() -> None:
+    from dataclasses import replace
+
+    from lagwatch.lag import WindowStats
+
+    snap = snapshot()
+    cluster = snap.clusters[0]
+    strict = ReplicaSla(max_lag=2.0, p95=0.5, eject_after=2, readmit_below=0.4, readmit_after=3)
+    window = WindowStats(30, ((0.5, 0.7), (0.95, 0.9), (0.99, 0.9), (1.0, 0.9)))
+    replicas = (cluster.replicas[0], replace(cluster.replicas[1], staleness=0.8, window=window))
+    cluster = replace(cluster, replicas=replicas, slas={"replica1": SLA, "replica2": strict})
+    page = render(replace(snap, clusters=(cluster,)))
+    r2 = row(page, "replica2")
+    assert "p95 over SLA" in r2 and "(2s, p95 500ms)" in r2
+    # On a narrow screen each row is a card: every cell says what it is.
+    cells = re.findall(r"<td[^>]*>", r2)
+    assert len(cells) == 7 and all("data-label=" in c for c in cells)

@@ -178,7 +178,11 @@ class HAProxyPooler:
     # -- Pooler protocol ---------------------------------------------------------------------
 
     def routes_for(self, members: frozenset[str], current: frozenset[str] | None) -> frozenset[str]:
-        return members & self._servers.keys()  # members with no server mapped are ignored
+        wanted = members & self._servers.keys()  # members with no server mapped are ignored
+        if not wanted:
+            # Never an empty backend (every read would fail): the servers stay as they are.
+            return current if current is not None else wanted
+        return wanted
 
     def read_pool(self) -> frozenset[str]:
         return frozenset(m for m, s in self.server_states().items() if s.in_rotation)
@@ -190,6 +194,15 @@ class HAProxyPooler:
                 log.warning("HAProxy backend %s has no server mapped to member %r; ignoring it",
                             self._backend, name)
         wanted = frozenset(members & self._servers.keys())
+        if not wanted:
+            # ProxySQL empties its reader hostgroup when every replica lags, and reads then
+            # fail; a lagging replica still answers. Keep the backend as it is.
+            if "(empty)" not in self._warned:
+                self._warned.add("(empty)")
+                log.warning("no member left for HAProxy backend %s: leaving its servers as they are rather than "
+                            "putting all in %s (map 'primary' and set fallback_to_primary to route reads there)",
+                            self._backend, self._ejected)
+            return
         before = self.server_states()
         to_ready = sorted(m for m, s in before.items() if m in wanted and not s.in_rotation)
         to_eject = sorted(m for m, s in before.items() if m not in wanted and s.in_rotation)

@@ -1,0 +1,187 @@
+"""PoolController's own logic, with a stub pooler and a stub leader lock (no servers).
+
+The real adapters and the real advisory lock are tested against real PgBouncer, HAProxy and
+PostgreSQL in tests/integration; here: what the controller does with what they return.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+from lagwatch.config import ClusterConfig, parse_config
+from lagwatch.holds import HoldStore
+from lagwatch.poolcontrol import PoolController
+from lagwatch.poolers.base import PoolerError
+from lagwatch.snapshot import ClusterSnapshot, NodeObservation
+from lagwatch.tracker import ClusterTracker
+from lagwatch.views.server import ServerPosition
+from lagwatch.views.wal_receiver import WalReceiver
+
+SLA = {"max_lag": "2s", "eject_after": 2, "readmit_below": "1s", "readmit_after": 2, "min_replicas": 0}
+
+
+def cluster_config(tmp_path: Path, dry_run: bool = False) -> ClusterConfig:
+    return parse_config({"interval": "1s", "clusters": [{
+        "name": "main", "primary": {"dsn": "host=p"}, "dry_run": dry_run, "sla": SLA,
+        "replicas": [{"name": "replica1", "dsn": "host=r1"}, {"name": "replica2", "dsn": "host=r2"}],
+        "pooler": {"kind": "command", "template": "{hosts}\n", "output_file": str(tmp_path / "pool.txt"),
+                   "reload_command": ["true"]}}]}).clusters[0]
+
+
+class StubPooler:
+    kind = "stub"
+
+    def __init__(self, pool: set[str]) -> None:
+        self.pool = frozenset(pool)
+        self.read_error: BaseException | None = None
+        self.apply_error: BaseException | None = None
+        self.applied: list[frozenset[str]] = []
+
+    def read_pool(self) -> frozenset[str]:
+        if self.read_error is not None:
+            raise self.read_error
+        return self.pool
+
+    def apply_pool(self, members: frozenset[str]) -> None:
+        if self.apply_error is not None:
+            raise self.apply_error
+        self.applied.append(members)
+        self.pool = members
+
+    def routes_for(self, members: frozenset[str], current: frozenset[str] | None) -> frozenset[str]:
+        return members
+
+
+class StubLeader:
+    def __init__(self) -> None:
+        self.is_leader = False
+        self.refreshed = 0
+        self.released = 0
+
+    async def refresh(self) -> bool:
+        self.refreshed += 1
+        self.is_leader = True
+        return True
+
+    def release(self) -> None:
+        self.released += 1
+        self.is_leader = False
+
+    async def close(self) -> None:
+        self.release()
+
+
+def observations(t: float, lag1: int) -> list[NodeObservation]:
+    """The primary writes 1000 bytes a second; replica2 is caught up; replica1 is ``lag1``
+    seconds of WAL behind (as far as the history goes back)."""
+    lsn = int(1000 * (t + 1))
+
+    def replica(name: str, replay: int) -> NodeObservation:
+        return NodeObservation(cluster="main", node=name, role="replica", observed_at=t, duration=0.001,
+                               position=ServerPosition(True, None, replay, replay, "not paused", 1.0),
+                               receiver=WalReceiver("streaming"))
+
+    return [NodeObservation(cluster="main", node="primary", role="primary", observed_at=t, duration=0.001,
+                            position=ServerPosition(False, lsn, None, None, None, None)),
+            replica("replica1", max(1000, lsn - 1000 * lag1)), replica("replica2", lsn)]
+
+
+class Harness:
+    def __init__(self, tmp_path: Path, pool: set[str], dry_run: bool = False) -> None:
+        config = cluster_config(tmp_path, dry_run)
+        self.holds = HoldStore(tmp_path / "holds.json")
+        self.controller = PoolController(config, 1.0, self.holds, 1.0)
+        self.pooler = StubPooler(pool)
+        self.leader = StubLeader()
+        self.controller.pooler = self.pooler  # type: ignore[assignment]
+        self.controller.leader = self.leader  # type: ignore[assignment]
+        self.tracker = ClusterTracker(config, 1.0, 60.0)
+        self.t = 0.0
+
+    def cycle(self, lag1: int = 0) -> ClusterSnapshot:
+        self.t += 1
+        snapshot = self.tracker.update(observations(self.t, lag1), self.t)
+        status = asyncio.run(self.controller.step(snapshot, self.t))
+        return ClusterSnapshot(**{**snapshot.__dict__, "pool": status})
+
+
+def test_unexpected_adapter_errors_are_contained_counted_and_retried(tmp_path: Path) -> None:
+    h = Harness(tmp_path, {"replica1", "replica2"})
+    h.cycle()
+    h.pooler.read_error = PermissionError(13, "Permission denied", "/etc/pgbouncer/admin.pw")
+    snap = h.cycle()
+    assert snap.pool is not None and snap.pool.read_errors_total == 1
+    assert "Permission denied" in (snap.pool.last_error or "")
+    h.pooler.read_error = None
+    h.pooler.apply_error = KeyError("a bug")
+    for _ in range(6):
+        snap = h.cycle(lag1=10)  # replica1 breaks max_lag: ejected after 2 cycles, the apply fails
+        if snap.pool is not None and snap.pool.apply_errors_total:
+            break
+    assert snap.pool is not None and snap.pool.apply_errors_total == 1
+    assert snap.pool.changes_total == {("replica1", "eject"): 1}
+    assert "internal error: KeyError" in (snap.pool.last_error or "")
+    assert h.pooler.applied == []
+
+
+def test_pooler_answering_again_applies_without_waiting_out_the_backoff(tmp_path: Path) -> None:
+    h = Harness(tmp_path, {"replica1", "replica2"})
+    h.cycle()
+    h.pooler.read_error = PoolerError("admin console down")
+    h.pooler.apply_error = PoolerError("admin console down")
+    for _ in range(6):
+        snap = h.cycle(lag1=10)
+    assert snap.pool is not None and snap.pool.apply_errors_total >= 1
+    h.pooler.read_error = h.pooler.apply_error = None
+    h.cycle(lag1=10)
+    assert h.pooler.applied == [frozenset({"replica2"})]
+
+
+def test_corrupt_holds_file_keeps_the_holds_last_read(tmp_path: Path) -> None:
+    h = Harness(tmp_path, {"replica1", "replica2"})
+    h.holds.set("main", "replica1", "out")
+    snap = h.cycle()
+    assert h.pooler.pool == frozenset({"replica2"})
+    (tmp_path / "holds.json").write_text('{"main": {"replica1": "ou')  # an editor mid-write
+    for _ in range(5):
+        snap = h.cycle()
+    assert h.pooler.pool == frozenset({"replica2"}), "a held-out replica was readmitted"
+    assert snap.pool is not None and snap.pool.holds == {"replica1": "out"}
+    assert "keeping the holds last read" in (snap.pool.last_error or "")
+    (tmp_path / "holds.json").write_text(json.dumps({}))
+    for _ in range(3):
+        h.cycle()
+    assert h.pooler.pool == frozenset({"replica1", "replica2"})
+
+
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_dry_run_never_leads_nor_applies(tmp_path: Path, dry_run: bool) -> None:
+    h = Harness(tmp_path, {"replica1", "replica2"}, dry_run=dry_run)
+    for _ in range(6):
+        snap = h.cycle(lag1=10)
+    assert snap.pool is not None and snap.pool.changes_total == {("replica1", "eject"): 1}
+    if dry_run:
+        assert h.leader.refreshed == 0 and not snap.pool.leader
+        assert h.pooler.applied == []
+    else:
+        assert h.leader.refreshed == 6 and snap.pool.leader
+        assert h.pooler.applied == [frozenset({"replica2"})]
+
+
+def test_removed_fallback_primary_reads_zero_not_absent(tmp_path: Path) -> None:
+    from lagwatch.export import SnapshotCollector
+    from lagwatch.snapshot import Snapshot
+    from prometheus_client import CollectorRegistry
+
+    h = Harness(tmp_path, {"replica1", "replica2"})
+    snap = h.cycle()
+    status = snap.pool
+    assert status is not None
+    status = type(status)(**{**status.__dict__, "changes_total": {("primary", "add"): 1, ("primary", "remove"): 1}})
+    snap = ClusterSnapshot(**{**snap.__dict__, "pool": status})
+    registry = CollectorRegistry()
+    registry.register(SnapshotCollector(lambda: Snapshot(1.0, 0.01, 1, 0, (snap,))))
+    assert registry.get_sample_value("lagwatch_pool_member", {"cluster": "main", "replica": "primary"}) == 0.0
