@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from lagwatch.config import load_config
-from lagwatch.localcluster import LocalCluster, find_binaries
+from lagwatch.localcluster import LocalCluster, find_binaries, free_port, port_free
 
 log = logging.getLogger("lagwatch.demo")
 
@@ -79,8 +79,21 @@ class DemoLoad:
                 return
 
 
-def run_demo(listen: str = "127.0.0.1:9847", pg_major: int | None = None, duration: float | None = None) -> int:
+DEFAULT_LISTEN = ("127.0.0.1", 9847)
+
+
+def demo_listen() -> str:
+    """lagwatch's usual port if it is free here, else any free loopback port."""
+    host, port = DEFAULT_LISTEN
+    if not port_free(host, port):
+        port = free_port([host])
+    return f"{host}:{port}"
+
+
+def run_demo(listen: str | None = None, pg_major: int | None = None, duration: float | None = None) -> int:
     from lagwatch.cli import run_daemon
+
+    listen = listen or demo_listen()
 
     # Until the daemon installs its own handlers, SIGTERM must still unwind through the
     # cleanup below rather than kill the process with servers left running.
@@ -99,8 +112,8 @@ def run_demo(listen: str = "127.0.0.1:9847", pg_major: int | None = None, durati
 lagwatch demo is running (PostgreSQL {binaries.major}):
   primary   {cluster.primary.dsn()}
   replicas  {', '.join(f'{r.name}: {r.host}:{r.port}' for r in cluster.replicas)}
+  status    http://{host}:{port}/status  (JSON: /api/status)
   metrics   http://{host}:{port}/metrics
-  status    http://{host}:{port}/api/status
   config    {config_path}
   data      {cluster.base_dir}
 replica1's replay pauses for {PAUSE_SECONDS:.0f}s every {RUN_SECONDS + PAUSE_SECONDS:.0f}s. Ctrl-C stops everything.

@@ -313,7 +313,7 @@ def _mkdir_owned(path: Path, mode: int = 0o700) -> None:
 # --------------------------------------------------------------------------- helpers
 
 
-def _port_free(host: str, port: int) -> bool:
+def port_free(host: str, port: int) -> bool:
     # No SO_REUSEADDR: also rejects ports held by a wildcard listener or in TIME_WAIT.
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         try:
@@ -331,7 +331,7 @@ def free_port(hosts: Sequence[str], *, exclude: Collection[int] = ()) -> int:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind((hosts[0], 0))
             port: int = s.getsockname()[1]
-        if port not in exclude and all(_port_free(h, port) for h in hosts):
+        if port not in exclude and all(port_free(h, port) for h in hosts):
             return port
     raise RuntimeError(f"no TCP port free on all of {list(hosts)}")
 
@@ -901,10 +901,10 @@ class LocalCluster:
 
     def _repick_ports(self) -> None:
         # Ports were chosen in __init__; re-pick if something grabbed them since.
-        if not _port_free(PRIMARY_HOST, self.primary.port):
+        if not port_free(PRIMARY_HOST, self.primary.port):
             self.primary.port = free_port([PRIMARY_HOST])
         hosts = [r.host for r in self.replicas]
-        if hosts and not all(_port_free(h, self.replicas[0].port) for h in hosts):
+        if hosts and not all(port_free(h, self.replicas[0].port) for h in hosts):
             port = free_port(hosts, exclude={self.primary.port})
             for r in self.replicas:
                 r.port = port

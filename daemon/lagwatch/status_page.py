@@ -27,7 +27,12 @@ th{background:#eef0f4;font-weight:600} td.num{text-align:right;font-variant-nume
 .pill{display:inline-block;padding:1px 7px;border-radius:9px;font-size:.85em;border:1px solid currentColor}
 ul.events{background:#fff;padding:8px 8px 8px 26px;margin:0;font-size:.9em} ul.events li{margin:3px 0}
 svg.spark{vertical-align:middle}
-@media (max-width:640px){body{padding:6px} th,td{padding:4px 5px} .hide-narrow{display:none}}
+@media (max-width:640px){body{padding:6px}
+ thead{display:none} table,tbody,tr,td{display:block;width:auto} .wrap{overflow-x:visible}
+ tr{margin-bottom:8px;border:1px solid #e3e6eb;border-radius:6px;background:#fff}
+ td{display:flex;justify-content:space-between;align-items:center;gap:12px;white-space:normal;padding:4px 8px}
+ td.num{text-align:right} td::before{content:attr(data-label);color:#5c6475;font-weight:600;font-size:.9em}
+ td:first-child{font-weight:600;background:#eef0f4}}
 """
 
 
@@ -74,10 +79,14 @@ def _replica_row(c: ClusterSnapshot, r: ReplicaState) -> str:
         state, css = "replay paused", "warn"
     else:
         state, css = "streaming", "ok"
+    p95 = r.window.p95 if r.window else None
+    sla_limits = _dur(max_lag) + (f", p95 {_dur(sla.p95)}" if sla is not None and sla.p95 is not None else "")
     if r.staleness is None or max_lag is None:
         sla_state, sla_css = ("?" if r.staleness is None else "no SLA"), "muted"
     elif r.staleness > max_lag:
         sla_state, sla_css = "over SLA", "bad"
+    elif sla is not None and sla.p95 is not None and p95 is not None and p95 > sla.p95:
+        sla_state, sla_css = "p95 over SLA", "bad"
     else:
         sla_state, sla_css = "within SLA", "ok"
     pool = c.pool
@@ -90,15 +99,17 @@ def _replica_row(c: ClusterSnapshot, r: ReplicaState) -> str:
     if pool is not None and r.name in pool.holds:
         member += f" (held {pool.holds[r.name]})"
     reason = pool.reasons.get(r.name, "") if pool is not None else ""
-    p95 = r.window.p95 if r.window else None
     unconfigured = "" if r.configured else ' <span class="muted">(not configured)</span>'
+    # data-label: on a phone each row becomes a card of "label  value" lines.
     return (
-        f'<tr data-replica="{_e(r.name)}"><td>{_e(r.name)}{unconfigured}</td>'
-        f'<td class="{css}">{_e(state)}</td>'
-        f'<td><span class="pill {member_css}" title="{_e(reason)}">{_e(member)}</span></td>'
-        f'<td class="num">{_e(_dur(r.staleness))}</td><td class="num">{_e(_dur(p95))}</td>'
-        f'<td class="{sla_css}">{_e(sla_state)} <span class="muted">({_e(_dur(max_lag))})</span></td>'
-        f'<td class="hide-narrow">{sparkline(r.samples, max_lag)}</td></tr>'
+        f'<tr data-replica="{_e(r.name)}"><td data-label="replica">{_e(r.name)}{unconfigured}</td>'
+        f'<td data-label="state" class="{css}">{_e(state)}</td>'
+        f'<td data-label="pool"><span class="pill {member_css}" title="{_e(reason)}">{_e(member)}</span></td>'
+        f'<td data-label="staleness" class="num">{_e(_dur(r.staleness))}</td>'
+        f'<td data-label="p95" class="num">{_e(_dur(p95))}</td>'
+        f'<td data-label="SLA" class="{sla_css}">'
+        f'<span>{_e(sla_state)} <span class="muted">({_e(sla_limits)})</span></span></td>'
+        f'<td data-label="window">{sparkline(r.samples, max_lag)}</td></tr>'
     )
 
 
@@ -125,7 +136,7 @@ def _cluster(c: ClusterSnapshot) -> str:
         events = f'<h3 class="meta">recent pool events</h3><ul class="events">{items or "<li>none yet</li>"}</ul>'
     return (f'<section data-cluster="{_e(c.name)}"><h2>{_e(c.name)}</h2><div class="meta">nodes: {nodes}</div>'
             f"{pool_line}<div class=\"wrap\"><table><thead><tr><th>replica</th><th>state</th><th>pool</th>"
-            f"<th>staleness</th><th>p95</th><th>SLA</th><th class=\"hide-narrow\">window</th></tr></thead>"
+            f"<th>staleness</th><th>p95</th><th>SLA</th><th>window</th></tr></thead>"
             f"<tbody>{rows}</tbody></table></div>{events}</section>")
 
 
