@@ -412,11 +412,12 @@ def _lagwatch_row() -> list[Panel]:
                                                            "0": ("applying", "green")})]))]),
             STATE_OPTIONS),
         Panel(
-            "Pool apply errors", "timeseries",
+            "Pooler errors", "timeseries",
             "Failed attempts per second to make the pooler match lagwatch's decision (retried with backoff; "
-            "the pooler keeps its previous config). Non-zero for long: the pool is not what the dashboard "
-            "above says lagwatch decided.",
-            [Query(f"rate(lagwatch_pool_apply_errors_total{{{C}}}[{RATE}])", "{{cluster}} {{instance}}")],
+            "the pooler keeps its previous config), and to read its own view of the pool (pooler down or "
+            "unreachable). Non-zero for long: the pool is not what the dashboard above says lagwatch decided.",
+            [Query(f"rate(lagwatch_pool_apply_errors_total{{{C}}}[{RATE}])", "apply {{cluster}} {{instance}}"),
+             Query(f"rate(lagwatch_pool_read_errors_total{{{C}}}[{RATE}])", "read {{cluster}} {{instance}}")],
             6, 7, _timeseries("short", fill=0), TIMESERIES_OPTIONS),
     ]
 
