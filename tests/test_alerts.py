@@ -202,11 +202,18 @@ def http_json(url: str, body: Any = None) -> Any:
         return json.loads(raw) if raw else None
 
 
-def inhibitions(url: str, wanted: dict[tuple[str, str], bool]) -> dict[tuple[str, str], bool]:
-    """(alertname, cluster) -> inhibited, once it equals ``wanted`` or after 10 seconds."""
+Key = tuple[str, str, str]
+
+
+def alert_key(labels: dict[str, str]) -> Key:
+    return (labels["alertname"], labels.get("cluster", ""), labels.get("instance", ""))
+
+
+def inhibitions(url: str, wanted: dict[Key, bool]) -> dict[Key, bool]:
+    """(alertname, cluster, instance) -> inhibited, once it equals ``wanted`` or after 10 seconds."""
     deadline = time.monotonic() + 10
     while True:
-        got = {(a["labels"]["alertname"], a["labels"].get("cluster", "")): bool(a["status"]["inhibitedBy"])
+        got = {alert_key(a["labels"]): bool(a["status"]["inhibitedBy"])
                for a in http_json(f"{url}/api/v2/alerts")}
         if got == wanted or time.monotonic() > deadline:
             return got
@@ -215,7 +222,9 @@ def inhibitions(url: str, wanted: dict[tuple[str, str], bool]) -> dict[tuple[str
 
 def test_alertmanager_inhibitions() -> None:
     """Replica/slot alerts are muted while lagwatch is down or not polling for their cluster, or
-    while its primary is unreachable; nothing else, and no other cluster, is."""
+    while its primary is unreachable; nothing else, and no other cluster, is. A LagwatchDown /
+    LagwatchNotPolling without a cluster label mutes every cluster only when it has no
+    `instance` either (the absent() branch: no lagwatch scraped at all)."""
     binary = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
     if binary is None:
         pytest.fail(f"prometheus-alertmanager is not installed: {INSTALL_HINT}")
@@ -224,19 +233,34 @@ def test_alertmanager_inhibitions() -> None:
         {"alertname": "LagwatchNotPolling", "severity": "page", "cluster": "b", "instance": "lw:9847",
          "job": "lagwatch"},
         {"alertname": "LagwatchNodeDown", "severity": "warning", "cluster": "c", "node": "replica1"},
+        # A target down that never reported a cluster (or lost it after a day down), and a
+        # process stuck before exporting lagwatch_up: they page, but mute nothing (cluster d).
+        {"alertname": "LagwatchDown", "severity": "page", "instance": "lw2:9847", "job": "lagwatch"},
+        {"alertname": "LagwatchNotPolling", "severity": "page", "instance": "lw3:9847", "job": "lagwatch"},
+        # HA: lw-h1 is down but its peer still watches cluster h, so the rule drops the
+        # cluster label: h's alerts are not muted.
+        {"alertname": "LagwatchDown", "severity": "page", "instance": "lw-h1:9847", "job": "lagwatch"},
+        # The only lagwatch watching cluster e is down: the alert carries cluster="e".
+        {"alertname": "LagwatchDown", "severity": "page", "cluster": "e", "instance": "lw-e:9847",
+         "job": "lagwatch"},
     ]
     targets = {
         ("LagwatchReplicaLagFarOverSLA", "a"): True, ("LagwatchSlotInactive", "a"): True,
         ("LagwatchTooFewHealthyReplicas", "a"): True,
         ("LagwatchReplicaLagFarOverSLA", "b"): True, ("LagwatchSlotWalUnreservedOrLost", "b"): True,
         ("LagwatchReplicaLagFarOverSLA", "c"): False, ("LagwatchSlotInactive", "c"): False,
-        ("LagwatchReplicaNotStreaming", "d"): False,
+        ("LagwatchReplicaNotStreaming", "d"): False, ("LagwatchSlotInactive", "d"): False,
+        ("LagwatchReplicaLagFarOverSLA", "h"): False, ("LagwatchSlotInactive", "h"): False,
+        ("LagwatchTooFewHealthyReplicas", "h"): False,
+        ("LagwatchReplicaLagFarOverSLA", "e"): True, ("LagwatchSlotInactive", "e"): True,
+        ("LagwatchTooFewHealthyReplicas", "e"): True,
     }
     alerts = [{"labels": labels} for labels in sources]
     for (name, cluster) in targets:
         subject = {"slot": "s1"} if name.startswith("LagwatchSlot") else (
             {} if name == "LagwatchTooFewHealthyReplicas" else {"replica": "replica1"})
         alerts.append({"labels": {"alertname": name, "severity": "page", "cluster": cluster, **subject}})
+    target_state = {(name, cluster, ""): muted for (name, cluster), muted in targets.items()}
 
     with tempfile.TemporaryDirectory(prefix="lagwatch-am-") as folder:
         port = free_port()
@@ -257,13 +281,13 @@ def test_alertmanager_inhibitions() -> None:
                     assert time.monotonic() < deadline and proc.poll() is None, log.read_text()[-2000:]
                     time.sleep(0.2)
             http_json(f"{url}/api/v2/alerts", alerts)
-            wanted = {**targets, **{(s["alertname"], s["cluster"]): False for s in sources}}
+            wanted = {**target_state, **{alert_key(s): False for s in sources}}
             assert inhibitions(url, wanted) == wanted
-            # No lagwatch scraped at all (absent(): no cluster label) mutes every replica and
-            # slot alert, whatever the cluster.
+            # No lagwatch scraped at all (absent(): neither cluster nor instance label) mutes
+            # every replica and slot alert, whatever the cluster.
             http_json(f"{url}/api/v2/alerts", [{"labels": {"alertname": "LagwatchDown", "severity": "page"}}])
-            wanted = {**wanted, ("LagwatchDown", ""): False,
-                      **{key: True for key in targets if key[0] != "LagwatchTooFewHealthyReplicas"}}
+            wanted = {**wanted, ("LagwatchDown", "", ""): False,
+                      **{key: True for key in target_state if key[0] != "LagwatchTooFewHealthyReplicas"}}
             assert inhibitions(url, wanted) == wanted
         finally:
             proc.terminate()
