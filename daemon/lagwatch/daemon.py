@@ -164,10 +164,9 @@ class Daemon:
         scheduler.start()
         log.info("polling %d cluster(s) every %s, window %s", len(self.config.clusters),
                  format_duration(self.config.interval), format_duration(self.config.window))
-        budget = self.notifier.watchdog_seconds
-        if budget is not None and budget < 3 * self.config.interval + self.config.effective_query_timeout:
-            log.warning("WatchdogSec=%s is under 3 intervals: a slow cycle will get lagwatch restarted",
-                        format_duration(budget))
+        # WatchdogSec= below 3 intervals plus the query timeout would get lagwatch restarted
+        # for every slow cycle: raise it at runtime (WATCHDOG_USEC=, systemd 236+).
+        self.notifier.ensure_watchdog(3 * self.config.interval + self.config.effective_query_timeout)
         try:
             await self._stopped.wait()
         finally:
@@ -216,7 +215,8 @@ class Daemon:
                 self._add_job()
         log.info("reloaded %s: %d cluster(s), interval %s", self.config_path, len(new.clusters),
                  format_duration(new.interval))
-        self.notifier.ready(f"reloaded {self.config_path}")
+        self.notifier.ready(f"reloaded {self.config_path}",
+                            watchdog_needed=3 * new.interval + new.effective_query_timeout)
         return True
 
 

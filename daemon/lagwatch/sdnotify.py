@@ -6,6 +6,7 @@ Outside systemd (no NOTIFY_SOCKET) every call is a no-op.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import time
@@ -20,7 +21,9 @@ class Notifier:
         address = env.get("NOTIFY_SOCKET", "")
         # An address starting with '@' is in the abstract namespace.
         self.address = "\0" + address[1:] if address.startswith("@") else address
-        self.watchdog_seconds = _watchdog_seconds(env)
+        # The budget systemd gave (WatchdogSec=), and the one in force after any extension.
+        self.configured_watchdog_seconds = _watchdog_seconds(env)
+        self.watchdog_seconds = self.configured_watchdog_seconds
 
     @property
     def enabled(self) -> bool:
@@ -37,8 +40,38 @@ class Notifier:
             log.debug("sd_notify failed: %s", exc)
             return False
 
-    def ready(self, status: str) -> None:
+    def ready(self, status: str, watchdog_needed: float | None = None) -> None:
+        """READY=1; with ``watchdog_needed`` (after a reload) the watchdog budget is first
+        recomputed for the config now in force."""
+        if watchdog_needed is not None:
+            self.ensure_watchdog(watchdog_needed)
         self.send("READY=1", f"STATUS={_one_line(status)}")
+
+    def ensure_watchdog(self, needed: float) -> float | None:
+        """Make the watchdog budget at least ``needed`` seconds: ``WATCHDOG_USEC=`` (systemd
+        236+) changes the unit's WatchdogSec= at runtime. The budget never goes below what
+        the unit configured; a later call with a smaller need (a reload to a shorter interval)
+        goes back down to that. Logs each change once. Returns the budget now in force, or
+        None without a watchdog."""
+        configured = self.configured_watchdog_seconds
+        if configured is None or not self.enabled:
+            return self.watchdog_seconds
+        usec = max(round(configured * 1_000_000), math.ceil(needed * 1_000_000))
+        wanted = usec / 1_000_000
+        if self.watchdog_seconds is not None and round(self.watchdog_seconds * 1_000_000) == usec:
+            return self.watchdog_seconds
+        if not self.send(f"WATCHDOG_USEC={usec}"):
+            log.warning("WatchdogSec=%gs is under what the interval needs (%gs: 3 intervals plus the query "
+                        "timeout), and systemd could not be told: a slow cycle will get lagwatch restarted",
+                        configured, needed)
+            return self.watchdog_seconds
+        if wanted > configured:
+            log.info("watchdog: WatchdogSec=%gs is under what the interval needs (3 intervals plus the query "
+                     "timeout); extended to %gs (WATCHDOG_USEC=%d)", configured, wanted, usec)
+        else:
+            log.info("watchdog: back to the unit's WatchdogSec=%gs (WATCHDOG_USEC=%d)", configured, usec)
+        self.watchdog_seconds = wanted
+        return wanted
 
     def watchdog(self, status: str) -> None:
         self.send("WATCHDOG=1", f"STATUS={_one_line(status)}")

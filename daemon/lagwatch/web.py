@@ -96,6 +96,8 @@ def _make_handler(server: WebServer) -> type[BaseHTTPRequestHandler]:
                 self.send_response(401)
                 self.send_header("WWW-Authenticate", 'Basic realm="lagwatch"')
                 self.send_header("Content-Length", "0")
+                for name, value in server.extra_headers.items():  # e.g. HSTS: on every response
+                    self.send_header(name, value)
                 self.end_headers()
                 return
             if path == "/metrics":

@@ -1,13 +1,24 @@
-"""From this checkout: build the sdist and, from it, the wheel; install the wheel into a
-fresh venv; the shipped files are there and `lagwatch validate` accepts the example."""
+"""From the files git tracks in this checkout (their working-tree contents, so uncommitted
+edits count; nothing gitignored such as a stale daemon/lagwatch.egg-info can leak in):
+build the sdist and, from it, the wheel; install the wheel into a fresh venv; `pip install .`
+into another; the shipped files are there and `lagwatch validate` accepts the example."""
 
 from __future__ import annotations
 
+import re
+import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
+import pytest
+import yaml
 from harness import ROOT
+
+SHARED = ("dashboards/lagwatch.json", "alerts/lagwatch.rules.yml", "alerts/alertmanager.example.yml",
+          "deploy/lagwatch.example.yaml", "deploy/systemd/lagwatch.service", "deploy/systemd/lagwatch@.service",
+          "deploy/sql/lagwatch-role.sql", "deploy/prometheus/prometheus.yml")
 
 
 def run(*argv: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -16,32 +27,123 @@ def run(*argv: str | Path, cwd: Path | None = None) -> subprocess.CompletedProce
     return result
 
 
-def test_sdist_wheel_venv(tmp_path: Path) -> None:
-    dist = tmp_path / "dist"
-    # python -m build makes the sdist, then the wheel from that sdist: both must work.
-    run(sys.executable, "-m", "build", "--outdir", dist, ROOT)
-    (wheel,) = dist.glob("lagwatch-*.whl")
-    (sdist,) = dist.glob("lagwatch-*.tar.gz")
-    listing = run("tar", "tzf", sdist).stdout
-    for shipped in ("alerts/lagwatch.rules.yml", "dashboards/lagwatch.json", "deploy/systemd/lagwatch.service"):
-        assert shipped in listing, shipped
+def git_files() -> list[str]:
+    git = shutil.which("git")
+    if git is None:
+        pytest.skip("git is missing: the packaging test builds from the files git tracks")
+    result = subprocess.run([git, "-C", str(ROOT), "ls-files", "-z"], capture_output=True, timeout=60)
+    if result.returncode != 0:
+        pytest.skip(f"{ROOT} is not a git checkout: {result.stderr.decode(errors='replace').strip()}")
+    return [name for name in result.stdout.decode().split("\0") if name]
 
-    venv = tmp_path / "venv"
-    # The venv sees this interpreter's site-packages for the dependencies, so only the
-    # wheel itself is installed here (no download needed).
-    run(sys.executable, "-m", "venv", "--system-site-packages", venv)
-    run(venv / "bin" / "python", "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--force-reinstall", wheel)
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, set[str]]:
+    """A copy of the tracked files only, as the working tree has them."""
+    src = tmp_path_factory.mktemp("checkout") / "lagwatch"
+    copied = set()
+    for name in git_files():
+        path = ROOT / name
+        if not path.is_file() and not path.is_symlink():
+            continue  # deleted in the working tree (not yet committed)
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, src / name, follow_symlinks=False)
+        copied.add(name)
+    assert "setup.cfg" in copied and "daemon/lagwatch/cli.py" in copied
+    assert not list(src.glob("daemon/*.egg-info")), "a gitignored egg-info was copied"
+    return src, copied
+
+
+def fresh_venv(where: Path) -> Path:
+    # The venv sees this interpreter's site-packages for the dependencies, so only lagwatch
+    # itself is installed into it (no download of the dependencies needed).
+    run(sys.executable, "-m", "venv", "--system-site-packages", where)
+    return where / "bin" / "python"
+
+
+def check_installed(venv: Path, workdir: Path) -> Path:
+    """The lagwatch in ``venv`` is the installed one, with its shared files; returns share-dir."""
     lagwatch = venv / "bin" / "lagwatch"
-    assert run(lagwatch, "--version").stdout.startswith("lagwatch ")
-    share = Path(run(lagwatch, "share-dir", cwd=tmp_path).stdout.strip())
+    version = run(lagwatch, "--version", cwd=workdir).stdout
+    assert re.fullmatch(r"lagwatch \d+\.\d+\.\d+\S*\n", version), version
+    share = Path(run(lagwatch, "share-dir", cwd=workdir).stdout.strip())
     assert share.is_relative_to(venv), share
-    for shipped in ("dashboards/lagwatch.json", "alerts/lagwatch.rules.yml", "alerts/alertmanager.example.yml",
-                    "deploy/lagwatch.example.yaml", "deploy/systemd/lagwatch@.service", "deploy/sql/lagwatch-role.sql",
-                    "deploy/prometheus/prometheus.yml"):
+    for shipped in SHARED:
         assert (share / shipped).is_file(), shipped
     assert list((share / "alerts" / "runbooks").glob("*.md"))
-    out = run(lagwatch, "validate", "-c", share / "deploy" / "lagwatch.example.yaml", cwd=tmp_path)
-    assert "ok" in out.stdout
-    # The installed package is the one in the venv, not this checkout.
-    where = run(venv / "bin" / "python", "-c", "import lagwatch; print(lagwatch.__file__)", cwd=tmp_path).stdout
+    out = run(lagwatch, "validate", "-c", share / "deploy" / "lagwatch.example.yaml", cwd=workdir)
+    assert "ok (1 cluster(s), 2 replica(s))" in out.stdout
+    # The package imported is the venv's, not this checkout.
+    where = run(venv / "bin" / "python", "-c", "import lagwatch; print(lagwatch.__file__)", cwd=workdir).stdout
     assert where.strip().startswith(str(venv)), where
+    return share
+
+
+def uncommented(text: str) -> str:
+    """The example with every optional setting switched on: "#key: ..." lines, and the
+    "#  key: ..." lines of a block right below one."""
+    out, in_block = [], False
+    for line in text.splitlines():
+        match = re.match(r"^(\s*)#(\S.*|\s+[a-z_][a-z0-9_]*:.*)$", line)
+        if match and (not match.group(2)[0].isspace() or in_block):
+            out.append(match.group(1) + match.group(2))
+            in_block = True
+        else:
+            out.append(line)
+            in_block = False
+    return "\n".join(out) + "\n"
+
+
+def test_sdist_wheel_venv(tmp_path: Path, source: tuple[Path, set[str]]) -> None:
+    src, tracked = source
+    dist = tmp_path / "dist"
+    # python -m build makes the sdist, then the wheel from that sdist: both must work.
+    run(sys.executable, "-m", "build", "--outdir", dist, src)
+    (wheel,) = dist.glob("lagwatch-*.whl")
+    (sdist,) = dist.glob("lagwatch-*.tar.gz")
+    with tarfile.open(sdist) as tar:
+        members = [m.name.split("/", 1)[1] for m in tar.getmembers() if m.isfile() and "/" in m.name]
+        egg_info = next(m for m in tar.getmembers() if m.name.endswith(".egg-info/SOURCES.txt"))
+        extracted = tar.extractfile(egg_info)
+        assert extracted is not None
+        sources = extracted.read().decode().split()
+    for shipped in ("alerts/lagwatch.rules.yml", "dashboards/lagwatch.json", "deploy/systemd/lagwatch.service",
+                    "deploy/lagwatch.example.yaml"):
+        assert shipped in members, shipped
+    # Nothing but tracked files and what setuptools generates (PKG-INFO, the egg-info).
+    generated = {"PKG-INFO"}
+    stray = [m for m in members if m not in tracked and m not in generated and ".egg-info/" not in m]
+    assert not stray, stray
+    stray_sources = [s for s in sources if s not in tracked and ".egg-info/" not in s]
+    assert not stray_sources, stray_sources
+
+    venv = tmp_path / "wheel-venv"
+    python = fresh_venv(venv)
+    run(python, "-m", "pip", "install", "-q", "--no-index", "--no-deps", wheel)
+    share = check_installed(venv, tmp_path)
+
+    # Every optional setting of the example switched on still validates; the PgBouncer
+    # include file sits in the folder the units let lagwatch write.
+    example = (share / "deploy" / "lagwatch.example.yaml").read_text()
+    full = uncommented(example)
+    assert full != example
+    (tmp_path / "full.yaml").write_text(full)
+    assert "ok" in run(venv / "bin" / "lagwatch", "validate", "-c", tmp_path / "full.yaml", cwd=tmp_path).stdout
+    cluster = yaml.safe_load(full)["clusters"][0]
+    assert Path(cluster["pooler"]["include_file"]).parent == Path("/etc/pgbouncer/lagwatch")
+    assert set(cluster["sla"]) == {"max_lag", "p95", "eject_after", "readmit_below", "readmit_after",
+                                   "min_replicas", "fallback_to_primary"}, cluster["sla"]
+    assert cluster["pooler"]["kind"] == "pgbouncer" and yaml.safe_load(full)["web_config_file"]
+    for unit in ("lagwatch.service", "lagwatch@.service"):
+        assert "ReadWritePaths=-/etc/pgbouncer/lagwatch\n" in (share / "deploy" / "systemd" / unit).read_text()
+    assert "issue 4/4" not in example
+
+
+def test_pip_install_from_the_checkout(tmp_path: Path, source: tuple[Path, set[str]]) -> None:
+    src, _ = source
+    venv = tmp_path / "source-venv"
+    python = fresh_venv(venv)
+    # `pip install .` as the README's install guide says (build isolation: setuptools
+    # comes from the package index, as on an operator's host).
+    run(python, "-m", "pip", "install", "-q", "--no-deps", ".", cwd=src)
+    check_installed(venv, tmp_path)

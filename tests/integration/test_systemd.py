@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import signal
 import socket
@@ -27,11 +28,100 @@ def test_systemd_analyze_verify(tmp_path: Path, unit: str, instance: str) -> Non
     analyze = shutil.which("systemd-analyze")
     assert analyze, "systemd-analyze is missing (apt-get install systemd)"
     # verify insists that ExecStart exists: point it at this interpreter.
-    text = (UNITS / unit).read_text().replace("/usr/local/bin/lagwatch", sys.executable)
+    text = (UNITS / unit).read_text().replace("/opt/lagwatch/bin/lagwatch", sys.executable)
     (tmp_path / instance).write_text(text)
     result = subprocess.run([analyze, "verify", str(tmp_path / instance)], capture_output=True, text=True,
                             timeout=60)
     assert result.returncode == 0 and not result.stderr.strip(), result.stderr
+
+
+def unit_settings(path: Path) -> dict[str, dict[str, list[str]]]:
+    """A unit file as section -> key -> every assignment in order (systemd keys may repeat;
+    an empty assignment resets a list). Continuation lines and comments are handled."""
+    sections: dict[str, dict[str, list[str]]] = {}
+    current: dict[str, list[str]] | None = None
+    pending = ""
+    for raw in path.read_text().splitlines():
+        line = pending + raw.strip()
+        pending = ""
+        if line.endswith("\\"):
+            pending = line[:-1] + " "
+            continue
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            current = sections.setdefault(line[1:-1], {})
+            continue
+        assert current is not None and "=" in line, f"{path.name}: stray line {line!r}"
+        key, _, value = line.partition("=")
+        current.setdefault(key.strip(), []).append(value.strip())
+    return sections
+
+
+def _one(service: dict[str, list[str]], key: str) -> str:
+    values = service.get(key)
+    assert values and len(values) == 1, f"{key}: expected exactly one assignment, got {values}"
+    return values[0]
+
+
+@pytest.mark.parametrize("unit", ["lagwatch.service", "lagwatch@.service"])
+def test_unit_content(unit: str) -> None:
+    settings = unit_settings(UNITS / unit)
+    service = settings["Service"]
+    template = "@" in unit
+    config = "/etc/lagwatch/%i.yaml" if template else "/etc/lagwatch/lagwatch.yaml"
+    env_file = "/etc/lagwatch/%i.env" if template else "/etc/lagwatch/lagwatch.env"
+
+    assert _one(service, "Type") == "notify"
+    assert _one(service, "NotifyAccess") == "main"
+    # The venv of the README's install guide, and the instance's own config file.
+    assert _one(service, "ExecStart") == f"/opt/lagwatch/bin/lagwatch run -c {config}"
+    assert _one(service, "ExecReload") == "/bin/kill -HUP $MAINPID"
+    assert _one(service, "Restart") == "on-failure"
+    watchdog = _one(service, "WatchdogSec")
+    assert watchdog.endswith("s") and float(watchdog[:-1]) >= 10, watchdog
+    # password_env: in the example config needs the variable from somewhere.
+    assert _one(service, "EnvironmentFile") == f"-{env_file}"
+
+    # Least privilege.
+    assert _one(service, "NoNewPrivileges") == "yes"
+    assert _one(service, "ProtectSystem") == "strict"
+    assert _one(service, "ProtectHome") == "yes"
+    assert _one(service, "PrivateTmp") == "yes"
+    assert service["CapabilityBoundingSet"] == [""], "the capability bounding set must be empty"
+    assert service.get("AmbientCapabilities", [""]) == [""]
+    assert _one(service, "RestrictAddressFamilies").split() == ["AF_UNIX", "AF_INET", "AF_INET6"]
+    if service.get("DynamicUser") != ["yes"]:
+        user = _one(service, "User")
+        assert user and user not in ("root", "0"), user
+    # Writes only where it must: PgBouncer's include file is replaced by a rename, so the
+    # whole dedicated folder is writable, nothing else under /etc.
+    writable = [p.lstrip("-") for v in service["ReadWritePaths"] for p in v.split()]
+    assert writable == ["/etc/pgbouncer/lagwatch"], writable
+    assert _one(service, "StateDirectory") == ("lagwatch/%i" if template else "lagwatch")
+    assert settings["Install"]["WantedBy"] == ["multi-user.target"]
+
+
+def _supports_offline_security(analyze: str) -> bool:
+    result = subprocess.run([analyze, "--help"], capture_output=True, text=True, timeout=60)
+    return "--offline" in result.stdout and "--threshold" in result.stdout
+
+
+@pytest.mark.parametrize("unit,instance", [("lagwatch.service", "lagwatch.service"),
+                                           ("lagwatch@.service", "lagwatch@main.service")])
+def test_systemd_analyze_security(tmp_path: Path, unit: str, instance: str) -> None:
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None or not _supports_offline_security(analyze):
+        pytest.skip("systemd-analyze security --offline needs systemd 250+")
+    (tmp_path / instance).write_text((UNITS / unit).read_text())
+    # --threshold is on the 0-100 scale: 20 is an exposure level of 2.0.
+    result = subprocess.run([analyze, "security", "--offline=yes", "--threshold=20", "--no-pager",
+                             str(tmp_path / instance)], capture_output=True, text=True, timeout=120)
+    output = result.stdout + result.stderr
+    match = re.search(rf"Overall exposure level for {re.escape(instance)}: (\d+\.\d+) (\w+)", output)
+    assert match, output[-3000:]
+    assert float(match.group(1)) <= 2.0, match.group(0)
+    assert result.returncode == 0, output[-3000:]
 
 
 class NotifySocket:
@@ -111,5 +201,48 @@ def test_no_watchdog_while_polls_fail(tmp_path: Path, notify: NotifySocket) -> N
         later = notify.drain(5.0)
         assert not [m for m in later if "WATCHDOG" in m], later
         assert any("no node answered" in m.get("STATUS", "") for m in later), later
+    finally:
+        lw.stop()
+
+
+def test_watchdog_extended_to_the_interval(tmp_path: Path, notify: NotifySocket) -> None:
+    # WatchdogSec=2s with a 3s interval: systemd would restart lagwatch between two cycles.
+    # lagwatch asks for 3 intervals + the query timeout (80% of the interval): 9s + 2.4s.
+    dead = free_port(["127.0.0.1"])  # no PostgreSQL needed: the budget depends on the config only
+    config = {"interval": "3s", "listen": f"127.0.0.1:{free_port(['127.0.0.1'])}", "clusters": [{
+        "name": "main", "primary": {"dsn": f"host=127.0.0.1 port={dead} user=postgres dbname=postgres"}}]}
+    lw = Lagwatch(tmp_path, config, env={"NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": "2000000"})
+    try:
+        extended = notify.wait_for("WATCHDOG_USEC", timeout=30)
+        assert extended["WATCHDOG_USEC"] == "11400000", extended
+        # Sent before the first poll completes, so systemd never kills the first cycles.
+        assert "READY" in notify.wait_for("READY", timeout=30)
+        later = notify.drain(4.0)
+        assert not [m for m in later if "WATCHDOG_USEC" in m], later  # once, not every cycle
+        assert lw.log_text().count("extended to 11.4s") == 1, lw.log_text()
+
+        # A reload to a shorter interval goes back down, never below the unit's 2s ...
+        lw.write_config({**config, "interval": "250ms"})
+        lw.signal(signal.SIGHUP)
+        assert notify.wait_for("WATCHDOG_USEC", timeout=10)["WATCHDOG_USEC"] == "2000000"
+        assert "READY" in notify.wait_for("READY", timeout=10)
+        # ... and one to a longer interval raises it again: 3 * 5s + 4s.
+        lw.write_config({**config, "interval": "5s"})
+        lw.signal(signal.SIGHUP)
+        assert notify.wait_for("WATCHDOG_USEC", timeout=10)["WATCHDOG_USEC"] == "19000000"
+        assert "READY" in notify.wait_for("READY", timeout=10)
+    finally:
+        lw.stop()
+
+
+def test_no_watchdog_extension_when_the_budget_is_enough(tmp_path: Path, notify: NotifySocket) -> None:
+    dead = free_port(["127.0.0.1"])
+    config = {"interval": "1s", "listen": f"127.0.0.1:{free_port(['127.0.0.1'])}", "clusters": [{
+        "name": "main", "primary": {"dsn": f"host=127.0.0.1 port={dead} user=postgres dbname=postgres"}}]}
+    lw = Lagwatch(tmp_path, config, env={"NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": "30000000"})
+    try:
+        assert "READY" in notify.wait_for("READY", timeout=30)
+        assert not [m for m in notify.drain(2.0) if "WATCHDOG_USEC" in m]
+        assert not [m for _, m in notify.messages if "WATCHDOG_USEC" in m], notify.messages
     finally:
         lw.stop()

@@ -71,6 +71,22 @@ def test_tls_and_basic_auth(pg_cluster: LocalCluster, tmp_path: Path) -> None:
             plain.request("GET", "/metrics")
             plain.getresponse()
         assert "https://" in lw.log_text()
+        assert "no web_config_file" not in lw.log_text()
+    finally:
+        lw.stop()
+
+
+def test_without_web_config_says_plain_http_on_loopback(pg_cluster: LocalCluster, tmp_path: Path) -> None:
+    lw = Lagwatch(tmp_path, cluster_config(pg_cluster, free_port(["127.0.0.1"])))
+    try:
+        lw.wait_ready()
+        assert lw.get("/metrics")[0] == 200  # no auth asked
+        log = lw.log_text()
+        assert f"listening on http://127.0.0.1:{lw.port}/" in log
+        lines = [line for line in log.splitlines() if "no web_config_file" in line]
+        assert len(lines) == 1, log
+        assert lines[0].endswith("INFO lagwatch: no web_config_file: HTTP without TLS or authentication, "
+                                 "loopback only"), lines
     finally:
         lw.stop()
 
