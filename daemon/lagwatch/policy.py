@@ -16,8 +16,8 @@ Rules (hysteresis, so nothing flaps):
 - the pool never shrinks below ``min_replicas``: the least-behind ejected replicas stay
   (reachable and streaming ones first; one already kept stays unless another is less behind
   by more than its ``max_lag`` and by more than half, so two lagging replicas do not swap
-  every cycle), or, with
-  ``fallback_to_primary``, the primary joins while too few replicas are healthy.
+  every cycle), or, with ``fallback_to_primary``, the primary joins while too few
+  replicas are healthy.
 """
 
 from __future__ import annotations
