@@ -173,6 +173,7 @@ def test_both_paused_fallback_to_primary(pg_cluster: LocalCluster, pgbouncer: Pg
         r2.resume_replay()
         wait_hosts(pgbouncer, lambda hosts: hosts == sorted([r1.host, r2.host]), timeout=20)
         assert lw.value("lagwatch_pool_changes_total", replica="primary", action="remove") == 1
+        assert lw.value("lagwatch_pool_member", replica="primary") == 0  # out again, not absent
     finally:
         lw.stop()
 
