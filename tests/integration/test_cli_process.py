@@ -90,26 +90,38 @@ def test_no_password_anywhere(pg_cluster: LocalCluster, tmp_path: Path) -> None:
     cluster["primary"]["dsn"] += f" password={SECRET}-dsn"
     cluster["replicas"][0]["password_file"] = str(pw_file)
     cluster["replicas"][1]["password_env"] = "LW_TEST_PW"
+    # Pool control through a PgBouncer admin console that is not there: its errors (read
+    # and apply) are logged and shown on /status and /api/status.
+    dead = free_port(["127.0.0.1"])
+    cluster["sla"] = {"eject_after": 1, "max_lag": "1s", "min_replicas": 0}
+    cluster["pooler"] = {"kind": "pgbouncer", "include_file": str(tmp_path / "replicas.ini"),
+                         "admin_dsn": f"host=127.0.0.1 port={dead} user=pgbouncer dbname=pgbouncer "
+                                      f"password={SECRET}-admin",
+                         "database": "app_ro", "options": f"port={pg_cluster.replicas[0].port} dbname=postgres"}
     env = {"LW_TEST_PW": SECRET + "-env"}
     lw = Lagwatch(tmp_path, config, env=env)
     try:
         lw.wait_ready()
         pg_cluster.replicas[1].stop()  # connection errors get logged and exported
         lw.wait_for("replica2 down", lambda: lw.value("lagwatch_up", node="replica2") == 0, timeout=10)
+        lw.wait_for("a failed pooler apply", lambda: (lw.value("lagwatch_pool_apply_errors_total") or 0) >= 1,
+                    timeout=15)
         time.sleep(2)
         outputs = [lw.get(path)[1] for path in ("/metrics", "/api/status", "/status", "/healthz", "/readyz", "/")]
         outputs.append(run_cli("check", "-c", str(lw.config_path), env=env).stdout)
-        broken = dict(config)
-        broken["clusters"] = [dict(cluster, primary={"dsn": f"host=x password={SECRET}-dsn = junk"})]
-        bad_path = tmp_path / "bad.yaml"
-        bad_path.write_text(yaml.safe_dump(broken))
-        result = run_cli("validate", "-c", str(bad_path))
-        assert result.returncode == 2
-        outputs += [result.stdout, result.stderr]
+        for bad_dsn in (f"host=x password={SECRET}-dsn = junk", f"postgresql://u:{SECRET}-uri@[::1/db"):
+            broken = dict(config)
+            broken["clusters"] = [dict(cluster, primary={"dsn": bad_dsn})]
+            bad_path = tmp_path / "bad.yaml"
+            bad_path.write_text(yaml.safe_dump(broken))
+            result = run_cli("validate", "-c", str(bad_path))
+            assert result.returncode == 2 and "clusters[0].primary.dsn" in result.stderr, result.stderr
+            outputs += [result.stdout, result.stderr]
     finally:
         lw.stop()
     outputs.append(lw.log_text())
-    assert "down" in lw.log_text()  # the log did talk about the failing node
+    assert "down" in lw.log_text()  # the log did talk about the failing node ...
+    assert "PgBouncer admin console" in lw.log_text()  # ... and about the failing pooler
     for text in outputs:
         assert SECRET not in text
 
