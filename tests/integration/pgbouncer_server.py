@@ -108,7 +108,11 @@ pidfile = {self.pid_file}
             return "(no log)"
 
     def __enter__(self) -> PgBouncerServer:
-        self.start()
+        try:
+            self.start()
+        except BaseException:
+            self.cleanup()  # __exit__ will not run: remove the folder (and any process) now
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
