@@ -164,9 +164,7 @@ class Daemon:
         scheduler.start()
         log.info("polling %d cluster(s) every %s, window %s", len(self.config.clusters),
                  format_duration(self.config.interval), format_duration(self.config.window))
-        # WatchdogSec= below 3 intervals plus the query timeout would get lagwatch restarted
-        # for every slow cycle: raise it at runtime (WATCHDOG_USEC=, systemd 236+).
-        self.notifier.ensure_watchdog(3 * self.config.interval + self.config.effective_query_timeout)
+        self.notifier.ensure_watchdog(watchdog_budget(self.config))
         try:
             await self._stopped.wait()
         finally:
@@ -215,9 +213,16 @@ class Daemon:
                 self._add_job()
         log.info("reloaded %s: %d cluster(s), interval %s", self.config_path, len(new.clusters),
                  format_duration(new.interval))
-        self.notifier.ready(f"reloaded {self.config_path}",
-                            watchdog_needed=3 * new.interval + new.effective_query_timeout)
+        self.notifier.ensure_watchdog(watchdog_budget(new))  # the interval may have changed
+        self.notifier.ready(f"reloaded {self.config_path}")
         return True
+
+
+def watchdog_budget(config: Config) -> float:
+    """How long systemd must wait for a WATCHDOG=1: a slow cycle may take up to 3 intervals
+    plus the query timeout. A WatchdogSec= below that would get lagwatch restarted for every
+    slow cycle, so it is raised at runtime (WATCHDOG_USEC=, systemd 236+)."""
+    return 3 * config.interval + config.effective_query_timeout
 
 
 def cycle_line(c: ClusterSnapshot) -> str:

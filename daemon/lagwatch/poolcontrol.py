@@ -120,16 +120,17 @@ class PoolController:
             self._state = PolicyState.from_pool(start, self._names, now)
             self._applied = self._pooler_view
 
+        holds = self._holds()
         decision = decide(self._health(snapshot), {n: self.cluster.replica_sla(n) for n in self._names},
                           PoolRules(self.cluster.sla.min_replicas, self.cluster.sla.fallback_to_primary),
-                          self._state, self._holds(), now)
+                          self._state, holds, now)
         self._state = decision.state
         self._record(decision, snapshot)
         if is_leader and not self.cluster.dry_run:
             target = self.pooler.routes_for(decision.pool, self._pooler_view)
             if self._needs_apply(target):
                 await self._apply(decision.pool, target)
-        return self._status(is_leader, decision)
+        return self._status(is_leader, decision, holds)
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a blocking pooler call in a daemon thread with a deadline. A pooler that
@@ -233,7 +234,7 @@ class PoolController:
             log.error("%s: pooler %s: %s", self.cluster.name, self.pooler.kind, message)
         self._last_error = message
 
-    def _status(self, is_leader: bool, decision: Decision | None) -> PoolStatus:
+    def _status(self, is_leader: bool, decision: Decision | None, holds: dict[str, Hold]) -> PoolStatus:
         return PoolStatus(
             kind=self.pooler.kind,
             leader=is_leader,
@@ -241,7 +242,7 @@ class PoolController:
             members=decision.pool if decision else None,
             pooler_members=self._pooler_view,
             reasons=dict(decision.reasons) if decision else {},
-            holds={replica: str(hold) for replica, hold in self._holds().items()},
+            holds={replica: str(hold) for replica, hold in holds.items()},
             changes_total=dict(self._changes),
             apply_errors_total=self._apply_errors,
             read_errors_total=self._read_errors,

@@ -40,11 +40,7 @@ class Notifier:
             log.debug("sd_notify failed: %s", exc)
             return False
 
-    def ready(self, status: str, watchdog_needed: float | None = None) -> None:
-        """READY=1; with ``watchdog_needed`` (after a reload) the watchdog budget is first
-        recomputed for the config now in force."""
-        if watchdog_needed is not None:
-            self.ensure_watchdog(watchdog_needed)
+    def ready(self, status: str) -> None:
         self.send("READY=1", f"STATUS={_one_line(status)}")
 
     def ensure_watchdog(self, needed: float) -> float | None:

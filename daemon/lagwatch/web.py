@@ -93,12 +93,7 @@ def _make_handler(server: WebServer) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
             if not server.auth.allows(self.headers.get("Authorization")):
-                self.send_response(401)
-                self.send_header("WWW-Authenticate", 'Basic realm="lagwatch"')
-                self.send_header("Content-Length", "0")
-                for name, value in server.extra_headers.items():  # e.g. HSTS: on every response
-                    self.send_header(name, value)
-                self.end_headers()
+                self._send(401, b"", "text/plain", {"WWW-Authenticate": 'Basic realm="lagwatch"'})
                 return
             if path == "/metrics":
                 body, content_type = server.metrics(self.headers.get("Accept", ""))
@@ -120,11 +115,12 @@ def _make_handler(server: WebServer) -> type[BaseHTTPRequestHandler]:
             else:
                 self._send(404, b"not found\n", "text/plain")
 
-        def _send(self, code: int, body: bytes, content_type: str) -> None:
+        def _send(self, code: int, body: bytes, content_type: str, headers: dict[str, str] | None = None) -> None:
             self.send_response(code)
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
-            for name, value in server.extra_headers.items():
+            # The web config's headers (e.g. HSTS) go on every response, a 401 too.
+            for name, value in {**(headers or {}), **server.extra_headers}.items():
                 self.send_header(name, value)
             self.end_headers()
             self.wfile.write(body)

@@ -47,14 +47,16 @@ def test_budget_raised_once_then_back_down(sock: socket.socket, caplog: pytest.L
     # A shorter interval after a reload: back to the unit's WatchdogSec, never below it.
     assert n.ensure_watchdog(0.95) == 2.0
     assert received(sock) == [{"WATCHDOG_USEC": "2000000"}]
-    n.ready("reloaded", watchdog_needed=3 * 60 + 48)
+    n.ensure_watchdog(3 * 60 + 48)
+    n.ready("reloaded")
     assert received(sock) == [{"WATCHDOG_USEC": "228000000"}, {"READY": "1", "STATUS": "reloaded"}]
 
 
 def test_enough_budget_sends_nothing(sock: socket.socket) -> None:
     n = notifier(sock, WATCHDOG_USEC="30000000")
     assert n.ensure_watchdog(3.8) == 30.0
-    n.ready("reloaded", watchdog_needed=3.8)
+    n.ensure_watchdog(3.8)
+    n.ready("reloaded")
     assert received(sock) == [{"READY": "1", "STATUS": "reloaded"}]
 
 

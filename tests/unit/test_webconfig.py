@@ -329,6 +329,10 @@ def test_allowed_client_gets_answers_with_the_configured_headers(pki: Pki, serve
     for path in ("/", "/readyz", "/nope"):
         assert request(pki, server, pki.prometheus, path, header("prometheus", "s3cret")).getheader(
             "X-Frame-Options") == "deny", path
+    # A refused login gets them too, with the basic-auth challenge.
+    refused = request(pki, server, pki.prometheus, auth=header("prometheus", "wrong"))
+    assert refused.status == 401 and refused.getheader("WWW-Authenticate") == 'Basic realm="lagwatch"'
+    assert refused.getheader("Strict-Transport-Security") == "max-age=31536000; includeSubDomains"
 
 
 def test_client_without_an_allowed_san_is_refused(pki: Pki, server: int) -> None:
