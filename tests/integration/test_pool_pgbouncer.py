@@ -74,6 +74,18 @@ def wait_hosts(pgbouncer: PgBouncerServer, predicate: Any, timeout: float) -> fl
     raise AssertionError(f"app_ro hosts still {app_ro_hosts(pgbouncer)} after {timeout}s")
 
 
+def pause_both_until_the_primary_serves(pg_cluster: LocalCluster, pgbouncer: PgBouncerServer) -> None:
+    for replica in pg_cluster.replicas:
+        replica.pause_replay()
+    wait_hosts(pgbouncer, lambda hosts: hosts == [pg_cluster.primary.host], timeout=15)
+
+
+def resume_both_until_both_serve(pg_cluster: LocalCluster, pgbouncer: PgBouncerServer) -> None:
+    for replica in pg_cluster.replicas:
+        replica.resume_replay()
+    wait_hosts(pgbouncer, lambda hosts: hosts == sorted(r.host for r in pg_cluster.replicas), timeout=20)
+
+
 def read_addrs(pgbouncer: PgBouncerServer, n: int = 6) -> set[str]:
     out = set()
     for _ in range(n):
@@ -159,19 +171,14 @@ def test_both_paused_min_replicas_keeps_least_behind(pg_cluster: LocalCluster, p
 
 def test_both_paused_fallback_to_primary(pg_cluster: LocalCluster, pgbouncer: PgBouncerServer,
                                          tmp_path: Path) -> None:
-    r1, r2 = pg_cluster.replicas
     lw = Lagwatch(tmp_path, pool_config(pg_cluster, pgbouncer, tmp_path, fallback_to_primary=True))
     try:
         lw.wait_ready()
         with Writer(pg_cluster):
-            r1.pause_replay()
-            r2.pause_replay()
-            wait_hosts(pgbouncer, lambda hosts: hosts == [pg_cluster.primary.host], timeout=15)
+            pause_both_until_the_primary_serves(pg_cluster, pgbouncer)
             assert read_addrs(pgbouncer, 3) == {pg_cluster.primary.host}
             assert lw.value("lagwatch_pool_member", replica="primary") == 1
-        r1.resume_replay()
-        r2.resume_replay()
-        wait_hosts(pgbouncer, lambda hosts: hosts == sorted([r1.host, r2.host]), timeout=20)
+        resume_both_until_both_serve(pg_cluster, pgbouncer)
         assert lw.value("lagwatch_pool_changes_total", replica="primary", action="remove") == 1
         assert lw.value("lagwatch_pool_member", replica="primary") == 0  # out again, not absent
     finally:
@@ -182,22 +189,17 @@ def test_all_ejected_with_min_replicas_0_points_at_primary_once(pg_cluster: Loca
                                                                 pgbouncer: PgBouncerServer, tmp_path: Path) -> None:
     """With no replica left, the entry points at the primary (never an empty host=), and
     that is applied once: the pool PgBouncer reports then is what lagwatch asked for."""
-    r1, r2 = pg_cluster.replicas
     lw = Lagwatch(tmp_path, pool_config(pg_cluster, pgbouncer, tmp_path, min_replicas=0))
     try:
         lw.wait_ready()
         with Writer(pg_cluster):
-            r1.pause_replay()
-            r2.pause_replay()
-            wait_hosts(pgbouncer, lambda hosts: hosts == [pg_cluster.primary.host], timeout=15)
+            pause_both_until_the_primary_serves(pg_cluster, pgbouncer)
             cycles = lw.daemon_value("lagwatch_cycles_total") or 0
             lw.wait_for("5 more cycles", lambda: (lw.daemon_value("lagwatch_cycles_total") or 0) >= cycles + 5,
                         timeout=15)
             assert lw.log_text().count("pgbouncer pool is now primary") == 1
             assert lw.value("lagwatch_pool_apply_errors_total") == 0
-        r1.resume_replay()
-        r2.resume_replay()
-        wait_hosts(pgbouncer, lambda hosts: hosts == sorted([r1.host, r2.host]), timeout=20)
+        resume_both_until_both_serve(pg_cluster, pgbouncer)
     finally:
         lw.stop()
 
