@@ -112,7 +112,8 @@ def _replica_metrics(c: ClusterSnapshot) -> Iterator[Metric]:
     configured = _g("lagwatch_replica_configured", "1 if the replica is in lagwatch's config, 0 if only "
                     "seen in pg_stat_replication", lbl)
     info = InfoMetricFamily("lagwatch_replica", "State of the replica" + AS_OF,
-                            labels=lbl + ["state", "sync_state", "wal_receiver_status", "lag_source"])
+                            labels=lbl + ["state", "sync_state", "wal_receiver_status", "lag_source",
+                                          "lag_evidence"])
     for r in c.replicas:
         key = [c.name, r.name]
         configured.add_metric(key, 1.0 if r.configured else 0.0)
@@ -143,7 +144,8 @@ def _replica_metrics(c: ClusterSnapshot) -> Iterator[Metric]:
             ts_age.add_metric(key, r.last_replay_age_seconds)
         ws = r.walsender
         info.add_metric(key + [ws.state or "" if ws else "", ws.sync_state or "" if ws else "",
-                               r.wal_receiver_status or "", r.staleness_source or ""], {})
+                               r.wal_receiver_status or "", r.staleness_source or "",
+                               r.staleness_evidence or ""], {})
     yield from (lag, window, samples, hist, lag_bytes, ws_lag, paused, streaming, rr_bytes, ts_age,
                 configured, info)
     sla_lag = _g("lagwatch_replica_sla_max_lag_seconds", "The replica's SLA max_lag from the config", lbl)

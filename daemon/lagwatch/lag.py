@@ -1,12 +1,27 @@
 """Staleness without trusting clocks, its window quantiles and its histogram.
 
 Each cycle records (primary's current LSN, our monotonic time). A replica's staleness is
-how long ago the primary was first seen past the replica's replay LSN: the age of the
-oldest change it has not replayed. It is 0 when the replica has replayed everything the
-primary had, whatever the primary's commit timestamps or the hosts' clocks say, so it
-stays 0 on an idle primary and keeps growing while replay is stalled.
+the age of the oldest change it has not replayed: ``now - W`` where W is when the primary
+wrote the first byte after the replica's replay LSN. It is 0 when the replica has replayed
+everything the primary had, whatever the primary's commit timestamps or the hosts' clocks
+say, so it stays 0 on an idle primary and keeps growing while replay is stalled.
 
-Everything here is pure: time comes in as an argument.
+The LSN clock brackets W between two polls: the primary was last seen short of the byte
+at one poll and first seen past it at the next. At a 1 s interval that bracket is a
+second wide, so a finer reading combines it with what else is known (``estimate``):
+
+- inside the bracket, W is interpolated by bytes, which is exact for a steady stream of
+  writes. Only for a stream: not across a burst's edge (the primary was idle at the
+  earlier poll, so the writes may have started anywhere in between), and not unless the
+  replica has lately replayed a commit from around there (one stray record after a quiet
+  spell is no stream);
+- the replica's last replayed commit timestamp caps it: everything after that commit was
+  written after it, so ``now - commit`` is an upper bound (read on the primary's own
+  clock, so no two hosts' clocks are compared);
+- the bracket's lower end is the floor, and the answer when nothing finer is known.
+
+An over-read ejects a healthy replica, so every source is either a hard bound or is
+clamped between hard bounds. Everything here is pure: time comes in as an argument.
 """
 
 from __future__ import annotations
@@ -16,24 +31,42 @@ import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
-# Histogram buckets, 1 ms to 10 min, so PromQL can aggregate across replicas and time.
+# Histogram buckets, 0.5 ms to 10 min: fine where lag SLAs sit (tens of milliseconds),
+# coarse beyond, so PromQL can aggregate across replicas and time.
 LAG_BUCKETS: tuple[float, ...] = (
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-    1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+    0.0005, 0.001, 0.002, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5,
+    0.75, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
 )
 QUANTILES: tuple[float, ...] = (0.5, 0.95, 0.99, 1.0)
 
+# Which evidence produced a reading (the ``lag_evidence`` label):
+#   caught_up         the replica has replayed everything the primary was seen to write: 0
+#   interpolated      by bytes between the two polls that bracket the first unreplayed byte
+#   commit_timestamp  capped by the age of the last commit the replica replayed
+#   lsn_clock         the bracket's lower end: nothing finer is known (a burst just began)
+#   history_start     behind lagwatch's history: time since the history began, a lower bound
+#   walsender         behind lagwatch's history: the walsender's replay_lag, a better floor
+Evidence = Literal["caught_up", "interpolated", "commit_timestamp", "lsn_clock", "history_start", "walsender"]
+
+
+@dataclass(frozen=True)
+class Staleness:
+    seconds: float
+    evidence: Evidence
+
 
 class LsnClock:
-    """When the primary was first seen at or past each LSN (monotonic seconds).
+    """When the primary was first and last seen at each LSN it was polled at (monotonic s).
 
-    Only advances are recorded, so an idle primary adds nothing. Bounded: when full, points
-    are dropped where that under-reads any staleness by at most a small fraction of it
+    Only advances add a point; a poll that finds the primary where it was only moves that
+    point's ``last`` time, so an idle primary adds nothing. Bounded: when full, points are
+    dropped where that under-reads any staleness by at most a small fraction of it
     (``resolution``, 1/64 to start: recent history stays exact to the poll, and a replica
     stuck for a day reads within ~1.6%). The first point always stays, so a replica stuck
     further back than the whole history reads the time since the history began, which
-    still grows with wall time. Never over-reads.
+    still grows with wall time.
     """
 
     def __init__(self, max_points: int) -> None:
@@ -41,25 +74,38 @@ class LsnClock:
             raise ValueError("max_points must be at least 4")
         self.max_points = max_points
         self._lsns: list[int] = []
-        self._times: list[float] = []
+        self._first: list[float] = []
+        self._last: list[float] = []
+        # _steady[i]: the primary was writing through the poll before point i (that point
+        # was seen only once), so the bytes up to point i may be interpolated in time.
+        self._steady: list[bool] = []
 
     def record(self, lsn: int, now: float) -> None:
         if self._lsns and lsn <= self._lsns[-1]:
+            if lsn == self._lsns[-1]:
+                self._last[-1] = max(self._last[-1], now)
             return
         if len(self._lsns) >= self.max_points:
             self._thin(now)
+        steady = len(self._lsns) >= 2 and self._first[-1] == self._last[-1]
         self._lsns.append(lsn)
-        self._times.append(now)
+        self._first.append(now)
+        self._last.append(now)
+        self._steady.append(steady)
 
     def _thin(self, now: float) -> None:
         # Runs when full and leaves at most 3/4 of the capacity: amortised O(1) per record.
         resolution = 1 / 64
         while True:
-            lsns, times = _thinned(self._lsns, self._times, resolution, now)
-            if len(lsns) <= self.max_points * 3 // 4:
+            kept = _kept_points(self._lsns, self._first, self._last, resolution, now)
+            if len(kept) <= self.max_points * 3 // 4:
                 break
             resolution *= 2
-        self._lsns, self._times = lsns, times
+        # A merged interval may hide an idle stretch: it is no longer interpolated.
+        self._steady = [self._steady[j] and (n > 0 and kept[n - 1] == j - 1) for n, j in enumerate(kept)]
+        self._lsns = [self._lsns[j] for j in kept]
+        self._first = [self._first[j] for j in kept]
+        self._last = [self._last[j] for j in kept]
 
     @property
     def latest_lsn(self) -> int | None:
@@ -70,41 +116,107 @@ class LsnClock:
 
     def reaches_back_to(self, lsn: int) -> bool:
         """Whether the history starts at or before ``lsn``: if not (lagwatch started, or
-        restarted its clock, after the primary passed it), ``staleness`` is only a lower
+        restarted its clock, after the primary passed it), staleness is only a lower
         bound, the time since the history began."""
         return bool(self._lsns) and lsn >= self._lsns[0]
 
-    def staleness(self, replay_lsn: int, now: float) -> float | None:
-        """Seconds since the primary was first seen past ``replay_lsn``; 0 if it never was.
+    def estimate(self, replay_lsn: int, now: float, last_commit_at: float | None = None,
+                 commit_interval: float = 0.0) -> Staleness | None:
+        """Staleness at ``now`` of a replica that has replayed up to ``replay_lsn``.
 
-        None only before the primary has been seen at all.
+        ``last_commit_at``: when (on the same monotonic clock) the primary committed the
+        last transaction the replica has replayed, if known. ``commit_interval``: the
+        primary's mean time between transactions lately (0 if unknown). None only before
+        the primary has been seen at all.
         """
         if not self._lsns:
             return None
-        # First recorded point strictly past what the replica has replayed.
-        index = bisect.bisect_right(self._lsns, replay_lsn)
-        if index == len(self._lsns):
-            return 0.0
-        return max(0.0, now - self._times[index])
+        # The first point strictly past what the replica has replayed: the primary had
+        # written the first unreplayed byte by then, and had not at the point before.
+        k = bisect.bisect_right(self._lsns, replay_lsn)
+        if k == len(self._lsns):
+            return Staleness(0.0, "caught_up")
+        lower = max(0.0, now - self._first[k])
+        if k == 0:
+            return Staleness(lower, "history_start")
+        upper = max(lower, now - self._last[k - 1])
+        # The unreplayed change came after the last replayed commit: its age bounds the
+        # staleness from above. As an estimate it is high by the wait for the next change,
+        # about one commit interval in a stream (the primary's mean interval over all its
+        # transactions is no longer than that between the writing ones, so taking it off
+        # never goes below the truth there).
+        commit_age = None if last_commit_at is None else now - last_commit_at
+        commit_estimate = None if commit_age is None else max(lower, commit_age - commit_interval)
+        value: float
+        evidence: Evidence
+        if self._interpolable(k, last_commit_at):
+            share = (replay_lsn - self._lsns[k - 1]) / (self._lsns[k] - self._lsns[k - 1])
+            value = now - (self._last[k - 1] + share * (self._first[k] - self._last[k - 1]))
+            evidence = "interpolated"
+        elif last_commit_at is not None and commit_estimate is not None and self._writing_after(
+                k, replay_lsn, last_commit_at):
+            # The writes started somewhere in the bracket, but the replica has replayed a
+            # commit made inside it, and the primary went on writing after that commit.
+            value, evidence = commit_estimate, "commit_timestamp"
+        else:
+            value, evidence = lower, "lsn_clock"
+        if commit_estimate is not None and commit_estimate < value:
+            value, evidence = commit_estimate, "commit_timestamp"
+        if value <= lower:
+            return Staleness(lower, "lsn_clock")
+        return Staleness(min(value, upper), evidence)
+
+    def _writing_after(self, k: int, replay_lsn: int, last_commit_at: float) -> bool:
+        """Whether the replica's last replayed commit was made inside bracket k and the
+        primary kept writing after it at no less than half the rate before it (not the
+        end of a burst followed by a stray record, which could come any time later)."""
+        if not self._last[k - 1] < last_commit_at < self._first[k]:
+            return False
+        before = _rate(replay_lsn - self._lsns[k - 1], last_commit_at - self._last[k - 1])
+        after = _rate(self._lsns[k] - replay_lsn, self._first[k] - last_commit_at)
+        return before is not None and after is not None and after >= before / _STEADY_RATIO
+
+    def _interpolable(self, k: int, last_commit_at: float | None) -> bool:
+        """Whether the bytes between points k-1 and k may be spread evenly over the time
+        between them: only inside a stream. The primary was writing at the poll before
+        (the bracket does not start at a burst's edge); it wrote at about the same rate
+        in the bracket before (not the last of a burst followed by one stray record, as a
+        checkpoint or autovacuum leaves, nor a sudden surge); and the replica has lately
+        replayed a commit from around there."""
+        if not (self._steady[k] and k >= 2 and last_commit_at is not None and last_commit_at > self._last[k - 2]):
+            return False
+        rate = _rate(self._lsns[k] - self._lsns[k - 1], self._first[k] - self._last[k - 1])
+        before = _rate(self._lsns[k - 1] - self._lsns[k - 2], self._first[k - 1] - self._last[k - 2])
+        return rate is not None and before is not None and before / _STEADY_RATIO <= rate <= before * _STEADY_RATIO
 
 
-def _thinned(lsns: list[int], times: list[float], resolution: float, now: float) -> tuple[list[int], list[float]]:
-    """The points worth keeping. Dropping point i makes replay LSNs in (lsn[i-1], lsn[i]]
-    date from the next kept point instead: under-read by at most that point's time minus
-    t[i-1]. A point goes only when that gap is within ``resolution`` of the staleness such
-    a replica would read. The first and the last point always stay."""
+# How much the WAL rate may change from one bracket to the next for both to count as one
+# stream. Poll-to-poll noise of a steady load is well inside this (±25% with 20 commits a
+# bracket); an edge is far outside.
+_STEADY_RATIO = 2.0
+
+
+def _rate(nbytes: int, seconds: float) -> float | None:
+    return nbytes / seconds if seconds > 0 else None
+
+
+def _kept_points(lsns: list[int], first: list[float], last: list[float], resolution: float,
+                 now: float) -> list[int]:
+    """Indexes of the points worth keeping. Dropping point i makes replay LSNs in
+    (lsn[i-1], lsn[i]] date from the next kept point instead: under-read by at most that
+    point's first time minus last[i-1]. A point goes only when that gap is within
+    ``resolution`` of the staleness such a replica would read. The first and the last
+    point always stay."""
     if len(lsns) < 3:
-        return list(lsns), list(times)
-    kept_lsns, kept_times = [lsns[-1]], [times[-1]]  # built newest to oldest
+        return list(range(len(lsns)))
+    kept = [len(lsns) - 1]  # built newest to oldest
     for i in range(len(lsns) - 2, 0, -1):
-        following = kept_times[-1]
-        if following - times[i - 1] <= resolution * (now - following):
+        following = first[kept[-1]]
+        if following - last[i - 1] <= resolution * (now - following):
             continue
-        kept_lsns.append(lsns[i])
-        kept_times.append(times[i])
-    kept_lsns.append(lsns[0])
-    kept_times.append(times[0])
-    return kept_lsns[::-1], kept_times[::-1]
+        kept.append(i)
+    kept.append(0)
+    return kept[::-1]
 
 
 @dataclass(frozen=True)
@@ -131,19 +243,32 @@ def nearest_rank(sorted_values: Sequence[float], q: float) -> float:
 
 
 class LagWindow:
-    """Samples of one replica's staleness over the last ``window`` seconds, bounded."""
+    """Samples of one replica's staleness over the last ``window`` seconds, bounded.
+
+    The values are also kept sorted (insertion is a binary search and a memmove), so the
+    quantiles cost nothing at short intervals, where a 5 minute window holds thousands.
+    """
 
     def __init__(self, window: float, max_samples: int) -> None:
         self.window = window
-        self._samples: deque[tuple[float, float]] = deque(maxlen=max_samples)
+        self.max_samples = max_samples
+        self._samples: deque[tuple[float, float]] = deque()
+        self._sorted: list[float] = []
 
     def add(self, now: float, value: float) -> None:
+        if len(self._samples) >= self.max_samples:
+            self._drop_oldest()
         self._samples.append((now, value))
+        bisect.insort(self._sorted, value)
         self._trim(now)
+
+    def _drop_oldest(self) -> None:
+        _, value = self._samples.popleft()
+        del self._sorted[bisect.bisect_left(self._sorted, value)]
 
     def _trim(self, now: float) -> None:
         while self._samples and self._samples[0][0] < now - self.window:
-            self._samples.popleft()
+            self._drop_oldest()
 
     def samples(self, now: float) -> tuple[tuple[float, float], ...]:
         self._trim(now)
@@ -154,10 +279,10 @@ class LagWindow:
         return [v for _, v in self._samples]
 
     def stats(self, now: float) -> WindowStats | None:
-        values = sorted(self.values(now))
-        if not values:
+        self._trim(now)
+        if not self._sorted:
             return None
-        return WindowStats(len(values), tuple((q, nearest_rank(values, q)) for q in QUANTILES))
+        return WindowStats(len(self._sorted), tuple((q, nearest_rank(self._sorted, q)) for q in QUANTILES))
 
 
 @dataclass(frozen=True)

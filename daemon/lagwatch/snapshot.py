@@ -70,6 +70,8 @@ class ReplicaState:
     last_replay_age_seconds: float | None = None
     walsender: WalSender | None = None
     samples: tuple[tuple[float, float], ...] = ()  # (monotonic time, staleness) over the window
+    staleness_evidence: str | None = None  # what dated it (lag.Evidence): interpolated, commit_timestamp, ...
+    staleness_at: float | None = None  # monotonic time the reading is for (when the replay LSN was read)
 
     @property
     def replay_paused(self) -> bool | None:

@@ -32,6 +32,9 @@ def replica_status(r: ReplicaState) -> dict[str, Any]:
         "streaming": r.streaming,
         "staleness_seconds": r.staleness,
         "staleness_source": r.staleness_source,
+        "staleness_evidence": r.staleness_evidence,
+        # lagwatch's monotonic clock (seconds): orders readings, means nothing across hosts.
+        "staleness_measured_at_monotonic": r.staleness_at,
         "window": None if r.window is None else {"samples": r.window.count,
                                                  **{f"p{int(q * 100)}" if q < 1 else "max": v
                                                     for q, v in r.window.quantiles}},

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TypedDict
 
 from lagwatch.config import ClusterConfig
-from lagwatch.lag import HistogramCounts, LagHistogram, LagWindow, LsnClock, WindowStats
+from lagwatch.lag import HistogramCounts, LagHistogram, LagWindow, LsnClock, Staleness, WindowStats
 from lagwatch.lsn import format_lsn
 from lagwatch.snapshot import (
     ClusterSnapshot,
@@ -32,6 +32,10 @@ log = logging.getLogger("lagwatch.tracker")
 _CLOCK_HORIZON_SECONDS = 3600.0
 _CLOCK_MAX_POINTS = 50_000
 _RATE_HORIZON_SECONDS = 60.0
+# The primary's transaction rate is taken over this long: its counters reach
+# pg_stat_database up to a second late and in lumps.
+_XACT_HORIZON_SECONDS = 30.0
+_XACT_MIN_SPAN_SECONDS = 3.0
 
 
 @dataclass
@@ -43,6 +47,8 @@ class _NodeCounters:
 class _LagFields(TypedDict):
     staleness: float | None
     staleness_source: str | None
+    staleness_evidence: str | None
+    staleness_at: float | None
     replay_lsn: int | None
     window: WindowStats | None
     histogram: HistogramCounts
@@ -50,10 +56,29 @@ class _LagFields(TypedDict):
 
 
 @dataclass(frozen=True)
+class _PrimaryClock:
+    """The primary's wall clock read against our monotonic clock in one poll: turns a
+    timestamp the primary wrote (a commit's) into our time, without comparing two hosts'
+    clocks. Off by at most the poll's round trip."""
+
+    observed_at: float
+    epoch: float
+
+    @classmethod
+    def of(cls, primary: NodeObservation) -> _PrimaryClock | None:
+        epoch = primary.position.clock_epoch if primary.position is not None else None
+        return None if epoch is None else cls(primary.observed_at, epoch)
+
+    def monotonic(self, epoch: float) -> float:
+        return self.observed_at - (self.epoch - epoch)
+
+
+@dataclass(frozen=True)
 class _ReplayPosition:
     lsn: int
     at: float
     source: str
+    last_commit_at: float | None = None  # monotonic time of the last commit replayed, if known
 
 
 class ClusterTracker:
@@ -70,6 +95,7 @@ class ClusterTracker:
         self._last_seen: dict[str, float] = {}
         self._counters: dict[str, _NodeCounters] = {}
         self._rate: deque[tuple[float, int]] = deque(maxlen=math.ceil(_RATE_HORIZON_SECONDS / interval) + 1)
+        self._xacts: deque[tuple[float, float]] = deque()
         self._inspect = [0, 0, 0, 0]  # inspected, skipped, fpi, record bytes
 
     def update(self, observations: Sequence[NodeObservation], now: float) -> ClusterSnapshot:
@@ -86,11 +112,14 @@ class ClusterTracker:
                     self._forget_history(primary_lsn, latest)
                 self.clock.record(primary_lsn, primary.observed_at)
                 self._rate.append((primary.observed_at, primary_lsn))
+            self._note_xacts(primary.observed_at, primary.position.xacts_total)
         senders = {s.application_name: s for s in primary.walsenders} if primary_ok and primary else {}
         # The primary's view of a replica is as of the primary's answer, not of the cycle's end.
         senders_at = primary.observed_at if primary_ok and primary else now
+        primary_clock = _PrimaryClock.of(primary) if primary_ok and primary else None
 
-        replicas = [self._configured_replica(r.name, r.walsender_name, by_node.get(r.name), senders, senders_at, now)
+        replicas = [self._configured_replica(r.name, r.walsender_name, by_node.get(r.name), senders, senders_at,
+                                             primary_clock, now)
                     for r in self.cluster.replicas]
         configured_names = {r.walsender_name for r in self.cluster.replicas}
         configured_labels = {r.name for r in self.cluster.replicas}
@@ -119,12 +148,17 @@ class ClusterTracker:
     # -- replicas -------------------------------------------------------------------------
 
     def _configured_replica(self, name: str, walsender_name: str, obs: NodeObservation | None,
-                            senders: dict[str, WalSender], senders_at: float, now: float) -> ReplicaState:
+                            senders: dict[str, WalSender], senders_at: float, primary_clock: _PrimaryClock | None,
+                            now: float) -> ReplicaState:
         sender = senders.get(walsender_name)
         own = obs.position if obs is not None and obs.ok and obs.position is not None else None
         if own is not None and own.in_recovery and own.replay_lsn is not None:
             assert obs is not None
-            replay: _ReplayPosition | None = _ReplayPosition(own.replay_lsn, obs.observed_at, "replica")
+            last_commit_at = None
+            if primary_clock is not None and own.last_replay_epoch is not None:
+                last_commit_at = primary_clock.monotonic(own.last_replay_epoch)
+            replay: _ReplayPosition | None = _ReplayPosition(own.replay_lsn, obs.observed_at, "replica",
+                                                             last_commit_at)
         else:
             replay = self._replay_from_sender(name, sender, senders_at)
         receiver = obs.receiver if obs is not None and obs.ok else None
@@ -170,21 +204,28 @@ class ClusterTracker:
         window = self._windows.setdefault(name, LagWindow(self.window, self._window_samples))
         histogram = self._histograms.setdefault(name, LagHistogram())
         self._last_seen[name] = now
-        staleness = None
+        reading = None
         if replay is not None:
             self._last_replay[name] = replay.lsn
-            staleness = self.clock.staleness(replay.lsn, replay.at)
-            if staleness is not None and not self.clock.reaches_back_to(replay.lsn) and sender is not None:
+            reading = self.clock.estimate(replay.lsn, replay.at, replay.last_commit_at, self._commit_interval())
+            if reading is not None and reading.evidence == "history_start" and sender is not None:
                 # Our history starts after the primary passed this replay LSN (lagwatch just
                 # started, or the clock restarted): the clock only knows a lower bound. The
-                # walsender's replay_lag, measured by the primary, is a better floor.
-                staleness = max(staleness, sender.lag_seconds("replay") or 0.0)
-        if staleness is not None:
-            window.add(now, staleness)
-            histogram.observe(staleness)
+                # walsender's replay_lag, measured by the primary, is a better floor (no
+                # higher than the replayed commit's age, which bounds it from above).
+                floor = sender.lag_seconds("replay") or 0.0
+                if replay.last_commit_at is not None:
+                    floor = min(floor, replay.at - replay.last_commit_at)
+                if floor > reading.seconds:
+                    reading = Staleness(floor, "walsender")
+        if reading is not None and replay is not None:
+            window.add(replay.at, reading.seconds)
+            histogram.observe(reading.seconds)
         return {
-            "staleness": staleness,
-            "staleness_source": replay.source if replay is not None and staleness is not None else None,
+            "staleness": reading.seconds if reading is not None else None,
+            "staleness_source": replay.source if replay is not None and reading is not None else None,
+            "staleness_evidence": reading.evidence if reading is not None else None,
+            "staleness_at": replay.at if replay is not None and reading is not None else None,
             "replay_lsn": replay.lsn if replay is not None else None,
             "window": window.stats(now),
             "histogram": histogram.snapshot(),
@@ -200,6 +241,7 @@ class ClusterTracker:
         self.clock = LsnClock(self.clock.max_points)
         self._last_replay.clear()
         self._rate.clear()
+        self._xacts.clear()
 
     def _forget_vanished(self, present: set[str], now: float) -> None:
         # A replica that stopped streaming drops out of the output at once; its history is
@@ -209,6 +251,25 @@ class ClusterTracker:
                 table.pop(name, None)
 
     # -- cluster-wide ---------------------------------------------------------------------
+
+    def _note_xacts(self, at: float, total: float | None) -> None:
+        if total is None or (self._xacts and total < self._xacts[-1][1]):
+            self._xacts.clear()  # unknown, or the statistics were reset
+        if total is not None:
+            self._xacts.append((at, total))
+        while self._xacts and self._xacts[0][0] < at - _XACT_HORIZON_SECONDS:
+            self._xacts.popleft()
+
+    def _commit_interval(self) -> float:
+        """The primary's mean time between transactions lately (0 when unknown). Read-only
+        transactions count too, so it is never longer than the time between commits that
+        write: a correction that cannot overshoot in a stream."""
+        if len(self._xacts) < 2:
+            return 0.0
+        (t0, n0), (t1, n1) = self._xacts[0], self._xacts[-1]
+        if t1 - t0 < _XACT_MIN_SPAN_SECONDS or n1 <= n0:
+            return 0.0
+        return (t1 - t0) / (n1 - n0)
 
     def _wal_rate(self) -> float | None:
         if len(self._rate) < 2:

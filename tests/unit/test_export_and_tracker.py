@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 from lagwatch.config import parse_config
 from lagwatch.export import SnapshotCollector
 from lagwatch.snapshot import NodeObservation, Snapshot
@@ -56,6 +57,36 @@ def test_staleness_paused_replica_vs_healthy() -> None:
     assert r2.staleness == 0.0
     assert r1.window is not None and r1.window.get(1.0) == 9.0 and r1.window.count == 11
     assert r1.histogram.count == 11
+
+
+def test_steady_stream_reads_below_the_interval_and_says_how() -> None:
+    """A steady stream polled once a second: replica1 applies 60 ms late, replica2 keeps
+    up. The poll alone would date replica1's oldest unreplayed byte at the poll that first
+    saw it (0 s); bytes between the polls place it 60 ms back, and the last commit it
+    replayed (the primary's clock, read in the same cycle) caps it."""
+    tracker = ClusterTracker(CONFIG.clusters[0], 1.0, 60.0)
+    rate, epoch0 = 100_000, 1_700_000_000.0
+    for t in range(6):
+        lsn = rate * t
+        primary_obs = replace(primary(t, lsn), position=ServerPosition(False, lsn, None, None, None, None,
+                                                                       clock_epoch=epoch0 + t))
+        behind = lsn - int(0.06 * rate)
+        r1 = replace(replica("replica1", t, behind), position=ServerPosition(
+            True, None, lsn, behind, "not paused", 0.07, last_replay_epoch=epoch0 + t - 0.065))
+        snap = tracker.update([primary_obs, r1, replica("replica2", t, lsn)], now=t)
+    r1_state, r2_state = snap.replicas
+    assert r1_state.staleness == pytest.approx(0.06) and r1_state.staleness_evidence == "interpolated"
+    assert r1_state.staleness_at == 5
+    assert r2_state.staleness == 0 and r2_state.staleness_evidence == "caught_up"
+    # Had the replica replayed a commit made 30 ms ago, what it lacks is younger than that.
+    r1 = replace(replica("replica1", 6, 6 * rate - 6000), position=ServerPosition(
+        True, None, 6 * rate, 6 * rate - 6000, "not paused", 0.03, last_replay_epoch=epoch0 + 6 - 0.03))
+    snap = tracker.update([replace(primary(6, 6 * rate), position=ServerPosition(
+        False, 6 * rate, None, None, None, None, clock_epoch=epoch0 + 6)), r1, replica("replica2", 6, 6 * rate)], now=6)
+    assert snap.replicas[0].staleness == pytest.approx(0.03)
+    assert snap.replicas[0].staleness_evidence == "commit_timestamp"
+    _, text = render(Snapshot(0.0, 0.001, 7, 0, (snap,)))
+    assert 'lag_evidence="commit_timestamp"' in text
 
 
 def test_unreachable_replica_falls_back_to_primary_then_last_known() -> None:

@@ -3,34 +3,125 @@
 import math
 
 import pytest
-from lagwatch.lag import LAG_BUCKETS, LagHistogram, LagWindow, LsnClock, nearest_rank
+from lagwatch.lag import LAG_BUCKETS, LagHistogram, LagWindow, LsnClock, Staleness, nearest_rank
+
+
+def seconds(clock: LsnClock, replay_lsn: int, now: float, last_commit_at: float | None = None) -> float:
+    reading = clock.estimate(replay_lsn, now, last_commit_at)
+    assert reading is not None
+    return reading.seconds
 
 
 def test_clock_is_zero_when_replica_has_replayed_everything() -> None:
     clock = LsnClock(100)
     clock.record(1000, now=10.0)
-    assert clock.staleness(1000, now=70.0) == 0.0
-    assert clock.staleness(1500, now=70.0) == 0.0
+    assert clock.estimate(1000, now=70.0) == Staleness(0.0, "caught_up")
+    assert seconds(clock, 1500, now=70.0) == 0.0
 
 
-def test_clock_measures_from_first_time_primary_was_past_replay() -> None:
+def test_steady_writes_are_interpolated_between_polls() -> None:
+    """A steady stream: 100 bytes a second, polled every second. The first unreplayed
+    byte was written at a time the polls only bracket; bytes say where in between."""
     clock = LsnClock(100)
-    clock.record(1000, now=10.0)
-    clock.record(2000, now=11.0)
-    clock.record(3000, now=12.0)
-    # Replica at 1500: the primary was first seen past it at t=11.
-    assert clock.staleness(1500, now=20.0) == pytest.approx(9.0)
-    # Replica at exactly 2000 has replayed what was seen at 11; unreplayed starts at 12.
-    assert clock.staleness(2000, now=20.0) == pytest.approx(8.0)
+    for t in range(4):
+        clock.record(1000 + 100 * t, now=10.0 + t)
+    # Byte 1150 was written at t=11.5 (between the polls at 11 and 12); the replica's last
+    # replayed commit (11.49) says writes were flowing there.
+    reading = clock.estimate(1150, now=12.5, last_commit_at=11.49)
+    assert reading is not None and reading.evidence == "interpolated"
+    assert reading.seconds == pytest.approx(1.0)
+    # 60 ms behind a steady stream reads 60 ms, not 0 (what the poll alone would say).
+    assert seconds(clock, 1294, now=13.0, last_commit_at=12.93) == pytest.approx(0.06)
 
 
-def test_idle_primary_adds_no_points_and_keeps_first_time() -> None:
+def test_a_stray_record_after_quiet_is_not_a_stream() -> None:
+    """Writes stop; one checkpoint record arrives just before a poll, and the replica is
+    polled a moment before it replays it. Spreading that record over the second before
+    would read ~1 s; nothing the replica replayed lately says writes were flowing."""
+    clock = LsnClock(100)
+    for t in range(5):
+        clock.record(1000 + 100 * t, now=float(t))
+    clock.record(1410, now=5.0)  # a stray record after the last writes
+    # The replica has replayed all the writes (its last commit at 3.9), not the record.
+    assert clock.estimate(1400, now=5.001, last_commit_at=3.9) == Staleness(pytest.approx(0.001), "lsn_clock")  # type: ignore[arg-type]
+    assert seconds(clock, 1400, now=5.001) == pytest.approx(0.001)
+
+
+def test_never_outside_the_bracket_of_two_polls() -> None:
+    clock = LsnClock(100)
+    for t, lsn in enumerate((1000, 1100, 1200, 1300, 5000)):
+        clock.record(lsn, now=float(t))
+    # Byte 1250: the primary was short of it at t=2 and past it at t=3; bytes say 2.5,
+    # and the replica replayed a commit at 2.1, so writes were flowing there.
+    assert clock.estimate(1250, now=4.0, last_commit_at=2.1) == Staleness(pytest.approx(1.5), "interpolated")  # type: ignore[arg-type]
+    # The last commit the replica replayed was at 2.7: what it lacks came after that.
+    assert clock.estimate(1250, now=4.0, last_commit_at=2.7) == Staleness(pytest.approx(1.3), "commit_timestamp")  # type: ignore[arg-type]
+    # A commit bound below the bracket's lower end is wrong somewhere: the bracket wins.
+    assert clock.estimate(1250, now=4.0, last_commit_at=3.5) == Staleness(pytest.approx(1.0), "lsn_clock")  # type: ignore[arg-type]
+
+
+def test_a_burst_after_idle_polls_is_not_interpolated() -> None:
+    """Idle at polls 0..5, then 1000 bytes by poll 6. The writes may have started just
+    before 6: interpolating from 5 would over-read (an ejected healthy replica)."""
+    clock = LsnClock(100)
+    for t in range(6):
+        clock.record(1000, now=float(t))
+    clock.record(2000, now=6.0)
+    reading = clock.estimate(1500, now=6.05)
+    assert reading == Staleness(pytest.approx(0.05), "lsn_clock")  # type: ignore[arg-type]
+    # Once the replica has replayed a commit made inside the bracket, the change it still
+    # lacks came after that commit.
+    reading = clock.estimate(1500, now=6.05, last_commit_at=5.95)
+    assert reading == Staleness(pytest.approx(0.1), "commit_timestamp")  # type: ignore[arg-type]
+    # A commit from before the bracket says nothing finer.
+    assert clock.estimate(1500, now=6.05, last_commit_at=1.0) == Staleness(pytest.approx(0.05), "lsn_clock")  # type: ignore[arg-type]
+
+
+def test_the_end_of_a_burst_then_a_stray_record_is_not_dated_by_the_commit() -> None:
+    """Idle, then a burst inside one bracket that ends early; a stray record comes just
+    before the poll. The replica has replayed the whole burst: what it lacks is the stray
+    record, written any time after the burst's last commit."""
+    clock = LsnClock(100)
+    for t in range(6):
+        clock.record(1000, now=float(t))
+    clock.record(2000, now=6.0)
+    reading = clock.estimate(1990, now=6.001, last_commit_at=5.3)
+    assert reading == Staleness(pytest.approx(0.001), "lsn_clock")  # type: ignore[arg-type]
+
+
+def test_the_commit_bound_is_high_by_about_one_commit_interval() -> None:
+    clock = LsnClock(100)
+    for t in range(6):
+        clock.record(1000, now=float(t))
+    clock.record(2000, now=6.0)
+    # Writes since 5.5 at 1000 bytes/s; the replica's last commit was at 5.9, and the
+    # primary commits every 10 ms: the change it lacks came ~10 ms after that commit.
+    reading = clock.estimate(1400, now=6.05, last_commit_at=5.9, commit_interval=0.01)
+    assert reading == Staleness(pytest.approx(0.14), "commit_timestamp")  # type: ignore[arg-type]
+    # Never below the bracket's lower end, whatever the interval.
+    assert clock.estimate(1400, now=6.05, last_commit_at=5.9, commit_interval=5.0) == Staleness(
+        pytest.approx(0.05), "lsn_clock")  # type: ignore[arg-type]
+
+
+def test_idle_primary_adds_no_points() -> None:
     clock = LsnClock(100)
     clock.record(1000, now=1.0)
     for t in range(2, 60):
         clock.record(1000, now=float(t))
     assert len(clock) == 1
-    assert clock.staleness(999, now=60.0) == pytest.approx(59.0)
+    assert clock.estimate(999, now=60.0) == Staleness(59.0, "history_start")
+    assert seconds(clock, 1000, now=60.0) == 0.0
+
+
+def test_stuck_replica_grows_with_wall_time_after_writes_stop() -> None:
+    clock = LsnClock(100)
+    for t in range(10):
+        clock.record(1000 + 100 * t, now=float(t))
+    for t in range(10, 40):
+        clock.record(1900, now=float(t))  # writes stopped at t=9
+    for now in (20.0, 30.0, 39.0):  # it replayed a commit at 2.4
+        assert seconds(clock, 1250, now, last_commit_at=2.4) == pytest.approx(now - 2.5)
+        assert seconds(clock, 1250, now) == pytest.approx(now - 3)  # no commit known: the lower bound
 
 
 def test_clock_bounded_keeps_its_first_point_and_stays_bounded() -> None:
@@ -39,13 +130,13 @@ def test_clock_bounded_keeps_its_first_point_and_stays_bounded() -> None:
         clock.record(100 * (i + 1), now=float(i))
         assert len(clock) <= 200
     assert clock.reaches_back_to(100) and not clock.reaches_back_to(99)
-    # Recent history is exact to the poll ...
-    assert clock.staleness(100 * 4990, now=5000.0) == pytest.approx(5000.0 - 4990.0)
+    # Recent history is interpolated ...
+    assert seconds(clock, 100 * 4990, now=5000.0, last_commit_at=4988.9) == pytest.approx(5000.0 - 4989.0)
     # ... older history within a small fraction, never over.
     for stuck_at in (100, 100 * 1000, 100 * 2500, 100 * 4800):
-        truth = 5000.0 - stuck_at / 100  # first seen past it one record later
-        got = clock.staleness(stuck_at, now=5000.0)
-        assert got is not None and 0.93 * truth <= got <= truth, (stuck_at, got, truth)
+        truth = 5000.0 - (stuck_at / 100 - 1)  # byte stuck_at was written just after t = stuck_at/100 - 1
+        got = seconds(clock, stuck_at, now=5000.0)
+        assert 0.93 * truth <= got <= truth + 1e-9, (stuck_at, got, truth)
 
 
 def test_clock_full_stuck_replica_keeps_growing() -> None:
@@ -56,18 +147,18 @@ def test_clock_full_stuck_replica_keeps_growing() -> None:
     readings = []
     for t in range(1, 20_000):
         clock.record(1000 + t, now=float(t))
-        readings.append(clock.staleness(1000, now=float(t)))
-    truths = [t - 1.0 for t in range(1, 20_000)]  # the primary was first past 1000 at t=1
-    assert all(r is not None and r <= truth for r, truth in zip(readings, truths, strict=True))
-    assert all(r is not None and r >= 0.9 * truth for r, truth in zip(readings, truths, strict=True))
-    assert readings[-1] is not None and readings[-1] > 15_000
+        readings.append(seconds(clock, 1000, now=float(t)))
+    truths = [t - 0.0 for t in range(1, 20_000)]  # byte 1000 was written in (0, 1]
+    assert all(r <= truth for r, truth in zip(readings, truths, strict=True))
+    assert all(r >= 0.9 * (truth - 1) for r, truth in zip(readings, truths, strict=True))
+    assert readings[-1] > 15_000
 
 
 def test_clock_empty_is_unknown_and_never_negative() -> None:
     clock = LsnClock(10)
-    assert clock.staleness(5, now=1.0) is None
+    assert clock.estimate(5, now=1.0) is None
     clock.record(10, now=5.0)
-    assert clock.staleness(5, now=4.0) == 0.0
+    assert seconds(clock, 5, now=4.0) == 0.0
 
 
 def test_nearest_rank() -> None:

@@ -34,14 +34,19 @@ def test_versioned_sql_choices() -> None:
 def test_server_on_replica_and_primary() -> None:
     replica = server.parse([{"in_recovery": True, "current_lsn": None, "receive_lsn": "0/3000100",
                              "replay_lsn": "0/3000000", "replay_pause_state": "paused",
-                             "last_replay_age_seconds": 61.6}])
+                             "last_replay_age_seconds": 61.6, "last_replay_epoch": 1_700_000_000.25,
+                             "clock_epoch": 1_700_000_061.85, "xacts_total": 12.0}])
     assert replica.replay_paused is True
+    assert replica.last_replay_epoch == 1_700_000_000.25 and replica.clock_epoch == 1_700_000_061.85
     assert replica.receive_replay_bytes == 0x100
     primary = server.parse([{"in_recovery": False, "current_lsn": "0/5000000", "receive_lsn": None,
-                             "replay_lsn": None, "replay_pause_state": None, "last_replay_age_seconds": None}])
-    assert primary.current_lsn == 0x5000000 and primary.replay_paused is None
+                             "replay_lsn": None, "replay_pause_state": None, "last_replay_age_seconds": None,
+                             "last_replay_epoch": None, "clock_epoch": 1_700_000_000.0,
+                             "xacts_total": 4242.0}])
+    assert primary.current_lsn == 0x5000000 and primary.replay_paused is None and primary.xacts_total == 4242
     requested = server.parse([{"in_recovery": True, "current_lsn": None, "receive_lsn": None, "replay_lsn": None,
-                               "replay_pause_state": "pause requested", "last_replay_age_seconds": None}])
+                               "replay_pause_state": "pause requested", "last_replay_age_seconds": None,
+                               "last_replay_epoch": None, "clock_epoch": None, "xacts_total": None}])
     assert requested.replay_paused is True and requested.receive_replay_bytes is None
 
 

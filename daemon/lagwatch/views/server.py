@@ -19,7 +19,10 @@ _COMMON = """
     pg_last_wal_receive_lsn()::text AS receive_lsn,
     pg_last_wal_replay_lsn()::text AS replay_lsn,
     extract(epoch FROM clock_timestamp() - pg_last_xact_replay_timestamp())::float8
-        AS last_replay_age_seconds"""
+        AS last_replay_age_seconds,
+    extract(epoch FROM pg_last_xact_replay_timestamp())::float8 AS last_replay_epoch,
+    extract(epoch FROM clock_timestamp())::float8 AS clock_epoch,
+    (SELECT sum(xact_commit + xact_rollback) FROM pg_stat_database)::float8 AS xacts_total"""
 
 QUERIES = {
     # pg_is_wal_replay_paused() cannot tell "pause requested" from "paused" before 14.
@@ -40,6 +43,14 @@ class ServerPosition:
     replay_lsn: int | None  # replica only
     replay_pause_state: str | None  # 'not paused' | 'pause requested' | 'paused'; None on a primary
     last_replay_age_seconds: float | None  # now() - pg_last_xact_replay_timestamp(): exported, never the headline
+    # The last replayed commit's timestamp (the primary's clock, as written in the WAL) and
+    # this server's clock at the answer, as Unix seconds. Only compared with the primary's
+    # own clock_epoch: a commit bound on staleness that needs no two hosts' clocks to agree.
+    last_replay_epoch: float | None = None
+    clock_epoch: float | None = None
+    # Transactions ended on this server since its stats were reset (pg_stat_database):
+    # on the primary, how often it commits, so how long a stream waits between changes.
+    xacts_total: float | None = None
 
     @property
     def replay_paused(self) -> bool | None:
@@ -63,6 +74,9 @@ def parse(rows: Sequence[Row]) -> ServerPosition:
         replay_lsn=parse_lsn(row["replay_lsn"]),
         replay_pause_state=row["replay_pause_state"],
         last_replay_age_seconds=opt_float(row["last_replay_age_seconds"]),
+        last_replay_epoch=opt_float(row["last_replay_epoch"]),
+        clock_epoch=opt_float(row["clock_epoch"]),
+        xacts_total=opt_float(row["xacts_total"]),
     )
 
 
