@@ -321,6 +321,14 @@ class Config(_Strict):
         return self.connect_timeout if self.connect_timeout else max(0.5, self.interval * 0.8)
 
     @property
+    def cycle_budget(self) -> float:
+        """How long a cycle waits for its nodes' answers. Below the interval, so that a hung
+        or slowly connecting node (whose own deadlines may be longer: connecting at a
+        100 ms interval still gets 0.5 s) never costs the others their cadence; its poll
+        goes on in the background and its answer is taken by a later cycle."""
+        return min(self.effective_query_timeout, self.interval * 0.8)
+
+    @property
     def holds_file(self) -> Path:
         return self.state_dir / "holds.json"
 

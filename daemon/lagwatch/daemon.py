@@ -97,7 +97,8 @@ class Daemon:
         async with self._lock:
             started = time.monotonic()
             clusters = self.config.clusters
-            results = await asyncio.gather(*(poll_all(self._pollers[c.name]) for c in clusters))
+            budget = self.config.cycle_budget
+            results = await asyncio.gather(*(poll_all(self._pollers[c.name], budget) for c in clusters))
             now = time.monotonic()
             tracked = [self._trackers[c.name].update(obs, now) for c, obs in zip(clusters, results, strict=True)]
             snapshots = tuple(await asyncio.gather(*(self._control(cs, now) for cs in tracked)))

@@ -78,6 +78,30 @@ class NodePoller:
         self._walinspect_failures = 0
         self._last_error = ""
         self._said_skipped = False
+        # The poll under way, which may outlive the cycle that started it (poll_all).
+        self._inflight: asyncio.Future[NodeObservation] | None = None
+        self._inflight_used = True
+
+    def start(self) -> asyncio.Future[NodeObservation]:
+        """This cycle's poll: one still running from an earlier cycle, one that finished
+        after its cycle stopped waiting (its answer is used now), or a new one."""
+        if self._inflight is None or (self._inflight.done() and self._inflight_used):
+            self._inflight = asyncio.ensure_future(self.poll())
+            self._inflight_used = False
+        return self._inflight
+
+    def take(self, poll: asyncio.Future[NodeObservation]) -> NodeObservation:
+        """The answer of a finished poll from ``start``."""
+        if poll is self._inflight:
+            self._inflight_used = True
+        return poll.result()
+
+    def unanswered(self, waited: float) -> NodeObservation:
+        """What a cycle reports for a node whose poll is still under way."""
+        now = time.monotonic()
+        return NodeObservation(cluster=self.cluster.name, node=self.node, role=self.role, observed_at=now,
+                               duration=waited, capabilities=self._caps, error_kind="timeout",
+                               error=f"no answer within the cycle's {waited:.3g}s (still trying)")
 
     async def poll(self) -> NodeObservation:
         started = time.monotonic()
@@ -263,16 +287,17 @@ class NodePoller:
         return inspection
 
     async def close(self) -> None:
+        inflight, self._inflight = self._inflight, None
+        if inflight is not None and not inflight.done():
+            inflight.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await inflight
         conn, self._conn, self._caps = self._conn, None, None
         if conn is not None:
             try:
                 await asyncio.wait_for(conn.close(), 1.0)
             except (TimeoutError, psycopg.Error, OSError):
                 pass
-
-
-def _lsn_text(value: int) -> str:
-    return f"{value >> 32:X}/{value & 0xFFFFFFFF:X}"
 
 
 def _one_line(exc: BaseException) -> str:
@@ -285,6 +310,12 @@ def pollers_for(cluster: ClusterConfig, config: Config) -> list[NodePoller]:
     return pollers
 
 
-async def poll_all(pollers: Sequence[NodePoller]) -> list[NodeObservation]:
-    """Every node at once; each poller enforces its own deadline and never raises."""
-    return list(await asyncio.gather(*(p.poll() for p in pollers)))
+async def poll_all(pollers: Sequence[NodePoller], budget: float) -> list[NodeObservation]:
+    """Every node at once, waiting at most ``budget`` seconds. Each poller enforces its own
+    deadlines and never raises; a node still connecting or answering when the budget is
+    spent reads as unanswered this cycle, and its poll goes on for a later cycle to take."""
+    started = time.monotonic()
+    polls = [p.start() for p in pollers]
+    await asyncio.wait(polls, timeout=budget)
+    waited = time.monotonic() - started
+    return [p.take(poll) if poll.done() else p.unanswered(waited) for p, poll in zip(pollers, polls, strict=True)]

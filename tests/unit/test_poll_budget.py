@@ -1,0 +1,55 @@
+"""A cycle waits for its nodes only so long: a slow node's poll goes on in the
+background and a later cycle takes its answer (no real server: the poll is replaced)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from lagwatch.config import parse_config
+from lagwatch.poll import NodePoller, poll_all
+from lagwatch.snapshot import NodeObservation
+
+CONFIG = parse_config({"interval": "100ms", "clusters": [{
+    "name": "main", "primary": {"dsn": "host=p"}, "replicas": [{"name": "replica1", "dsn": "host=r1"}]}]})
+
+
+class FakePoller(NodePoller):
+    def __init__(self, node: str, takes: float) -> None:
+        cluster = CONFIG.clusters[0]
+        super().__init__(cluster, node, "primary" if node == "primary" else "replica",
+                         cluster.primary if node == "primary" else cluster.replicas[0], CONFIG)
+        self.takes = takes
+        self.started = 0
+        self.running = self.most_running = 0
+
+    async def poll(self) -> NodeObservation:
+        self.started += 1
+        self.running += 1
+        self.most_running = max(self.most_running, self.running)
+        await asyncio.sleep(self.takes)
+        self.running -= 1
+        now = time.monotonic()
+        return NodeObservation(cluster="main", node=self.node, role=self.role, observed_at=now, duration=self.takes)
+
+
+def test_a_slow_node_costs_the_others_nothing_and_is_taken_later() -> None:
+    async def cycles() -> list[list[NodeObservation]]:
+        fast, slow = FakePoller("primary", 0.001), FakePoller("replica1", 0.25)
+        out = []
+        for _ in range(5):
+            started = time.monotonic()
+            out.append(await poll_all([fast, slow], CONFIG.cycle_budget))
+            assert time.monotonic() - started < CONFIG.cycle_budget + 0.05
+            await asyncio.sleep(0.1)
+        assert fast.started == 5
+        assert slow.most_running == 1  # one poll at a time, never stacked
+        await slow.close()
+        return out
+
+    results = asyncio.run(cycles())
+    assert abs(CONFIG.cycle_budget - 0.08) < 1e-9
+    assert all(r[0].ok for r in results)
+    # Each slow answer (0.25 s) is taken by the cycle after the one that started it.
+    assert [r[1].ok for r in results] == [False, True, False, True, False]
+    assert results[0][1].error_kind == "timeout" and "still trying" in (results[0][1].error or "")
