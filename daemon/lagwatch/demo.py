@@ -1,5 +1,6 @@
-"""`lagwatch demo`: a real primary and two streaming replicas on loopback, a light write
-load, replica1's replay paused now and then so lag is visible, and the daemon watching.
+"""`lagwatch demo`: a real primary and two streaming replicas on loopback, a steady write
+load, replica1's replay paused now and then (seconds of lag) and replica2 applying 30 ms
+late (milliseconds of lag), and the daemon watching.
 
 Everything it starts (servers, data directories, the config file) is removed on Ctrl-C,
 SIGTERM, or when ``duration`` runs out.
@@ -12,6 +13,7 @@ import os
 import signal
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import yaml
@@ -24,6 +26,10 @@ log = logging.getLogger("lagwatch.demo")
 # replica1 replays normally for this long, then pauses for PAUSE_SECONDS.
 RUN_SECONDS = 20.0
 PAUSE_SECONDS = 15.0
+# replica2 applies each commit this late (recovery_min_apply_delay): lag a 50 ms SLA sees.
+REPLICA2_APPLY_DELAY = 0.03
+# Small commits at this steady rate: a busy OLTP primary in miniature.
+COMMITS_PER_SECOND = 200
 
 
 def demo_config(cluster: LocalCluster, listen: str) -> dict[str, object]:
@@ -40,7 +46,7 @@ def demo_config(cluster: LocalCluster, listen: str) -> dict[str, object]:
 
 
 class DemoLoad:
-    """Writes a few rows every 100 ms and pauses replica1's replay on a cycle."""
+    """Commits small rows at a steady rate and pauses replica1's replay on a cycle."""
 
     def __init__(self, cluster: LocalCluster) -> None:
         self.cluster = cluster
@@ -60,12 +66,21 @@ class DemoLoad:
             thread.join(timeout=5)
 
     def _writes(self) -> None:
-        while not self._stop.wait(0.1):
+        import psycopg
+
+        period = 1.0 / COMMITS_PER_SECOND
+        while not self._stop.is_set():
             try:
-                self.cluster.primary.execute("INSERT INTO lagwatch_demo (payload) SELECT md5(random()::text) "
-                                             "FROM generate_series(1, 20)")
-            except Exception as exc:  # the demo goes on if one write fails
+                with psycopg.connect(self.cluster.primary.dsn(), autocommit=True) as conn:
+                    next_at = time.monotonic()
+                    while not self._stop.is_set():
+                        conn.execute("INSERT INTO lagwatch_demo (payload) VALUES (md5(random()::text))")
+                        # On an absolute schedule, so the rate stays steady whatever a commit took.
+                        next_at = max(next_at + period, time.monotonic() - 1.0)
+                        self._stop.wait(max(0.0, next_at - time.monotonic()))
+            except Exception as exc:  # the demo goes on if the primary hiccups
                 log.debug("demo write failed: %s", exc)
+                self._stop.wait(1.0)
 
     def _pauses(self) -> None:
         replica = self.cluster.replicas[0]
@@ -102,6 +117,7 @@ def run_demo(listen: str | None = None, pg_major: int | None = None, duration: f
     log.info("demo: starting a PostgreSQL %d primary and two replicas (%s)", binaries.major, binaries.bindir)
     with LocalCluster(binaries, replicas=2) as cluster, tempfile.TemporaryDirectory(prefix="lagwatch-demo-") as tmp:
         cluster.start()
+        cluster.replicas[1].set_apply_delay(REPLICA2_APPLY_DELAY)
         config_path = Path(tmp) / "lagwatch.yaml"
         config_path.write_text(yaml.safe_dump(demo_config(cluster, listen), sort_keys=False))
         config = load_config(config_path)
@@ -116,7 +132,8 @@ lagwatch demo is running (PostgreSQL {binaries.major}):
   metrics   http://{host}:{port}/metrics
   config    {config_path}
   data      {cluster.base_dir}
-replica1's replay pauses for {PAUSE_SECONDS:.0f}s every {RUN_SECONDS + PAUSE_SECONDS:.0f}s. Ctrl-C stops everything.
+{COMMITS_PER_SECOND} small commits/s; replica1's replay pauses for {PAUSE_SECONDS:.0f}s every \
+{RUN_SECONDS + PAUSE_SECONDS:.0f}s; replica2 applies {REPLICA2_APPLY_DELAY * 1000:.0f} ms late. Ctrl-C stops everything.
 """, flush=True)
         if duration is not None:
             _stop_after(duration)

@@ -31,9 +31,16 @@ def parse_duration(value: object) -> float:
 
 
 def format_duration(seconds: float) -> str:
-    """The shortest readable form, for logs and the status page."""
+    """The shortest readable form that keeps milliseconds where lag SLAs live: ``0.4ms``,
+    ``63ms``, ``1.25s``, ``1.5m``. For logs, ``lagwatch check`` and the status page."""
+    if seconds <= 0:
+        return "0ms"
+    if seconds < 0.01:
+        return f"{seconds * 1000:.1f}ms"
     if seconds < 1:
         return f"{seconds * 1000:.0f}ms"
+    if seconds < 10:
+        return f"{seconds:.2f}".rstrip("0").rstrip(".") + "s"
     if seconds < 120:
         return f"{seconds:.1f}s".replace(".0s", "s")
     if seconds < 7200:

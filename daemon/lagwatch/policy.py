@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from lagwatch.config import ReplicaSla
+from lagwatch.durations import format_duration as _d
 from lagwatch.lag import nearest_rank
 
 PRIMARY = "primary"
@@ -113,9 +114,9 @@ def _judge(health: ReplicaHealth, sla: ReplicaSla, prev: ReplicaPolicyState, now
         p95 = p95_since(health.samples, prev.admitted_at)
         if not problem and sla.p95 is not None and p95 is not None and p95 > sla.p95:
             return replace(prev, eligible=False, bad_streak=0, good_streak=0,
-                           reason=f"p95 {p95:.3g}s > {sla.p95:.3g}s")
+                           reason=f"p95 {_d(p95)} > {_d(sla.p95)}")
         if not problem and health.staleness is not None and health.staleness > sla.max_lag:
-            problem = f"staleness {health.staleness:.3g}s > max_lag {sla.max_lag:.3g}s"
+            problem = f"staleness {_d(health.staleness)} > max_lag {_d(sla.max_lag)}"
         if not problem:
             return replace(prev, bad_streak=0, good_streak=0, reason="")
         streak = prev.bad_streak + 1
@@ -125,15 +126,15 @@ def _judge(health: ReplicaHealth, sla: ReplicaSla, prev: ReplicaPolicyState, now
         return replace(prev, bad_streak=streak, reason=f"{problem} ({streak}/{sla.eject_after})")
     # Out of the pool: only a clean run of good cycles brings it back.
     if not problem and health.staleness is not None and health.staleness >= sla.readmit_below:
-        problem = f"staleness {health.staleness:.3g}s >= readmit_below {sla.readmit_below:.3g}s"
+        problem = f"staleness {_d(health.staleness)} >= readmit_below {_d(sla.readmit_below)}"
     if not problem and health.staleness is not None and sla.p95 is not None and health.staleness > sla.p95:
-        problem = f"staleness {health.staleness:.3g}s > p95 SLA {sla.p95:.3g}s"
+        problem = f"staleness {_d(health.staleness)} > p95 SLA {_d(sla.p95)}"
     if problem:
         return replace(prev, good_streak=0, reason=problem)
     streak = prev.good_streak + 1
     if streak >= sla.readmit_after:
         return ReplicaPolicyState(eligible=True, admitted_at=now,
-                                  reason=f"below {sla.readmit_below:.3g}s for {streak} cycle(s)")
+                                  reason=f"below {_d(sla.readmit_below)} for {streak} cycle(s)")
     return replace(prev, good_streak=streak, reason=f"recovering ({streak}/{sla.readmit_after})")
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from lagwatch.config import ClusterConfig, PasswordUnavailableError
+from lagwatch.durations import format_duration
 from lagwatch.holds import Hold, HoldStore
 from lagwatch.leader import LeaderLock
 from lagwatch.policy import Decision, PolicyState, PoolRules, ReplicaHealth, decide
@@ -255,4 +256,4 @@ class PoolController:
 
 
 def _fmt(value: float | None) -> str:
-    return "?" if value is None else f"{value:.3f}s"
+    return "?" if value is None else format_duration(value)

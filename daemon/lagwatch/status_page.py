@@ -10,6 +10,7 @@ import html
 import time
 from collections.abc import Sequence
 
+from lagwatch.config import ReplicaSla
 from lagwatch.durations import format_duration
 from lagwatch.snapshot import ClusterSnapshot, ReplicaState, Snapshot
 
@@ -68,6 +69,30 @@ def sparkline(samples: Sequence[tuple[float, float]], sla: float | None, width: 
     return "".join(parts)
 
 
+def sla_verdict(sla: ReplicaSla | None, staleness: float | None, p95: float | None) -> tuple[str, str, str]:
+    """(verdict, css class, the rules it was decided by): a p95 of 12 s must not stand
+    beside "within SLA" without saying that the verdict was on current staleness."""
+    if staleness is None:
+        return "?", "muted", ""
+    if sla is None:
+        return "no SLA", "muted", ""
+    now_over = staleness > sla.max_lag
+    rules = [f"now {_dur(staleness)} {'>' if now_over else '≤'} max_lag {_dur(sla.max_lag)}"]
+    p95_over = False
+    if sla.p95 is None:
+        rules.append("no p95 rule")
+    elif p95 is not None:
+        p95_over = p95 > sla.p95
+        rules.append(f"p95 {_dur(p95)} {'>' if p95_over else '≤'} {_dur(sla.p95)}")
+    else:
+        rules.append(f"p95 ? (limit {_dur(sla.p95)})")
+    if now_over:
+        return "over SLA", "bad", "; ".join(rules)
+    if p95_over:
+        return "p95 over SLA", "bad", "; ".join(rules)
+    return "within SLA", "ok", "; ".join(rules)
+
+
 def _replica_row(c: ClusterSnapshot, r: ReplicaState) -> str:
     sla = c.slas.get(r.name)
     max_lag = sla.max_lag if sla else None
@@ -80,15 +105,7 @@ def _replica_row(c: ClusterSnapshot, r: ReplicaState) -> str:
     else:
         state, css = "streaming", "ok"
     p95 = r.window.p95 if r.window else None
-    sla_limits = _dur(max_lag) + (f", p95 {_dur(sla.p95)}" if sla is not None and sla.p95 is not None else "")
-    if r.staleness is None or max_lag is None:
-        sla_state, sla_css = ("?" if r.staleness is None else "no SLA"), "muted"
-    elif r.staleness > max_lag:
-        sla_state, sla_css = "over SLA", "bad"
-    elif sla is not None and sla.p95 is not None and p95 is not None and p95 > sla.p95:
-        sla_state, sla_css = "p95 over SLA", "bad"
-    else:
-        sla_state, sla_css = "within SLA", "ok"
+    sla_state, sla_css, sla_rules = sla_verdict(sla, r.staleness, p95)
     pool = c.pool
     if pool is None or pool.members is None:
         member, member_css = ("not managed" if pool is None else "unknown"), "muted"
@@ -108,7 +125,7 @@ def _replica_row(c: ClusterSnapshot, r: ReplicaState) -> str:
         f'<td data-label="staleness" class="num">{_e(_dur(r.staleness))}</td>'
         f'<td data-label="p95" class="num">{_e(_dur(p95))}</td>'
         f'<td data-label="SLA" class="{sla_css}">'
-        f'<span>{_e(sla_state)} <span class="muted">({_e(sla_limits)})</span></span></td>'
+        f'<span>{_e(sla_state)} <span class="muted">{_e(sla_rules)}</span></span></td>'
         f'<td data-label="window">{sparkline(r.samples, max_lag)}</td></tr>'
     )
 

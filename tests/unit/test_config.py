@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from lagwatch.cli import main
 from lagwatch.config import ConfigError, load_config, parse_config
-from lagwatch.durations import parse_duration
+from lagwatch.durations import format_duration, parse_duration
 from pydantic import ValidationError
 
 ISSUE_EXAMPLE = """\
@@ -234,3 +234,10 @@ def test_haproxy_fallback_to_primary_needs_a_primary_server() -> None:
 def test_bad_port_in_dsn(dsn: str) -> None:
     found = problems({"clusters": [{"name": "m", "primary": {"dsn": dsn}}]})
     assert any(p.startswith("clusters[0].primary.dsn:") and "is not a TCP port number" in p for p in found), found
+
+
+@pytest.mark.parametrize("seconds,text", [(0.0, "0ms"), (0.0004, "0.4ms"), (0.0072, "7.2ms"), (0.0635, "64ms"),
+                                          (0.25, "250ms"), (1.0, "1s"), (1.254, "1.25s"), (2.0, "2s"),
+                                          (12.0, "12s"), (90.0, "90s"), (150.0, "2.5m"), (7200.0, "2h")])
+def test_durations_are_shown_to_the_millisecond(seconds: float, text: str) -> None:
+    assert format_duration(seconds) == text

@@ -106,7 +106,7 @@ def test_p95_since_admission_ejects_at_once_but_old_spikes_do_not_re_eject() -> 
     rules = PoolRules(0, False)
     d = decide([ReplicaHealth("r1", 0.1, True, True, spiky), h("r2", 0)], {n: sla for n in NAMES}, rules,
                state, {}, now=30.0)
-    assert d.pool == {"r2"} and d.reasons["r1"].startswith("p95 0.9s > 0.5s")
+    assert d.pool == {"r2"} and d.reasons["r1"].startswith("p95 900ms > 500ms")
     # Good cycles readmit it; the spikes before readmission no longer count.
     for now in (31.0, 32.0):
         d = decide([ReplicaHealth("r1", 0.1, True, True, spiky), h("r2", 0)], {n: sla for n in NAMES}, rules,

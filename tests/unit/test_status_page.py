@@ -47,6 +47,8 @@ def test_states_pool_and_sla() -> None:
     r1, r2 = row(page, "replica1"), row(page, "replica2")
     assert "replay paused" in r1 and "over SLA" in r1 and "out of pool" in r1 and "9s" in r1
     assert "streaming" in r2 and "within SLA" in r2 and "in pool" in r2
+    # Each verdict says which rule decided it.
+    assert "now 9s &gt; max_lag 2s; no p95 rule" in r1 and "now 0ms ≤ max_lag 2s; no p95 rule" in r2
     assert 'http-equiv="refresh"' in page and 'name="viewport"' in page
 
 
@@ -80,7 +82,18 @@ def test_p95_sla_breach_shows_and_every_cell_is_labelled_for_phones() -> None:
     cluster = replace(cluster, replicas=replicas, slas={"replica1": SLA, "replica2": strict})
     page = render(replace(snap, clusters=(cluster,)))
     r2 = row(page, "replica2")
-    assert "p95 over SLA" in r2 and "(2s, p95 500ms)" in r2
+    assert "p95 over SLA" in r2 and "now 800ms ≤ max_lag 2s; p95 900ms &gt; 500ms" in r2
     # On a narrow screen each row is a card: every cell says what it is.
     cells = re.findall(r"<td[^>]*>", r2)
     assert len(cells) == 7 and all("data-label=" in c for c in cells)
+
+
+def test_a_high_p95_beside_within_sla_says_the_verdict_is_on_current_staleness() -> None:
+    from lagwatch.status_page import sla_verdict
+
+    loose = ReplicaSla(max_lag=10.0, p95=None, eject_after=2, readmit_below=5.0, readmit_after=3)
+    assert sla_verdict(loose, 0.0004, 12.0) == ("within SLA", "ok", "now 0.4ms ≤ max_lag 10s; no p95 rule")
+    tight = ReplicaSla(max_lag=0.05, p95=0.02, eject_after=3, readmit_below=0.025, readmit_after=3)
+    assert sla_verdict(tight, 0.0072, 0.031) == ("p95 over SLA", "bad", "now 7.2ms ≤ max_lag 50ms; p95 31ms > 20ms")
+    assert sla_verdict(tight, 0.063, 0.018)[0:2] == ("over SLA", "bad")
+    assert sla_verdict(None, 0.1, None)[0] == "no SLA"
