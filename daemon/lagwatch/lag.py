@@ -57,6 +57,20 @@ class Staleness:
     evidence: Evidence
 
 
+@dataclass(frozen=True)
+class Commits:
+    """What commit timestamps say about one replica, on lagwatch's monotonic clock."""
+
+    last_replayed: float | None = None  # the last commit this replica has replayed
+    newest_seen: float | None = None  # the newest commit any replica has replayed
+    interval: float = 0.0  # the primary's mean time between transactions lately (0: unknown)
+
+    @property
+    def lacks_newer(self) -> bool:
+        """Whether the primary has committed since this replica's last replayed commit."""
+        return self.last_replayed is not None and self.newest_seen is not None and self.newest_seen > self.last_replayed
+
+
 class LsnClock:
     """When the primary was first and last seen at each LSN it was polled at (monotonic s).
 
@@ -120,61 +134,54 @@ class LsnClock:
         bound, the time since the history began."""
         return bool(self._lsns) and lsn >= self._lsns[0]
 
-    def estimate(self, replay_lsn: int, now: float, last_commit_at: float | None = None,
-                 commit_interval: float = 0.0) -> Staleness | None:
-        """Staleness at ``now`` of a replica that has replayed up to ``replay_lsn``.
-
-        ``last_commit_at``: when (on the same monotonic clock) the primary committed the
-        last transaction the replica has replayed, if known. ``commit_interval``: the
-        primary's mean time between transactions lately (0 if unknown). None only before
-        the primary has been seen at all.
-        """
+    def estimate(self, replay_lsn: int, now: float, commits: Commits | None = None) -> Staleness | None:
+        """Staleness at ``now`` of a replica that has replayed up to ``replay_lsn``; None
+        only before the primary has been seen at all."""
         if not self._lsns:
             return None
+        commits = commits or Commits()
+        last_commit = commits.last_replayed
+        # A later commit than this replica's last (another replica has replayed it): the
+        # primary has committed since, and what this one misses was written by then.
+        later_commit = commits.newest_seen if commits.lacks_newer else None
         # The first point strictly past what the replica has replayed: the primary had
         # written the first unreplayed byte by then, and had not at the point before.
         k = bisect.bisect_right(self._lsns, replay_lsn)
         if k == len(self._lsns):
             return Staleness(0.0, "caught_up")
-        lower = max(0.0, now - self._first[k])
+        lower: float = max(0.0, now - self._first[k])
+        lower_evidence: Evidence = "lsn_clock"
+        if later_commit is not None and now - later_commit > lower:
+            lower, lower_evidence = now - later_commit, "commit_timestamp"
         if k == 0:
             return Staleness(lower, "history_start")
-        upper = max(lower, now - self._last[k - 1])
-        # The unreplayed change came after the last replayed commit: its age bounds the
-        # staleness from above. As an estimate it is high by the wait for the next change,
-        # about one commit interval in a stream (the primary's mean interval over all its
-        # transactions is no longer than that between the writing ones, so taking it off
-        # never goes below the truth there).
-        commit_age = None if last_commit_at is None else now - last_commit_at
-        commit_estimate = None if commit_age is None else max(lower, commit_age - commit_interval)
+        upper = now - self._last[k - 1]
+        lower = min(lower, upper)
+        # What the replica misses came after the last commit it replayed: that commit's
+        # age bounds the staleness from above. As an estimate it is high by the wait for
+        # the next change, about one commit interval in a stream (the mean interval over
+        # all the primary's transactions is no longer than that between the writing ones,
+        # so taking it off does not go below the truth there).
+        commit_estimate = None if last_commit is None else now - last_commit - commits.interval
         value: float
         evidence: Evidence
-        if self._interpolable(k, last_commit_at):
+        if self._interpolable(k, last_commit):
             share = (replay_lsn - self._lsns[k - 1]) / (self._lsns[k] - self._lsns[k - 1])
             value = now - (self._last[k - 1] + share * (self._first[k] - self._last[k - 1]))
             evidence = "interpolated"
-        elif last_commit_at is not None and commit_estimate is not None and self._writing_after(
-                k, replay_lsn, last_commit_at):
-            # The writes started somewhere in the bracket, but the replica has replayed a
-            # commit made inside it, and the primary went on writing after that commit.
+        elif (commit_estimate is not None and last_commit is not None and later_commit is not None
+              and self._last[k - 1] < last_commit < self._first[k]):
+            # Writes began somewhere in the bracket, but the replica has replayed a commit
+            # made inside it and the primary has committed again since (another replica
+            # has that later commit): what it misses followed that commit.
             value, evidence = commit_estimate, "commit_timestamp"
         else:
-            value, evidence = lower, "lsn_clock"
+            value, evidence = lower, lower_evidence
         if commit_estimate is not None and commit_estimate < value:
             value, evidence = commit_estimate, "commit_timestamp"
         if value <= lower:
-            return Staleness(lower, "lsn_clock")
+            return Staleness(lower, lower_evidence)
         return Staleness(min(value, upper), evidence)
-
-    def _writing_after(self, k: int, replay_lsn: int, last_commit_at: float) -> bool:
-        """Whether the replica's last replayed commit was made inside bracket k and the
-        primary kept writing after it at no less than half the rate before it (not the
-        end of a burst followed by a stray record, which could come any time later)."""
-        if not self._last[k - 1] < last_commit_at < self._first[k]:
-            return False
-        before = _rate(replay_lsn - self._lsns[k - 1], last_commit_at - self._last[k - 1])
-        after = _rate(self._lsns[k] - replay_lsn, self._first[k] - last_commit_at)
-        return before is not None and after is not None and after >= before / _STEADY_RATIO
 
     def _interpolable(self, k: int, last_commit_at: float | None) -> bool:
         """Whether the bytes between points k-1 and k may be spread evenly over the time

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TypedDict
 
 from lagwatch.config import ClusterConfig
-from lagwatch.lag import HistogramCounts, LagHistogram, LagWindow, LsnClock, Staleness, WindowStats
+from lagwatch.lag import Commits, HistogramCounts, LagHistogram, LagWindow, LsnClock, Staleness, WindowStats
 from lagwatch.lsn import format_lsn
 from lagwatch.snapshot import (
     ClusterSnapshot,
@@ -73,12 +73,20 @@ class _PrimaryClock:
         return self.observed_at - (self.epoch - epoch)
 
 
+def _last_commit_at(obs: NodeObservation | None, primary_clock: _PrimaryClock | None) -> float | None:
+    """When (our clock) the primary made the last commit this replica has replayed."""
+    if obs is None or not obs.ok or obs.position is None or primary_clock is None:
+        return None
+    epoch = obs.position.last_replay_epoch
+    return None if epoch is None else primary_clock.monotonic(epoch)
+
+
 @dataclass(frozen=True)
 class _ReplayPosition:
     lsn: int
     at: float
     source: str
-    last_commit_at: float | None = None  # monotonic time of the last commit replayed, if known
+    commits: Commits | None = None  # what commit timestamps say (only with the replica's own answer)
 
 
 class ClusterTracker:
@@ -117,9 +125,13 @@ class ClusterTracker:
         # The primary's view of a replica is as of the primary's answer, not of the cycle's end.
         senders_at = primary.observed_at if primary_ok and primary else now
         primary_clock = _PrimaryClock.of(primary) if primary_ok and primary else None
+        commit_times = {r.name: _last_commit_at(by_node.get(r.name), primary_clock) for r in self.cluster.replicas}
+        known = [t for t in commit_times.values() if t is not None]
+        newest_commit = max(known) if known else None
+        interval = self._commit_interval()
 
         replicas = [self._configured_replica(r.name, r.walsender_name, by_node.get(r.name), senders, senders_at,
-                                             primary_clock, now)
+                                             Commits(commit_times[r.name], newest_commit, interval), now)
                     for r in self.cluster.replicas]
         configured_names = {r.walsender_name for r in self.cluster.replicas}
         configured_labels = {r.name for r in self.cluster.replicas}
@@ -148,17 +160,13 @@ class ClusterTracker:
     # -- replicas -------------------------------------------------------------------------
 
     def _configured_replica(self, name: str, walsender_name: str, obs: NodeObservation | None,
-                            senders: dict[str, WalSender], senders_at: float, primary_clock: _PrimaryClock | None,
+                            senders: dict[str, WalSender], senders_at: float, commits: Commits,
                             now: float) -> ReplicaState:
         sender = senders.get(walsender_name)
         own = obs.position if obs is not None and obs.ok and obs.position is not None else None
         if own is not None and own.in_recovery and own.replay_lsn is not None:
             assert obs is not None
-            last_commit_at = None
-            if primary_clock is not None and own.last_replay_epoch is not None:
-                last_commit_at = primary_clock.monotonic(own.last_replay_epoch)
-            replay: _ReplayPosition | None = _ReplayPosition(own.replay_lsn, obs.observed_at, "replica",
-                                                             last_commit_at)
+            replay: _ReplayPosition | None = _ReplayPosition(own.replay_lsn, obs.observed_at, "replica", commits)
         else:
             replay = self._replay_from_sender(name, sender, senders_at)
         receiver = obs.receiver if obs is not None and obs.ok else None
@@ -207,15 +215,15 @@ class ClusterTracker:
         reading = None
         if replay is not None:
             self._last_replay[name] = replay.lsn
-            reading = self.clock.estimate(replay.lsn, replay.at, replay.last_commit_at, self._commit_interval())
+            reading = self.clock.estimate(replay.lsn, replay.at, replay.commits)
             if reading is not None and reading.evidence == "history_start" and sender is not None:
                 # Our history starts after the primary passed this replay LSN (lagwatch just
                 # started, or the clock restarted): the clock only knows a lower bound. The
                 # walsender's replay_lag, measured by the primary, is a better floor (no
                 # higher than the replayed commit's age, which bounds it from above).
                 floor = sender.lag_seconds("replay") or 0.0
-                if replay.last_commit_at is not None:
-                    floor = min(floor, replay.at - replay.last_commit_at)
+                if replay.commits is not None and replay.commits.last_replayed is not None:
+                    floor = min(floor, replay.at - replay.commits.last_replayed)
                 if floor > reading.seconds:
                     reading = Staleness(floor, "walsender")
         if reading is not None and replay is not None:

@@ -11,6 +11,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -148,6 +149,54 @@ class Lagwatch(LagwatchHttp):
                 self.proc.wait()
         self._log.close()
         return self.proc.returncode
+
+
+@dataclass(frozen=True)
+class Reading:
+    replica: str
+    at: float  # lagwatch's monotonic time the reading is for (CLOCK_MONOTONIC, as time.monotonic())
+    seconds: float
+    evidence: str
+    replay_lsn: str | None = None
+
+
+class Readings:
+    """Every staleness reading a running lagwatch publishes, collected from /api/status
+    in a background thread (each reading carries the instant it is for)."""
+
+    def __init__(self, lw: LagwatchHttp, every: float = 0.03) -> None:
+        import threading
+
+        self.lw = lw
+        self.every = every
+        self._seen: dict[tuple[str, float], Reading] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            try:
+                status = self.lw.status()
+            except (OSError, AssertionError):
+                continue
+            for cluster in status["clusters"]:
+                for r in cluster["replicas"]:
+                    at, value = r.get("staleness_measured_at_monotonic"), r.get("staleness_seconds")
+                    if at is not None and value is not None:
+                        self._seen[(r["name"], at)] = Reading(r["name"], at, value, r.get("staleness_evidence") or "",
+                                                              r.get("replay_lsn"))
+
+    def __enter__(self) -> Readings:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def of(self, replica: str, start: float = 0.0, end: float = float("inf")) -> list[Reading]:
+        return sorted((r for r in list(self._seen.values()) if r.replica == replica and start <= r.at <= end),
+                      key=lambda r: r.at)
 
 
 class Writer:

@@ -140,3 +140,33 @@ def test_wrong_role_is_reported(pg_cluster: LocalCluster, tmp_path: Path) -> Non
         assert "configured as the primary but the server is a replica" in lw.log_text()
     finally:
         lw.stop()
+
+
+def test_a_50ms_interval_works_end_to_end(pg_cluster: LocalCluster, tmp_path: Path) -> None:
+    """20 cycles a second: polls keep the cadence, the window and histogram fill, the
+    status page and `lagwatch check` speak milliseconds."""
+    lw = Lagwatch.for_cluster(tmp_path, pg_cluster, interval="50ms", window="10s")
+    try:
+        lw.wait_ready()
+        with Writer(pg_cluster, every=0.01):
+            time.sleep(1.0)
+            cycles, sampled, started = (lw.daemon_value("lagwatch_cycles_total") or 0,
+                                        lw.value("lagwatch_replica_lag_sampled_seconds_count", replica="replica1") or 0,
+                                        time.monotonic())
+            time.sleep(4.0)
+            elapsed = time.monotonic() - started
+            per_second = ((lw.daemon_value("lagwatch_cycles_total") or 0) - cycles) / elapsed
+            assert 16 <= per_second <= 21, per_second
+            got = (lw.value("lagwatch_replica_lag_sampled_seconds_count", replica="replica1") or 0) - sampled
+            assert got >= 0.8 * 20 * elapsed, got
+            overruns = lw.daemon_value("lagwatch_cycle_overruns_total") or 0
+            assert overruns <= 0.1 * (lw.daemon_value("lagwatch_cycles_total") or 0), overruns
+            window = lw.value("lagwatch_replica_lag_window_samples", replica="replica1")
+            assert window is not None and window >= 80, window
+            page = lw.get("/status")[1]
+            assert "ms" in page and "max_lag 10s" in page
+    finally:
+        lw.stop()
+    out = run_cli("check", "-c", str(lw.config_path))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "ms" in out.stdout.splitlines()[2], out.stdout

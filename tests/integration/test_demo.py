@@ -51,6 +51,11 @@ def test_demo_runs_and_cleans_up(tmp_path: Path) -> None:
                                 frozenset({"cluster": "demo", "replica": r}.items()))) is not None
             for r in ("replica1", "replica2")), timeout=30)
         assert "lagwatch demo is running" in text
+        # replica2 applies 30 ms late under a steady stream: it reads milliseconds, not 0.
+        view.wait_for("replica2 reads its 30 ms apply delay", lambda: 0.015 <= (view.samples().get(
+            ("lagwatch_replica_lag_window_seconds",
+             frozenset({"cluster": "demo", "replica": "replica2", "quantile": "0.5"}.items()))) or 0) <= 0.045,
+            timeout=30)
     finally:
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(60)

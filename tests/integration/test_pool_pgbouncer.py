@@ -14,6 +14,7 @@ import psycopg
 import pytest
 from harness import Lagwatch, Writer, cluster_config, run_cli
 from lagwatch.localcluster import LocalCluster, free_port
+from oracle import LagOracle
 from pgbouncer_server import PgBouncerServer, readable_by_servers
 
 INTERVAL = 1.0
@@ -150,6 +151,46 @@ def test_eject_and_readmit_under_pgbench(pg_cluster: LocalCluster, pgbouncer: Pg
     assert "action=readmit" in status
 
 
+def test_millisecond_sla_ejects_and_readmits(pg_cluster: LocalCluster, pgbouncer: PgBouncerServer,
+                                            tmp_path: Path) -> None:
+    """A 50 ms SLA at a 100 ms interval under 200 commits/s: replica1's apply delay goes
+    10 ms -> 120 ms -> 10 ms. It is ejected after 3 bad cycles and readmitted after 5 good
+    ones; replica2 (no delay) never changes."""
+    r1, r2 = pg_cluster.replicas
+    config = pool_config(pg_cluster, pgbouncer, tmp_path)
+    config["interval"] = "100ms"
+    config["clusters"][0]["sla"] = {"max_lag": "50ms", "eject_after": 3, "readmit_below": "25ms",
+                                    "readmit_after": 5, "min_replicas": 1}
+    lw = Lagwatch(tmp_path, config)
+    try:
+        lw.wait_ready()
+        with LagOracle(pg_cluster, tmp_path / "writer", probes=False):
+            r1.set_apply_delay(0.010)
+            time.sleep(3.0)
+            assert app_ro_hosts(pgbouncer) == sorted([r1.host, r2.host])
+            r1.set_apply_delay(0.120)
+            slowed = time.monotonic()
+            left = wait_hosts(pgbouncer, lambda hosts: hosts == [r2.host], timeout=10)
+            assert left - slowed <= 3.0, left - slowed
+            p95 = lw.value("lagwatch_replica_lag_window_seconds", replica="replica1", quantile="0.95")
+            assert p95 is not None and 0.05 < p95 < 0.2, p95
+            time.sleep(2.0)
+            assert app_ro_hosts(pgbouncer) == [r2.host]  # no flapping at a steady 120 ms
+            r1.set_apply_delay(0.010)
+            recovered = time.monotonic()
+            back = wait_hosts(pgbouncer, lambda hosts: hosts == sorted([r1.host, r2.host]), timeout=10)
+            assert back - recovered <= 3.0, back - recovered
+            time.sleep(2.0)
+            assert app_ro_hosts(pgbouncer) == sorted([r1.host, r2.host])
+        assert lw.value("lagwatch_pool_changes_total", replica="replica1", action="eject") == 1
+        assert lw.value("lagwatch_pool_changes_total", replica="replica1", action="readmit") == 1
+        assert not lw.value("lagwatch_pool_changes_total", replica="replica2", action="eject")
+        event = lw.status()["clusters"][0]["pool"]["events"][-1]
+        assert event["action"] == "eject" and "max_lag 50ms" in event["reason"], event
+    finally:
+        lw.stop()
+
+
 def test_both_paused_min_replicas_keeps_least_behind(pg_cluster: LocalCluster, pgbouncer: PgBouncerServer,
                                                      tmp_path: Path) -> None:
     r1, r2 = pg_cluster.replicas
@@ -260,12 +301,12 @@ def test_apply_delay_near_threshold_does_not_flap(pg_cluster: LocalCluster, pgbo
     lw = Lagwatch(tmp_path, pool_config(pg_cluster, pgbouncer, tmp_path))
     try:
         lw.wait_ready()
-        # Staleness is dated at the first poll after a write, so it reads about the delay
-        # rounded down to whole intervals: with writes every 0.3s, a 3.1s delay reads just
-        # under 2s or just under 3s from one cycle to the next, on both sides of max_lag (2s).
-        r1.set_apply_delay(3.1)
+        # A commit every 0.5 s, each applied 2.25 s late: the oldest unreplayed commit is
+        # between 1.75 s and 2.25 s old, so staleness is on both sides of max_lag (2s) from
+        # one cycle to the next.
+        r1.set_apply_delay(2.25)
         readings = []
-        with Writer(pg_cluster, every=0.3, max_seconds=40):
+        with Writer(pg_cluster, every=0.5, max_seconds=40):
             for _ in range(30):
                 time.sleep(1.0)
                 readings.append(lw.value("lagwatch_replica_lag_seconds", replica="replica1"))

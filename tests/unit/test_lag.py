@@ -3,11 +3,11 @@
 import math
 
 import pytest
-from lagwatch.lag import LAG_BUCKETS, LagHistogram, LagWindow, LsnClock, Staleness, nearest_rank
+from lagwatch.lag import LAG_BUCKETS, Commits, LagHistogram, LagWindow, LsnClock, Staleness, nearest_rank
 
 
 def seconds(clock: LsnClock, replay_lsn: int, now: float, last_commit_at: float | None = None) -> float:
-    reading = clock.estimate(replay_lsn, now, last_commit_at)
+    reading = clock.estimate(replay_lsn, now, Commits(last_commit_at))
     assert reading is not None
     return reading.seconds
 
@@ -27,7 +27,7 @@ def test_steady_writes_are_interpolated_between_polls() -> None:
         clock.record(1000 + 100 * t, now=10.0 + t)
     # Byte 1150 was written at t=11.5 (between the polls at 11 and 12); the replica's last
     # replayed commit (11.49) says writes were flowing there.
-    reading = clock.estimate(1150, now=12.5, last_commit_at=11.49)
+    reading = clock.estimate(1150, now=12.5, commits=Commits(11.49))
     assert reading is not None and reading.evidence == "interpolated"
     assert reading.seconds == pytest.approx(1.0)
     # 60 ms behind a steady stream reads 60 ms, not 0 (what the poll alone would say).
@@ -43,7 +43,7 @@ def test_a_stray_record_after_quiet_is_not_a_stream() -> None:
         clock.record(1000 + 100 * t, now=float(t))
     clock.record(1410, now=5.0)  # a stray record after the last writes
     # The replica has replayed all the writes (its last commit at 3.9), not the record.
-    assert clock.estimate(1400, now=5.001, last_commit_at=3.9) == Staleness(pytest.approx(0.001), "lsn_clock")  # type: ignore[arg-type]
+    assert clock.estimate(1400, now=5.001, commits=Commits(3.9)) == Staleness(pytest.approx(0.001), "lsn_clock")  # type: ignore[arg-type]
     assert seconds(clock, 1400, now=5.001) == pytest.approx(0.001)
 
 
@@ -53,11 +53,11 @@ def test_never_outside_the_bracket_of_two_polls() -> None:
         clock.record(lsn, now=float(t))
     # Byte 1250: the primary was short of it at t=2 and past it at t=3; bytes say 2.5,
     # and the replica replayed a commit at 2.1, so writes were flowing there.
-    assert clock.estimate(1250, now=4.0, last_commit_at=2.1) == Staleness(pytest.approx(1.5), "interpolated")  # type: ignore[arg-type]
+    assert clock.estimate(1250, now=4.0, commits=Commits(2.1)) == Staleness(pytest.approx(1.5), "interpolated")  # type: ignore[arg-type]
     # The last commit the replica replayed was at 2.7: what it lacks came after that.
-    assert clock.estimate(1250, now=4.0, last_commit_at=2.7) == Staleness(pytest.approx(1.3), "commit_timestamp")  # type: ignore[arg-type]
+    assert clock.estimate(1250, now=4.0, commits=Commits(2.7)) == Staleness(pytest.approx(1.3), "commit_timestamp")  # type: ignore[arg-type]
     # A commit bound below the bracket's lower end is wrong somewhere: the bracket wins.
-    assert clock.estimate(1250, now=4.0, last_commit_at=3.5) == Staleness(pytest.approx(1.0), "lsn_clock")  # type: ignore[arg-type]
+    assert clock.estimate(1250, now=4.0, commits=Commits(3.5)) == Staleness(pytest.approx(1.0), "lsn_clock")  # type: ignore[arg-type]
 
 
 def test_a_burst_after_idle_polls_is_not_interpolated() -> None:
@@ -71,10 +71,15 @@ def test_a_burst_after_idle_polls_is_not_interpolated() -> None:
     assert reading == Staleness(pytest.approx(0.05), "lsn_clock")  # type: ignore[arg-type]
     # Once the replica has replayed a commit made inside the bracket, the change it still
     # lacks came after that commit.
-    reading = clock.estimate(1500, now=6.05, last_commit_at=5.95)
+    reading = clock.estimate(1500, now=6.05, commits=Commits(5.95, newest_seen=6.04))
     assert reading == Staleness(pytest.approx(0.1), "commit_timestamp")  # type: ignore[arg-type]
+    # ... but only if the primary has committed since (another replica has a later
+    # commit): else the writes may have ended with that commit, and what the replica
+    # lacks (a stray record) was written any time after.
+    reading = clock.estimate(1500, now=6.05, commits=Commits(5.95, newest_seen=5.95))
+    assert reading == Staleness(pytest.approx(0.05), "lsn_clock")  # type: ignore[arg-type]
     # A commit from before the bracket says nothing finer.
-    assert clock.estimate(1500, now=6.05, last_commit_at=1.0) == Staleness(pytest.approx(0.05), "lsn_clock")  # type: ignore[arg-type]
+    assert clock.estimate(1500, now=6.05, commits=Commits(1.0)) == Staleness(pytest.approx(0.05), "lsn_clock")  # type: ignore[arg-type]
 
 
 def test_the_end_of_a_burst_then_a_stray_record_is_not_dated_by_the_commit() -> None:
@@ -85,7 +90,7 @@ def test_the_end_of_a_burst_then_a_stray_record_is_not_dated_by_the_commit() -> 
     for t in range(6):
         clock.record(1000, now=float(t))
     clock.record(2000, now=6.0)
-    reading = clock.estimate(1990, now=6.001, last_commit_at=5.3)
+    reading = clock.estimate(1990, now=6.001, commits=Commits(5.3, newest_seen=5.3))
     assert reading == Staleness(pytest.approx(0.001), "lsn_clock")  # type: ignore[arg-type]
 
 
@@ -96,11 +101,24 @@ def test_the_commit_bound_is_high_by_about_one_commit_interval() -> None:
     clock.record(2000, now=6.0)
     # Writes since 5.5 at 1000 bytes/s; the replica's last commit was at 5.9, and the
     # primary commits every 10 ms: the change it lacks came ~10 ms after that commit.
-    reading = clock.estimate(1400, now=6.05, last_commit_at=5.9, commit_interval=0.01)
+    reading = clock.estimate(1400, now=6.05, commits=Commits(5.9, newest_seen=6.04, interval=0.01))
     assert reading == Staleness(pytest.approx(0.14), "commit_timestamp")  # type: ignore[arg-type]
     # Never below the bracket's lower end, whatever the interval.
-    assert clock.estimate(1400, now=6.05, last_commit_at=5.9, commit_interval=5.0) == Staleness(
+    assert clock.estimate(1400, now=6.05, commits=Commits(5.9, newest_seen=6.04, interval=5.0)) == Staleness(
         pytest.approx(0.05), "lsn_clock")  # type: ignore[arg-type]
+
+
+def test_sparse_commits_read_the_one_the_replica_lacks() -> None:
+    """Commits 80 ms apart, polled every second: bytes say nothing about when within the
+    second each was written. replica2 has replayed the newest commit (at 5.99); replica1,
+    30 ms behind, has the one before (at 5.91) but not that one: it reads its age, 10 ms,
+    not the ~500 ms interpolation would say nor the 90 ms since its own last commit."""
+    clock = LsnClock(100)
+    for t in range(7):
+        clock.record(1000 + 100 * t, now=float(t))
+    commits = Commits(last_replayed=5.91, newest_seen=5.99, interval=0.08)
+    reading = clock.estimate(1590, now=6.0, commits=commits)
+    assert reading is not None and reading.seconds == pytest.approx(0.01, abs=0.001), reading
 
 
 def test_idle_primary_adds_no_points() -> None:
