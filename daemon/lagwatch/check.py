@@ -1,7 +1,8 @@
 """`lagwatch check`: two polls one interval apart, a table, a Nagios exit code.
 
-A one-shot check cannot see more staleness than the time it watched for, so it also uses
-the walsender's replay_lag while the replica is behind in bytes: a floor, not the headline.
+The lag is the daemon's own staleness reading. A replica already behind when the check
+starts is behind its two-poll history; the reading is then floored by the walsender's
+replay_lag (lag.py's "walsender" evidence), as for a daemon that has just started.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import TextIO
 
 from lagwatch.config import Config
 from lagwatch.durations import format_duration
-from lagwatch.snapshot import ReplicaState, Snapshot
+from lagwatch.snapshot import Snapshot
 
 OK, WARNING, CRITICAL, UNKNOWN = 0, 1, 2, 3
 STATE_NAMES = {OK: "OK", WARNING: "WARNING", CRITICAL: "CRITICAL", UNKNOWN: "UNKNOWN"}
@@ -34,16 +35,6 @@ class CheckRow:
     note: str
 
 
-def replica_lag_floor(r: ReplicaState) -> float | None:
-    candidates = [r.staleness] if r.staleness is not None else []
-    ws = r.walsender
-    if ws is not None and (ws.lag_bytes("replay") or 0) > 0:
-        replay_lag = ws.lag_seconds("replay")
-        if replay_lag is not None:
-            candidates.append(replay_lag)
-    return max(candidates) if candidates else None
-
-
 def evaluate(snapshot: Snapshot, warning: float, critical: float) -> tuple[int, list[CheckRow], list[str]]:
     rows: list[CheckRow] = []
     problems: list[str] = []
@@ -54,7 +45,7 @@ def evaluate(snapshot: Snapshot, warning: float, critical: float) -> tuple[int, 
             worst = worse(worst, UNKNOWN)
             problems.append(f"{cluster.name}: primary unreachable ({primary.last_error if primary else '?'})")
         for r in cluster.replicas:
-            lag = replica_lag_floor(r)
+            lag = r.staleness
             state, note = OK, "streaming" if r.streaming else ""
             if r.node_up is False:
                 state, note = CRITICAL, "unreachable"

@@ -12,12 +12,13 @@ second wide, so a finer reading combines it with what else is known (``estimate`
 
 - inside the bracket, W is interpolated by bytes, which is exact for a steady stream of
   writes. Only for a stream: not across a burst's edge (the primary was idle at the
-  earlier poll, so the writes may have started anywhere in between), and not unless the
-  replica has lately replayed a commit from around there (one stray record after a quiet
-  spell is no stream);
-- the replica's last replayed commit timestamp caps it: everything after that commit was
-  written after it, so ``now - commit`` is an upper bound (read on the primary's own
-  clock, so no two hosts' clocks are compared);
+  earlier poll, so the writes may have started anywhere in between), nor a jump in the
+  WAL rate, and not unless the replica has lately replayed a commit from around there
+  (one stray record after a quiet spell is no stream);
+- commit timestamps (``Commits``, on the primary's own clock, so no two hosts' clocks are
+  compared): what the replica lacks was written after the last commit it replayed, which
+  caps the reading, and no later than a later commit another replica has replayed, which
+  floors it;
 - the bracket's lower end is the floor, and the answer when nothing finer is known.
 
 An over-read ejects a healthy replica, so every source is either a hard bound or is
@@ -44,7 +45,7 @@ QUANTILES: tuple[float, ...] = (0.5, 0.95, 0.99, 1.0)
 # Which evidence produced a reading (the ``lag_evidence`` label):
 #   caught_up         the replica has replayed everything the primary was seen to write: 0
 #   interpolated      by bytes between the two polls that bracket the first unreplayed byte
-#   commit_timestamp  capped by the age of the last commit the replica replayed
+#   commit_timestamp  from commit timestamps: the last one the replica replayed, a later one it lacks
 #   lsn_clock         the bracket's lower end: nothing finer is known (a burst just began)
 #   history_start     behind lagwatch's history: time since the history began, a lower bound
 #   walsender         behind lagwatch's history: the walsender's replay_lag, a better floor
@@ -127,12 +128,6 @@ class LsnClock:
 
     def __len__(self) -> int:
         return len(self._lsns)
-
-    def reaches_back_to(self, lsn: int) -> bool:
-        """Whether the history starts at or before ``lsn``: if not (lagwatch started, or
-        restarted its clock, after the primary passed it), staleness is only a lower
-        bound, the time since the history began."""
-        return bool(self._lsns) and lsn >= self._lsns[0]
 
     def estimate(self, replay_lsn: int, now: float, commits: Commits | None = None) -> Staleness | None:
         """Staleness at ``now`` of a replica that has replayed up to ``replay_lsn``; None
