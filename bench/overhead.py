@@ -10,7 +10,7 @@ Per arm it prints: the primary's throughput (tps) and latency (mean, p95, p99 fr
 pgbench's per-transaction log), lagwatch's CPU (% of one core), each server's CPU spent
 in lagwatch's own backends, and lagwatch's cycle time. It prints; it asserts nothing.
 
-    python3 bench/overhead.py [--rounds 3] [--seconds 20] [--clients 4] [--pg-major 15]
+    python3 bench/overhead.py [--rounds 6] [--seconds 20] [--clients 4] [--pg-major 15]
 """
 
 from __future__ import annotations
@@ -86,7 +86,17 @@ def run_pgbench(cluster: LocalCluster, seconds: float, clients: int, folder: Pat
     return tps, latencies
 
 
+def reset(cluster: LocalCluster) -> None:
+    """Every arm starts from the same state: without this, pgbench_history's growth and
+    dead tuples make each arm slower than the one before, whatever it measures."""
+    cluster.primary.execute("TRUNCATE pgbench_history")
+    cluster.primary.execute("VACUUM ANALYZE pgbench_accounts, pgbench_branches, pgbench_tellers")
+    cluster.primary.execute("CHECKPOINT")
+    cluster.wait_replayed()
+
+
 def run_arm(arm: str, cluster: LocalCluster, args: argparse.Namespace, folder: Path, result: ArmResult) -> None:
+    reset(cluster)
     lw = None
     if arm != "none":
         work = folder / f"lagwatch-{arm}-{len(result.tps)}"
@@ -118,14 +128,13 @@ def run_arm(arm: str, cluster: LocalCluster, args: argparse.Namespace, folder: P
 
 
 def _sample_cycles(lw: Lagwatch | None, stop: threading.Event, out: list[float]) -> None:
-    """The duration of each published cycle (a new one is told apart by cycles_total)."""
+    """The last cycle's duration, scraped once a second as Prometheus would (a denser
+    sampler would itself cost lagwatch CPU and skew the figure it measures)."""
     assert lw is not None
-    last = None
-    while not stop.wait(0.05):
-        status = lw.status()
-        if status.get("cycles_total") != last:
-            last = status.get("cycles_total")
-            out.append(status["cycle_duration_seconds"] * 1000)
+    while not stop.wait(1.0):
+        for line in lw.get("/metrics")[1].splitlines():
+            if line.startswith("lagwatch_cycle_duration_seconds "):
+                out.append(float(line.split()[1]) * 1000)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -135,7 +144,7 @@ def pct(values: list[float], q: float) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=6, help="a multiple of 3 puts every arm in every slot")
     parser.add_argument("--seconds", type=float, default=20.0, help="pgbench duration per arm")
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--scale", type=int, default=10)
@@ -162,7 +171,12 @@ def main() -> int:
           f"{args.rounds} rounds, arms in rotated order")
     none_tps = results["none"].tps
     band = (max(none_tps) - min(none_tps)) / statistics.mean(none_tps) * 100
-    print(f"A/A noise band (spread of the 'none' arm across rounds): {band:.1f}% of its mean tps\n")
+    print(f"A/A noise band (spread of the 'none' arm across rounds): {band:.1f}% of its mean tps")
+    for arm in ARMS[1:]:
+        paired = [(t / n - 1) * 100 for t, n in zip(results[arm].tps, none_tps, strict=True)]
+        print(f"{arm} vs none in the same round: {statistics.mean(paired):+.1f}% mean, "
+              f"{min(paired):+.1f}% .. {max(paired):+.1f}%")
+    print()
     header = ("arm", "tps (mean of rounds)", "vs none", "latency mean / p95 / p99 ms", "lagwatch CPU",
               "backend CPU primary / r1 / r2", "cycle ms (median / max)")
     print("| " + " | ".join(header) + " |")
