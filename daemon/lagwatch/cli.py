@@ -15,8 +15,9 @@ import sys
 from pathlib import Path
 
 from lagwatch import __version__
-from lagwatch.config import Config, ConfigError, load_config
+from lagwatch.config import Config, load_config
 from lagwatch.durations import parse_duration
+from lagwatch.errors import ConfigError
 
 EXIT_CONFIG = 2
 
@@ -48,16 +49,16 @@ def setup_logging(level: str, log_format: str = "text") -> None:
     logging.getLogger("apscheduler.scheduler").setLevel(logging.WARNING)
 
 
-def _load(path: str) -> Config | None:
+def _load(path: str, web_config_file: str | None = None) -> Config | None:
     try:
-        return load_config(path)
+        return load_config(path, Path(web_config_file) if web_config_file else None)
     except ConfigError as exc:
         print(exc.render(), file=sys.stderr)
         return None
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    config = _load(args.config)
+    config = _load(args.config, args.web_config_file)
     if config is None:
         return EXIT_CONFIG
     replicas = sum(len(c.replicas) for c in config.clusters)
@@ -66,7 +67,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    config = _load(args.config)
+    config = _load(args.config, args.web_config_file)
     if config is None:
         return EXIT_CONFIG
     setup_logging(args.log_level, args.log_format)
@@ -74,34 +75,31 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def run_daemon(config: Config, config_path: Path | None, web_config_file: Path | None = None) -> int:
+    """Run the daemon on a loaded ``config``; ``web_config_file`` (the command line's) is
+    kept for reloads."""
     from lagwatch.daemon import Daemon
     from lagwatch.sdnotify import Notifier
     from lagwatch.web import WebServer
-    from lagwatch.webconfig import load_web_config
 
     log = logging.getLogger("lagwatch")
-    web_config_file = web_config_file or config.web_config_file
-    try:
-        web_config = load_web_config(web_config_file) if web_config_file else None
-    except ConfigError as exc:
-        print(exc.render(), file=sys.stderr)
-        return EXIT_CONFIG
-    daemon = Daemon(config, config_path, notifier=Notifier())
+    web_config = config.web
+    daemon = Daemon(config, config_path, notifier=Notifier(), web_config_file=web_config_file)
     host, port = config.listen_address
     try:
-        web = WebServer(host, port, daemon.holder, lambda: daemon.config.interval, web_config)
+        web = WebServer(host, port, daemon.holder, lambda: daemon.config)
     except OSError as exc:
         log.error("cannot listen on %s: %s", config.listen, exc.strerror)
         return 1
+    daemon.reload_hooks.append(web.prepare_web_config)
     web.start()
-    tls = web_config is not None and web_config.tls_server_config is not None
+    tls = web.tls
     scheme = "https" if tls else "http"
     log.info("lagwatch %s listening on %s://%s:%d/ (/metrics, /status)", __version__, scheme, host, web.port)
     if web_config is None:
         where = "loopback only" if _is_loopback(host) else "NOT loopback: anyone who can reach it can read it"
         (log.info if _is_loopback(host) else log.warning)(
             "no web_config_file: HTTP without TLS or authentication, %s", where)
-    elif not web.auth.enabled:
+    elif not web.settings.auth.enabled:
         log.warning("web config has no basic_auth_users: endpoints are not password protected")
     try:
         asyncio.run(daemon.run())
@@ -235,8 +233,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--critical", type=_duration, default=30.0, help="staleness critical threshold (default 30s)")
     p.set_defaults(func=cmd_check)
 
-    p = sub.add_parser("validate", parents=common, help="check a config file and exit")
+    p = sub.add_parser("validate", parents=common, help="check a config file (and the web config it names) and exit")
     p.add_argument("-c", "--config", required=True)
+    p.add_argument("--web.config.file", dest="web_config_file", default=None,
+                   help="check this web config instead of the config's web_config_file, as run would use it")
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("pool", parents=common, help="operator holds on pool membership, kept across restarts")

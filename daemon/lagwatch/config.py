@@ -7,31 +7,30 @@ Every problem is reported at once, each with the path of the key it concerns
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+import re
+import string
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import psycopg.conninfo
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from lagwatch.durations import parse_duration
+from lagwatch.errors import ConfigError, validation_problems
+from lagwatch.webconfig import WebConfig, load_web_config
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
-
-
-class ConfigError(Exception):
-    """A config file that cannot be used; ``problems`` lists every error with its path."""
-
-    def __init__(self, source: str, problems: Sequence[str]) -> None:
-        self.source = source
-        self.problems = list(problems)
-        super().__init__(f"{source}: " + "; ".join(self.problems))
-
-    def render(self) -> str:
-        lines = [f"{self.source}: {len(self.problems)} problem(s)"]
-        lines += [f"  {p}" for p in self.problems]
-        return "\n".join(lines)
 
 
 class PasswordUnavailableError(Exception):
@@ -72,10 +71,7 @@ class NodeConfig(_Strict):
 
     @model_validator(mode="after")
     def _one_password_source(self) -> NodeConfig:
-        if self.password_file is not None and self.password_env is not None:
-            raise ValueError("set at most one of password_file and password_env")
-        if self.password_file is not None and not os.access(self.password_file, os.R_OK):
-            raise ValueError(f"password_file {str(self.password_file)!r} is not a readable file")
+        _password_sources(self.password_file, self.password_env)
         return self
 
     def password(self) -> str | None:
@@ -89,6 +85,13 @@ class NodeConfig(_Strict):
         if self.password_env is not None:
             return os.environ.get(self.password_env) or None
         return None
+
+
+def _password_sources(file: Path | None, env: str | None, prefix: str = "") -> None:
+    if file is not None and env is not None:
+        raise ValueError(f"set at most one of {prefix}password_file and {prefix}password_env")
+    if file is not None and not (file.is_file() and os.access(file, os.R_OK)):
+        raise ValueError(f"{prefix}password_file {str(file)!r} is not a readable file")
 
 
 def _may_hold_password(dsn: str) -> bool:
@@ -173,6 +176,11 @@ class PgBouncerPoolerConfig(_Strict):
     def _valid_admin_dsn(cls, dsn: str) -> str:
         return NodeConfig._valid_dsn(dsn)
 
+    @model_validator(mode="after")
+    def _one_admin_password_source(self) -> PgBouncerPoolerConfig:
+        _password_sources(self.admin_password_file, self.admin_password_env, "admin_")
+        return self
+
     @field_validator("database", "options")
     @classmethod
     def _one_line(cls, value: str) -> str:
@@ -182,12 +190,37 @@ class PgBouncerPoolerConfig(_Strict):
         return value
 
 
+# What HAProxy accepts as a backend or server name (and what the runtime API can address).
+HAPROXY_NAME = re.compile(r"[A-Za-z0-9._:-]+")
+
+
 class HAProxyPoolerConfig(_Strict):
     kind: Literal["haproxy"]
     socket: Path  # the stats socket with "level admin"
     backend: str
     servers: dict[str, str]  # lagwatch member name (replica name or "primary") -> HAProxy server
     ejected_state: Literal["maint", "drain"] = "maint"
+
+    @field_validator("backend")
+    @classmethod
+    def _backend_name(cls, name: str) -> str:
+        if not HAPROXY_NAME.fullmatch(name):
+            raise ValueError(f"{name!r} is not an HAProxy name (letters, digits and . _ : - only)")
+        return name
+
+    @field_validator("servers")
+    @classmethod
+    def _server_names(cls, servers: dict[str, str]) -> dict[str, str]:
+        bad = sorted(server for server in servers.values() if not HAPROXY_NAME.fullmatch(server))
+        if bad:
+            raise ValueError(f"not HAProxy server names (letters, digits and . _ : - only): "
+                             f"{', '.join(map(repr, bad))}")
+        by_server: dict[str, str] = {}
+        for member, server in sorted(servers.items()):
+            if server in by_server:
+                raise ValueError(f"{by_server[server]!r} and {member!r} both map to server {server!r}")
+            by_server[server] = member
+        return servers
 
 
 class TomlPoolerConfig(_Strict):
@@ -206,7 +239,45 @@ class CommandPoolerConfig(_Strict):
     output_file: Path
     reload_command: tuple[str, ...]
 
+    @field_validator("template")
+    @classmethod
+    def _fills_in(cls, template: str) -> str:
+        check_template(template)
+        return template
 
+
+TEMPLATE_FIELDS = ("members", "hosts", "backends")
+
+
+def check_template(template: str) -> None:
+    """Raise ValueError unless ``template`` uses exactly the fields the command pooler
+    fills in, plainly ({members}, not {members.x} or {0}), and formats with sample values
+    as run would format it."""
+    known = "only {members}, {hosts} and {backends} exist (write {{ and }} for braces)"
+    try:
+        fields = list(_template_fields(template))
+    except ValueError as exc:
+        raise ValueError(f"not a valid format string: {exc}") from None
+    for field in fields:
+        if field == "" or field.isdigit():
+            raise ValueError(f"positional placeholder {{{field}}}: {known}")
+        if field not in TEMPLATE_FIELDS:
+            raise ValueError(f"unknown placeholder {{{field}}}: {known}")
+    try:
+        template.format(**{name: "x" for name in TEMPLATE_FIELDS})
+    except (ValueError, KeyError, IndexError, AttributeError, TypeError) as exc:
+        raise ValueError(f"not a valid format string: {exc}") from None
+
+
+def _template_fields(template: str) -> Iterator[str]:
+    for _, field, spec, _ in string.Formatter().parse(template):
+        if field is not None:
+            yield field
+        if spec:
+            yield from _template_fields(spec)
+
+
+POOLER_KINDS = ("pgbouncer", "haproxy", "pgcat", "pgdog", "command")
 PoolerConfig = Annotated[
     PgBouncerPoolerConfig | HAProxyPoolerConfig | TomlPoolerConfig | CommandPoolerConfig,
     Field(discriminator="kind"),
@@ -247,6 +318,21 @@ class ClusterConfig(_Strict):
         return self.sla.for_replica(replica.sla)
 
     @model_validator(mode="after")
+    def _pooled_nodes_have_one_address(self) -> ClusterConfig:
+        """A pooler routes to one host and port per node: a multi-host DSN cannot be one."""
+        if self.pooler is None:
+            return self
+        nodes: list[tuple[str, NodeConfig]] = [("primary", self.primary)]
+        nodes += [(f"replicas[{i}]", r) for i, r in enumerate(self.replicas)]
+        for where, node in nodes:
+            params = psycopg.conninfo.conninfo_to_dict(node.dsn)
+            for key in ("host", "hostaddr", "port"):
+                if "," in str(params.get(key) or ""):
+                    raise ValueError(f"{where}.dsn: with a pooler each node needs one {key}, "
+                                     f"got {str(params[key])!r}")
+        return self
+
+    @model_validator(mode="after")
     def _pooler_members(self) -> ClusterConfig:
         if isinstance(self.pooler, HAProxyPoolerConfig):
             known = {r.name for r in self.replicas} | {"primary"}
@@ -280,6 +366,12 @@ class Config(_Strict):
     state_dir: Path = Path("/var/lib/lagwatch")  # operator holds live here (holds.json)
     web_config_file: Path | None = None  # TLS and basic auth, Prometheus exporters' web config format
     clusters: tuple[ClusterConfig, ...]
+    # The web config file's contents, set by load_config (not a key of the file).
+    _web: WebConfig | None = PrivateAttr(default=None)
+
+    @property
+    def web(self) -> WebConfig | None:
+        return self._web
 
     @field_validator("interval", "window")
     @classmethod
@@ -346,39 +438,19 @@ def split_listen(value: str) -> tuple[str, int]:
     return host.strip("[]"), int(port_text)
 
 
-def _path(loc: tuple[int | str, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += f".{part}" if out else part
-    return out
-
-
-def validation_problems(exc: ValidationError) -> list[str]:
-    problems = []
-    for err in exc.errors(include_input=False, include_url=False):
-        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            msg = "unknown key"
-        elif err["type"] == "missing":
-            msg = "required key is missing"
-        problems.append(f"{_path(loc) or '(top level)'}: {msg}")
-    return problems
-
-
 def parse_config(data: Any, source: str = "<config>") -> Config:
     if not isinstance(data, dict):
         raise ConfigError(source, ["(top level): expected a mapping of settings"])
     try:
         return Config.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(source, validation_problems(exc)) from None
+        raise ConfigError(source, validation_problems(exc, {"pooler": POOLER_KINDS})) from None
 
 
-def load_config(path: str | Path) -> Config:
+def load_config(path: str | Path, web_config_file: Path | None = None) -> Config:
+    """The config file and the web config file it names (or ``web_config_file``, given on
+    the command line), both validated: every command and every reload loads through here,
+    so all of them accept and reject exactly the same files."""
     source = str(path)
     try:
         text = Path(path).read_text()
@@ -390,4 +462,11 @@ def load_config(path: str | Path) -> Config:
         where = getattr(exc, "problem_mark", None)
         at = f"line {where.line + 1}, column {where.column + 1}: " if where else ""
         raise ConfigError(source, [f"{at}not valid YAML ({getattr(exc, 'problem', exc)})"]) from None
-    return parse_config(data, source)
+    config = parse_config(data, source)
+    web_file = web_config_file or config.web_config_file
+    if web_file is not None:
+        try:
+            config._web = load_web_config(web_file)
+        except ConfigError as exc:
+            raise ConfigError(source, [f"web_config_file ({exc.source}): {p}" for p in exc.problems]) from None
+    return config

@@ -12,95 +12,130 @@ import asyncio
 import logging
 import signal
 import time
-from dataclasses import replace
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from apscheduler.events import EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED, JobEvent
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
-from lagwatch.config import Config, ConfigError, load_config
+from lagwatch.config import Config, load_config
 from lagwatch.durations import format_duration
+from lagwatch.errors import ConfigError
 from lagwatch.holds import HoldStore
 from lagwatch.poll import NodePoller, poll_all, pollers_for
-from lagwatch.poolcontrol import PoolController
+from lagwatch.poolcontrol import PoolController, Reconfiguration
 from lagwatch.sdnotify import Notifier
-from lagwatch.snapshot import ClusterSnapshot, Snapshot
+from lagwatch.snapshot import ClusterSnapshot, Snapshot, SnapshotHolder
 from lagwatch.tracker import ClusterTracker
 
 log = logging.getLogger("lagwatch.daemon")
 
 
-class SnapshotHolder:
-    """The last published snapshot. Publishing is one reference assignment, so readers in
-    other threads (the HTTP server) always see a complete snapshot."""
+# Prepares a reloaded config's part that lives outside the daemon (the web server's TLS
+# and auth): may raise to reject the reload; returns what makes it take effect, which must not.
+ReloadHook = Callable[[Config], Callable[[], None]]
 
-    def __init__(self) -> None:
-        self._snapshot: Snapshot | None = None
 
-    def get(self) -> Snapshot | None:
-        return self._snapshot
+@dataclass
+class _Runtime:
+    """Everything a config puts in force. A reload builds a whole new one beside the
+    running one, touching nothing that runs; only if all of it builds is it put in force,
+    in one step (``Daemon._commit``)."""
 
-    def publish(self, snapshot: Snapshot) -> None:
-        self._snapshot = snapshot
+    config: Config
+    trackers: dict[str, ClusterTracker]
+    pollers: dict[str, list[NodePoller]]
+    controllers: dict[str, PoolController]
+    # Kept controllers and what they take on at commit (their history carries over).
+    reconfigured: list[tuple[PoolController, Reconfiguration]] = field(default_factory=list)
+    hooks: list[Callable[[], None]] = field(default_factory=list)
 
 
 class Daemon:
     def __init__(self, config: Config, config_path: Path | None = None,
-                 holder: SnapshotHolder | None = None, notifier: Notifier | None = None) -> None:
-        self.config = config
+                 holder: SnapshotHolder | None = None, notifier: Notifier | None = None,
+                 web_config_file: Path | None = None) -> None:
         self.config_path = config_path
+        self.web_config_file = web_config_file  # the command line's, kept for reloads
         self.holder = holder or SnapshotHolder()
         # systemd's notify protocol; a no-op unless given one built from NOTIFY_SOCKET.
         self.notifier = notifier or Notifier({})
-        self._trackers: dict[str, ClusterTracker] = {}
-        self._pollers: dict[str, list[NodePoller]] = {}
-        self._controllers: dict[str, PoolController] = {}
-        self._build(config)
+        self.reload_hooks: list[ReloadHook] = []
+        self._runtime = _Runtime(config, {}, {}, {})
+        self._commit(self._build(config))
         self._cycles = 0
         self._overruns = 0
+        self._reload_ok = True
+        self._reload_success_at = time.time()  # the config loaded at start counts, as in Prometheus
+        self._background_errors = 0
         self._lock = asyncio.Lock()
         self._stopped = asyncio.Event()
         self._scheduler: AsyncIOScheduler | None = None
 
-    def _build(self, config: Config) -> list[PoolController]:
-        """Trackers, pollers and pool controllers for ``config``; on a reload, what can
-        carry over does. Returns the controllers no longer needed, for the caller to close."""
+    @property
+    def config(self) -> Config:
+        return self._runtime.config
+
+    def _build(self, config: Config) -> _Runtime:
+        """The runtime for ``config``, built beside the one running: what can carry over
+        (lag history, pool-control streaks, counters, leadership) is reused, but nothing in
+        force is changed here. Raises if any part cannot be built."""
+        running = self._runtime
         trackers = {}
         for cluster in config.clusters:
-            old = self._trackers.get(cluster.name)
+            old = running.trackers.get(cluster.name)
             if old is not None and (old.interval, old.window) == (config.interval, config.window):
-                old.cluster = cluster  # keep the lag history across a reload
-                trackers[cluster.name] = old
+                trackers[cluster.name] = old  # keeps its history; takes the new cluster config at commit
             else:
                 trackers[cluster.name] = ClusterTracker(cluster, config.interval, config.window)
-        self._trackers = trackers
-        self._pollers = {c.name: pollers_for(c, config) for c in config.clusters}
+        pollers = {c.name: pollers_for(c, config) for c in config.clusters}
         holds = HoldStore(config.holds_file)
         timeout = config.effective_query_timeout
-        controllers = {}
+        controllers, reconfigured = {}, []
         for cluster in config.clusters:
             if cluster.pooler is None:
                 continue
-            kept = self._controllers.get(cluster.name)
-            if kept is not None and kept.reconfigure(cluster, config.interval, holds, timeout):
+            kept = running.controllers.get(cluster.name)
+            change = kept.prepare(cluster, config.interval, holds, timeout) if kept is not None else None
+            if kept is not None and change is not None:
                 controllers[cluster.name] = kept  # streaks, counters and leadership carry over
+                reconfigured.append((kept, change))
             else:
                 controllers[cluster.name] = PoolController(cluster, config.interval, holds, timeout)
-        retired = [c for c in self._controllers.values() if c not in controllers.values()]
-        self._controllers = controllers
-        return retired
+        hooks = [hook(config) for hook in self.reload_hooks]
+        return _Runtime(config, trackers, pollers, controllers, reconfigured, hooks)
+
+    def _commit(self, new: _Runtime) -> _Runtime:
+        """Put ``new`` in force in one step (nothing here can fail); returns the runtime it
+        replaced, whose pollers and retired controllers the caller closes."""
+        old, self._runtime = self._runtime, new
+        for cluster in new.config.clusters:
+            new.trackers[cluster.name].cluster = cluster
+        for controller, change in new.reconfigured:
+            controller.commit(change)
+        for apply in new.hooks:
+            apply()
+        return old
+
+    async def _close_replaced(self, old: _Runtime) -> None:
+        kept = set(map(id, self._runtime.controllers.values()))
+        await asyncio.gather(*(p.close() for pollers in old.pollers.values() for p in pollers),
+                             *(c.close() for c in old.controllers.values() if id(c) not in kept))
 
     # -- one cycle ------------------------------------------------------------------------
 
     async def cycle(self) -> Snapshot:
         async with self._lock:
             started = time.monotonic()
-            clusters = self.config.clusters
-            budget = self.config.cycle_budget
-            results = await asyncio.gather(*(poll_all(self._pollers[c.name], budget) for c in clusters))
+            runtime = self._runtime
+            clusters = runtime.config.clusters
+            budget = runtime.config.cycle_budget
+            results = await asyncio.gather(*(poll_all(runtime.pollers[c.name], budget) for c in clusters))
             now = time.monotonic()
-            tracked = [self._trackers[c.name].update(obs, now) for c, obs in zip(clusters, results, strict=True)]
+            tracked = [runtime.trackers[c.name].update(obs, now) for c, obs in zip(clusters, results, strict=True)]
             snapshots = tuple(await asyncio.gather(*(self._control(cs, now) for cs in tracked)))
             duration = time.monotonic() - started
             self._cycles += 1
@@ -109,7 +144,9 @@ class Daemon:
                 log.warning("cycle took %s, longer than the %s interval", format_duration(duration),
                             format_duration(self.config.interval))
             snapshot = Snapshot(taken_at=time.time(), cycle_duration=duration, cycles_total=self._cycles,
-                                overruns_total=self._overruns, clusters=snapshots)
+                                overruns_total=self._overruns, clusters=snapshots,
+                                reload_successful=self._reload_ok, reload_success_at=self._reload_success_at,
+                                background_errors_total=self._background_errors)
             self.holder.publish(snapshot)
             for cluster_snapshot in snapshots:
                 log.info("%s", cycle_line(cluster_snapshot))
@@ -131,7 +168,7 @@ class Daemon:
             self.notifier.status(f"no node answered the last poll; {status}")
 
     async def _control(self, cluster: ClusterSnapshot, now: float) -> ClusterSnapshot:
-        controller = self._controllers.get(cluster.name)
+        controller = self._runtime.controllers.get(cluster.name)
         if controller is None:
             return cluster
         try:
@@ -155,7 +192,7 @@ class Daemon:
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         for sig, handler in ((signal.SIGTERM, self.stop), (signal.SIGINT, self.stop),
-                             (signal.SIGHUP, lambda: asyncio.ensure_future(self.reload()))):
+                             (signal.SIGHUP, lambda: self._in_background(self.reload(), "reload"))):
             loop.add_signal_handler(sig, handler)
         # An explicit zone: the interval trigger needs none, and tzlocal would print its guesses.
         scheduler = AsyncIOScheduler(event_loop=loop, timezone=UTC)
@@ -181,42 +218,61 @@ class Daemon:
                                 misfire_grace_time=max(1, int(self.config.interval)),
                                 next_run_time=datetime.now(UTC))
 
+    def _in_background(self, work: Coroutine[Any, Any, object], what: str) -> None:
+        """Run ``work`` as a task whose failure is logged with its trace and counted
+        (``lagwatch_background_errors_total``), never dropped."""
+        def done(task: asyncio.Task[object]) -> None:
+            if not task.cancelled() and task.exception() is not None:
+                self._background_errors += 1
+                log.error("%s failed", what, exc_info=task.exception())
+
+        asyncio.ensure_future(work).add_done_callback(done)
+
     def stop(self) -> None:
         log.info("stopping")
         self.notifier.stopping()
         self._stopped.set()
 
     async def close(self) -> None:
-        await asyncio.gather(*(p.close() for pollers in self._pollers.values() for p in pollers),
-                             *(c.close() for c in self._controllers.values()))
+        runtime = self._runtime
+        await asyncio.gather(*(p.close() for pollers in runtime.pollers.values() for p in pollers),
+                             *(c.close() for c in runtime.controllers.values()))
 
     async def reload(self) -> bool:
-        """Re-read the config file; a bad one is rejected and the running config stays."""
+        """Re-read the config file (and its web config) and put it in force whole, or not
+        at all: a file that does not validate, or a runtime that cannot be built from it,
+        leaves everything running as it was, with one log line naming every problem."""
         if self.config_path is None:
             log.warning("reload requested but lagwatch was not started from a config file")
             return False
         self.notifier.reloading()
         try:
-            new = load_config(self.config_path)
+            new = load_config(self.config_path, self.web_config_file)
+            runtime = self._build(new)
         except ConfigError as exc:
-            log.error("reload rejected, keeping the running config: %s", exc)
-            self.notifier.ready("reload rejected, running the previous config")
-            return False
+            return self._rejected(str(exc))
+        except Exception as exc:  # a rule the schema missed: still nothing changes
+            log.exception("building the reloaded config failed")
+            return self._rejected(f"{self.config_path}: {type(exc).__name__}: {exc}")
         async with self._lock:
             if new.listen != self.config.listen:
                 log.warning("listen changed to %s: takes effect on restart", new.listen)
-            old_interval = self.config.interval
-            await asyncio.gather(*(p.close() for pollers in self._pollers.values() for p in pollers))
-            self.config = new
-            retired = self._build(new)
-            await asyncio.gather(*(c.close() for c in retired))
-            if self._scheduler is not None and new.interval != old_interval:
+            old = self._commit(runtime)
+            if self._scheduler is not None and new.interval != old.config.interval:
                 self._add_job()
+        await self._close_replaced(old)
+        self._reload_ok, self._reload_success_at = True, time.time()
         log.info("reloaded %s: %d cluster(s), interval %s", self.config_path, len(new.clusters),
                  format_duration(new.interval))
         self.notifier.ensure_watchdog(watchdog_budget(new))  # the interval may have changed
         self.notifier.ready(f"reloaded {self.config_path}")
         return True
+
+    def _rejected(self, problems: str) -> bool:
+        self._reload_ok = False
+        log.error("reload rejected, keeping the running config: %s", problems)
+        self.notifier.ready("reload rejected, running the previous config")
+        return False
 
 
 def watchdog_budget(config: Config) -> float:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -25,6 +26,8 @@ def parse_duration(value: object) -> float:
         seconds = float(match.group(1)) * _UNITS[match.group(2) or "s"]
     else:
         raise ValueError(f"expected a duration like 250ms, 1s, 1m or 1h, got {type(value).__name__}")
+    if not math.isfinite(seconds):
+        raise ValueError(f"must be a finite number of seconds, got {value!r}")
     if seconds < 0:
         raise ValueError(f"must not be negative, got {value!r}")
     return seconds

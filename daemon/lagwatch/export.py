@@ -62,6 +62,14 @@ def _daemon_metrics(snapshot: Snapshot) -> Iterator[Metric]:
                               value=snapshot.overruns_total)
     yield GaugeMetricFamily("lagwatch_last_poll_timestamp_seconds",
                             "Unix time the last cycle was published", value=snapshot.taken_at)
+    # The names Prometheus and Alertmanager use for the same thing.
+    yield GaugeMetricFamily("lagwatch_config_last_reload_successful",
+                            "1 if the last config reload was put in force, 0 if it was rejected "
+                            "(the running config stays)", value=1.0 if snapshot.reload_successful else 0.0)
+    yield GaugeMetricFamily("lagwatch_config_last_reload_success_timestamp_seconds",
+                            "Unix time the config in force was loaded", value=snapshot.reload_success_at)
+    yield CounterMetricFamily("lagwatch_background_errors", "Background tasks that failed (each logged "
+                              "with its trace)", value=snapshot.background_errors_total)
 
 
 def _cluster_metrics(c: ClusterSnapshot) -> Iterator[Metric]:

@@ -41,6 +41,18 @@ class _ApplyBackoff:
     next_at: float = 0.0
 
 
+@dataclass(frozen=True)
+class Reconfiguration:
+    """A reloaded cluster config for a running PoolController, built beside it."""
+
+    cluster: ClusterConfig
+    interval: float
+    holds: HoldStore
+    timeout: float
+    pooler: Pooler
+    leader: LeaderLock | None  # a new lock when the primary or the timeout changed
+
+
 class PoolController:
     def __init__(self, cluster: ClusterConfig, interval: float, holds: HoldStore, timeout: float) -> None:
         assert cluster.pooler is not None
@@ -64,19 +76,28 @@ class PoolController:
         self._inflight: asyncio.Future[Any] | None = None
         self.deadline = max(3.0, 2 * timeout)
 
-    def reconfigure(self, cluster: ClusterConfig, interval: float, holds: HoldStore, timeout: float) -> bool:
+    def prepare(self, cluster: ClusterConfig, interval: float, holds: HoldStore,
+                timeout: float) -> Reconfiguration | None:
+        """What a reloaded config changes here, built without touching this controller
+        (``commit`` puts it in force). None when the pooler itself changed: then this
+        controller is retired and a fresh one starts."""
+        if cluster.pooler != self.cluster.pooler or cluster.name != self.cluster.name:
+            return None
+        new_leader = cluster.primary != self.cluster.primary or timeout != self.leader.timeout
+        return Reconfiguration(cluster, interval, holds, timeout, make_pooler(cluster),
+                               LeaderLock(cluster, timeout) if new_leader else None)
+
+    def commit(self, change: Reconfiguration) -> None:
         """Take a reloaded config without forgetting: streaks, events, counters, backoff and
         (if the primary is the same) the leader lock carry over, so a reload neither resets
-        hysteresis nor hands leadership to the other instance. Returns False when the
-        pooler itself changed: then this controller is retired and a fresh one starts."""
-        if cluster.pooler != self.cluster.pooler or cluster.name != self.cluster.name:
-            return False
-        if cluster.primary != self.cluster.primary or timeout != self.leader.timeout:
+        hysteresis nor hands leadership to the other instance."""
+        cluster = change.cluster
+        if change.leader is not None:
             self.leader.release()
-            self.leader = LeaderLock(cluster, timeout)
+            self.leader = change.leader
         else:
             self.leader.cluster = cluster
-        self.pooler = make_pooler(cluster)  # the replicas' hosts and ports may have changed
+        self.pooler = change.pooler  # the replicas' hosts and ports may have changed
         names = [r.name for r in cluster.replicas]
         if self._state is not None:
             # A replica new to the config must earn its place, as at start, unless the
@@ -86,9 +107,8 @@ class PoolController:
             new_names = [n for n in names if n not in self._state.replicas]
             joined = PolicyState.from_pool(view & set(new_names), new_names, time.monotonic())
             self._state = PolicyState({**self._state.replicas, **joined.replicas}, self._state.pool | joined.pool)
-        self.cluster, self.interval, self.holds, self._names = cluster, interval, holds, names
-        self.deadline = max(3.0, 2 * timeout)
-        return True
+        self.cluster, self.interval, self.holds, self._names = cluster, change.interval, change.holds, names
+        self.deadline = max(3.0, 2 * change.timeout)
 
     async def step(self, snapshot: ClusterSnapshot, now: float) -> PoolStatus:
         if self.cluster.dry_run:

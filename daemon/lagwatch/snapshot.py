@@ -155,3 +155,20 @@ class Snapshot:
     cycles_total: int
     overruns_total: int
     clusters: tuple[ClusterSnapshot, ...]
+    reload_successful: bool = True  # the last reload was put in force (true before any)
+    reload_success_at: float = 0.0  # wall clock of the last config put in force (the start counts)
+    background_errors_total: int = 0  # background tasks that failed (each logged with its trace)
+
+
+class SnapshotHolder:
+    """The last published snapshot. Publishing is one reference assignment, so readers in
+    other threads (the HTTP server) always see a complete snapshot."""
+
+    def __init__(self) -> None:
+        self._snapshot: Snapshot | None = None
+
+    def get(self) -> Snapshot | None:
+        return self._snapshot
+
+    def publish(self, snapshot: Snapshot) -> None:
+        self._snapshot = snapshot

@@ -31,7 +31,7 @@ import bcrypt
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
-from lagwatch.config import ConfigError, validation_problems
+from lagwatch.errors import ConfigError, validation_problems
 
 log = logging.getLogger("lagwatch.webconfig")
 

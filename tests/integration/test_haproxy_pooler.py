@@ -252,10 +252,3 @@ def test_verification_failure(hx: HAProxyServer) -> None:
     with pytest.raises(PoolerError, match=r"routes to \['replica1', 'replica2'\] after apply, wanted \['replica1'\]"):
         pooler.apply_pool(frozenset({"replica1"}))
     assert admin_states(hx) == {"pg1": 0, "pg2": 0, "other": 0}
-
-
-def test_invalid_names_rejected(hx: HAProxyServer) -> None:
-    with pytest.raises(PoolerError, match="invalid backend/server name"):
-        make_pooler(hx, backend="pg_read;disable server pg_read/pg1")
-    with pytest.raises(PoolerError, match="both map to server"):
-        make_pooler(hx, servers={"replica1": "pg1", "replica2": "pg1"})

@@ -60,4 +60,4 @@ def test_check_never_controls_the_pool() -> None:
     checked = measuring_only(config)
     assert [c.pooler for c in checked.clusters] == [None]
     assert checked.clusters[0].replicas == config.clusters[0].replicas
-    assert Daemon(checked)._controllers == {}
+    assert Daemon(checked)._runtime.controllers == {}

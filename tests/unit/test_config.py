@@ -5,8 +5,9 @@ from pathlib import Path
 
 import pytest
 from lagwatch.cli import main
-from lagwatch.config import ConfigError, load_config, parse_config
+from lagwatch.config import load_config, parse_config
 from lagwatch.durations import format_duration, parse_duration
+from lagwatch.errors import ConfigError
 from pydantic import ValidationError
 
 ISSUE_EXAMPLE = """\
@@ -202,16 +203,25 @@ def test_haproxy_pooler_and_replica_sla_override(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("pool_yaml,needle", [
-    ("    pooler: {kind: pgcat}\n", "clusters[0].pooler.pgcat.config_file: required key is missing"),
+    ("    pooler: {kind: pgcat}\n", "clusters[0].pooler.config_file: required key is missing"),
     ("    pooler: {kind: nosuch}\n", "clusters[0].pooler:"),
     ("    pooler: {kind: haproxy, socket: /s, backend: b, servers: {ghost: g}}\n", "unknown replicas: ghost"),
     ("    sla: {max_lag: 1s, readmit_below: 2s}\n", "readmit_below must not be above max_lag"),
     ("    sla: {eject_after: 0}\n", "clusters[0].sla.eject_after:"),
     ("    sla: {readmit_below: 0s}\n", "readmit_below must be greater than 0"),
     ("    pooler: {kind: pgbouncer, admin_dsn: 'host=a = =', include_file: /f, database: ro}\n",
-     "clusters[0].pooler.pgbouncer.admin_dsn: not a valid libpq connection string"),
+     "clusters[0].pooler.admin_dsn: not a valid libpq connection string"),
     ("    pooler: {kind: pgbouncer, admin_dsn: 'host=a', include_file: /f, database: \"ro\\nx = y\"}\n",
-     "clusters[0].pooler.pgbouncer.database: must be one line"),
+     "clusters[0].pooler.database: must be one line"),
+    # What the adapters would refuse at run time is refused here: validate agrees with run.
+    ("    pooler: {kind: haproxy, socket: /s, backend: 'pg_read;disable server pg_read/pg1', servers: {}}\n",
+     "clusters[0].pooler.backend: 'pg_read;disable server pg_read/pg1' is not an HAProxy name"),
+    ("    pooler: {kind: haproxy, socket: /s, backend: b, servers: {replica1: pg1, replica2: pg1}}\n",
+     "clusters[0].pooler.servers: 'replica1' and 'replica2' both map to server 'pg1'"),
+    ("    pooler: {kind: command, template: '{replicas}', output_file: /o, reload_command: []}\n",
+     "clusters[0].pooler.template: unknown placeholder {replicas}"),
+    ("    pooler: {kind: pgbouncer, admin_dsn: 'host=a', admin_password_file: /nonexistent, include_file: /f,"
+     " database: ro}\n", "clusters[0].pooler: admin_password_file '/nonexistent' is not a readable file"),
 ])
 def test_bad_pool_config(tmp_path: Path, capsys: pytest.CaptureFixture[str], pool_yaml: str, needle: str) -> None:
     assert main(["validate", "-c", str(write(tmp_path, ISSUE_EXAMPLE + pool_yaml))]) == 2
@@ -241,3 +251,26 @@ def test_bad_port_in_dsn(dsn: str) -> None:
                                           (12.0, "12s"), (90.0, "90s"), (150.0, "2.5m"), (7200.0, "2h")])
 def test_durations_are_shown_to_the_millisecond(seconds: float, text: str) -> None:
     assert format_duration(seconds) == text
+
+
+@pytest.mark.parametrize("line,needle", [
+    ("interval: .inf", "interval: must be a finite number of seconds"),
+    ("interval: .nan", "interval: must be a finite number of seconds"),
+    ("window: -.inf", "window: must be a finite number of seconds"),
+    ("query_timeout: .nan", "query_timeout: must be a finite number of seconds"),
+])
+def test_durations_must_be_finite(tmp_path: Path, line: str, needle: str) -> None:
+    key = line.split(":")[0]
+    rest = "\n".join(x for x in ISSUE_EXAMPLE.splitlines() if not x.startswith(key + ":"))
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, line + "\n" + rest + "\n"))
+    assert any(p.startswith(needle) for p in info.value.problems), info.value.problems
+
+
+def test_a_pooled_node_needs_one_host_and_port(tmp_path: Path) -> None:
+    text = ISSUE_EXAMPLE.replace('dsn: "host=127.0.0.3 port=55432', 'dsn: "host=127.0.0.3,127.0.0.4 port=55432') + (
+        "    pooler: {kind: haproxy, socket: /s, backend: b, servers: {replica1: r1}}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, text))
+    assert any("replicas[1].dsn: with a pooler each node needs one host" in p for p in info.value.problems)
+    load_config(write(tmp_path, ISSUE_EXAMPLE.replace('host=127.0.0.3 port', 'host=127.0.0.3,127.0.0.4 port')))

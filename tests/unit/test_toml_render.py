@@ -7,6 +7,7 @@ import tomllib
 from typing import Any
 
 import pytest
+from lagwatch.config import check_template
 from lagwatch.poolers.base import Backend, PoolerError
 from lagwatch.poolers.command import render
 from lagwatch.poolers.toml_pool import render_pgcat, render_pgdog, replica_addresses
@@ -464,11 +465,16 @@ def test_command_render_is_sorted_and_fills_every_placeholder() -> None:
 @pytest.mark.parametrize(("template", "match"), [
     ("servers = {servers}", r"unknown placeholder \{servers\}"),
     ("servers = {}", "positional"),
+    ("servers = {0}", "positional"),
     ("servers = {members", "not a valid format string"),
+    ("servers = {members.upper}", r"unknown placeholder \{members.upper\}"),
+    ("servers = {members:{x}}", r"unknown placeholder \{x\}"),
+    ("servers = {members!z}", "not a valid format string"),
 ])
-def test_command_render_bad_template(template: str, match: str) -> None:
-    with pytest.raises(PoolerError, match=match):
-        render(template, frozenset({"replica2"}), BACKENDS)
+def test_command_bad_template_is_a_config_error(template: str, match: str) -> None:
+    """The template is checked when the config loads, as run would use it."""
+    with pytest.raises(ValueError, match=match):
+        check_template(template)
 
 
 def test_command_render_unknown_member() -> None:

@@ -19,7 +19,7 @@ import bcrypt
 import pytest
 import yaml
 from lagwatch import webconfig
-from lagwatch.config import ConfigError
+from lagwatch.errors import ConfigError
 from lagwatch.webconfig import BasicAuth, WebConfig, load_web_config, ssl_context
 
 
@@ -295,11 +295,13 @@ def test_long_password_does_not_crash() -> None:
 
 @pytest.fixture
 def server(pki: Pki) -> Iterator[int]:
-    from lagwatch.daemon import SnapshotHolder
+    from lagwatch.config import parse_config
+    from lagwatch.snapshot import SnapshotHolder
     from lagwatch.web import WebServer
 
-    web = WebServer("127.0.0.1", 0, SnapshotHolder(), lambda: 1.0,
-                    load_web_config(write_web(pki, node_exporter_style(pki))))
+    config = parse_config({"clusters": [{"name": "m", "primary": {"dsn": "host=a"}}]})
+    config._web = load_web_config(write_web(pki, node_exporter_style(pki)))
+    web = WebServer("127.0.0.1", 0, SnapshotHolder(), lambda: config)
     web.start()
     try:
         yield web.port

@@ -118,21 +118,12 @@ def render(template: str, members: Collection[str], backends: Mapping[str, Backe
         raise PoolerError(f"no host known for member(s) {', '.join(unknown)}")
     names = sorted(set(members))
     chosen = [backends[name] for name in names]
-    try:
-        return template.format(
-            members=" ".join(names),
-            hosts=",".join(sorted(b.host for b in chosen)),
-            backends="\n".join(f"{b.name} {b.host}:{b.port or DEFAULT_PORT}" for b in chosen),
-        )
-    except KeyError as exc:
-        raise PoolerError(
-            f"template uses unknown placeholder {{{exc.args[0]}}} (known: {{members}}, {{hosts}}, {{backends}})"
-        ) from None
-    except IndexError:
-        raise PoolerError("template uses a positional placeholder such as {} or {0}; "
-                          "only {members}, {hosts} and {backends} exist (write {{ and }} for braces)") from None
-    except (ValueError, AttributeError) as exc:
-        raise PoolerError(f"template is not a valid format string: {exc}") from None
+    # The template was checked when the config loaded (config.check_template).
+    return template.format(
+        members=" ".join(names),
+        hosts=",".join(sorted(b.host for b in chosen)),
+        backends="\n".join(f"{b.name} {b.host}:{b.port or DEFAULT_PORT}" for b in chosen),
+    )
 
 
 class CommandPooler:

@@ -114,15 +114,7 @@ class HAProxyPooler:
         self._ejected: AdminCommand = config.ejected_state
         self._timeout = timeout
         self._warned: set[str] = set()
-        bad = [n for n in (self._backend, *self._servers.values()) if not _NAME_RE.fullmatch(n)]
-        if bad:
-            raise PoolerError(f"HAProxy pooler: invalid backend/server name(s) {', '.join(map(repr, bad))}")
-        seen: dict[str, str] = {}
-        for member, server in sorted(self._servers.items()):
-            if server in seen:
-                raise PoolerError(f"HAProxy pooler: members {seen[server]!r} and {member!r} both map to "
-                                  f"server {self._backend}/{server}")
-            seen[server] = member
+        # Names and the one-server-per-member mapping are checked when the config loads.
 
     # -- runtime API -------------------------------------------------------------------------
 

@@ -1,0 +1,56 @@
+"""Config problems, reported all at once, each with the path of the key it concerns.
+
+The bottom of the package: the lagwatch config and the web config both report through it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+
+from pydantic import ValidationError
+
+
+class ConfigError(Exception):
+    """A config file that cannot be used; ``problems`` lists every error with its path."""
+
+    def __init__(self, source: str, problems: Sequence[str]) -> None:
+        self.source = source
+        self.problems = list(problems)
+        super().__init__(f"{source}: " + "; ".join(self.problems))
+
+    def render(self) -> str:
+        lines = [f"{self.source}: {len(self.problems)} problem(s)"]
+        lines += [f"  {p}" for p in self.problems]
+        return "\n".join(lines)
+
+
+def validation_problems(exc: ValidationError, tagged: Mapping[str, Collection[str]] | None = None) -> list[str]:
+    """One line per problem. ``tagged``: for a key holding a tagged union (``pooler``),
+    the tags pydantic puts into the path after it (``pooler.haproxy.backend``), which
+    mean nothing to whoever wrote the file and are left out (``pooler.backend``)."""
+    problems = []
+    for err in exc.errors(include_input=False, include_url=False):
+        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        loc = tuple(p for i, p in enumerate(loc) if not (i and tagged and _is_tag(tagged, loc[i - 1], p)))
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        elif err["type"] == "missing":
+            msg = "required key is missing"
+        problems.append(f"{key_path(loc) or '(top level)'}: {msg}")
+    return problems
+
+
+def _is_tag(tagged: Mapping[str, Collection[str]], key: int | str, part: int | str) -> bool:
+    return isinstance(key, str) and isinstance(part, str) and part in tagged.get(key, ())
+
+
+def key_path(loc: Sequence[int | str]) -> str:
+    """``("clusters", 0, "pooler", "backend")`` -> ``clusters[0].pooler.backend``."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else part
+    return out
