@@ -183,8 +183,11 @@ class WebConfig(_Strict):
     @classmethod
     def _bcrypt_hashes(cls, users: dict[str, str]) -> dict[str, str]:
         for user, hashed in users.items():
-            if _bcrypt_cost(hashed) is None:
+            cost = _bcrypt_cost(hashed)
+            if cost is None:
                 raise ValueError(f"{user}: expected a bcrypt hash ($2y$...), not a plain password")
+            if not 4 <= cost <= 31:
+                raise ValueError(f"{user}: bcrypt cost {cost:02d} is out of range (4 to 31)")
         return users
 
 

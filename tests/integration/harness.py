@@ -46,13 +46,20 @@ class LagwatchHttp:
 
     def __init__(self, port: int) -> None:
         self.port = port
+        self.auth: tuple[str, str] | None = None  # basic auth user and password, if the web config wants them
 
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.port}{path}"
 
     def get(self, path: str) -> tuple[int, str]:
+        request = urllib.request.Request(self.url(path))
+        if self.auth is not None:
+            import base64
+
+            token = base64.b64encode(f"{self.auth[0]}:{self.auth[1]}".encode()).decode()
+            request.add_header("Authorization", f"Basic {token}")
         try:
-            with urllib.request.urlopen(self.url(path), timeout=5) as response:
+            with urllib.request.urlopen(request, timeout=5) as response:
                 return response.status, response.read().decode()
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read().decode()

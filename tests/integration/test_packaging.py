@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from config_corpus import uncommented
 from harness import ROOT
 
 SHARED = ("dashboards/lagwatch.json", "alerts/lagwatch.rules.yml", "alerts/alertmanager.example.yml",
@@ -79,21 +80,6 @@ def check_installed(venv: Path, workdir: Path) -> Path:
     return share
 
 
-def uncommented(text: str) -> str:
-    """The example with every optional setting switched on: "#key: ..." lines, and the
-    "#  key: ..." lines of a block right below one."""
-    out, in_block = [], False
-    for line in text.splitlines():
-        match = re.match(r"^(\s*)#(\S.*|\s+[a-z_][a-z0-9_]*:.*)$", line)
-        if match and (not match.group(2)[0].isspace() or in_block):
-            out.append(match.group(1) + match.group(2))
-            in_block = True
-        else:
-            out.append(line)
-            in_block = False
-    return "\n".join(out) + "\n"
-
-
 def test_sdist_wheel_venv(tmp_path: Path, source: tuple[Path, set[str]]) -> None:
     src, tracked = source
     dist = tmp_path / "dist"
@@ -127,6 +113,10 @@ def test_sdist_wheel_venv(tmp_path: Path, source: tuple[Path, set[str]]) -> None
     example = (share / "deploy" / "lagwatch.example.yaml").read_text()
     full = uncommented(example)
     assert full != example
+    # The web config it names is read at validation, as run reads it: one that exists.
+    assert "web_config_file: /etc/lagwatch/web.yml" in full
+    (tmp_path / "web.yml").write_text("http_server_config:\n  headers:\n    X-Frame-Options: deny\n")
+    full = full.replace("/etc/lagwatch/web.yml", str(tmp_path / "web.yml"))
     (tmp_path / "full.yaml").write_text(full)
     assert "ok" in run(venv / "bin" / "lagwatch", "validate", "-c", tmp_path / "full.yaml", cwd=tmp_path).stdout
     cluster = yaml.safe_load(full)["clusters"][0]

@@ -191,6 +191,84 @@ def test_millisecond_sla_ejects_and_readmits(pg_cluster: LocalCluster, pgbouncer
         lw.stop()
 
 
+def test_a_rejected_reload_changes_nothing(pg_cluster: LocalCluster, pgbouncer: PgBouncerServer,
+                                           tmp_path: Path) -> None:
+    """SIGHUP with bad configs while pool control runs: each is rejected whole. Targets,
+    SLA, pooler and web config stay as they were (a scrape, an auth check and a pool
+    change prove it) and the reload metric reads 0; then a good one applies fully."""
+    import bcrypt
+    import yaml
+
+    r1, r2 = pg_cluster.replicas
+    web = tmp_path / "web.yml"
+
+    def web_config(password: str) -> str:
+        return yaml.safe_dump({"basic_auth_users": {"prometheus": bcrypt.hashpw(password.encode(),
+                                                                                  bcrypt.gensalt(4)).decode()}})
+
+    web.write_text(web_config("old"))
+    config = pool_config(pg_cluster, pgbouncer, tmp_path)
+    config["web_config_file"] = str(web)
+    lw = Lagwatch(tmp_path, config)
+    lw.auth = ("prometheus", "old")
+    try:
+        lw.wait_ready()
+        lw.wait_for("leadership", lambda: lw.value("lagwatch_leader") == 1, timeout=10)
+        loaded_at = lw.daemon_value("lagwatch_config_last_reload_success_timestamp_seconds")
+        cluster = config["clusters"][0]
+        third = {"name": "replica3", "dsn": r2.dsn().replace(r2.host, "127.0.0.9")}
+        bad_web = tmp_path / "bad-web.yml"
+        bad_web.write_text("basic_auth_users: {prometheus: plain}\n")
+        bad = {
+            "interval NaN": {**config, "interval": float("nan")},
+            "new SLA, and a bad one": {**config, "clusters": [{**cluster, "sla": {**cluster["sla"], "max_lag": "0s"}}]},
+            "a new target, and a bad pooler option": {**config, "clusters": [{
+                **cluster, "replicas": [*cluster["replicas"], third],
+                "pooler": {**cluster["pooler"], "database": "ro\nx = y"}}]},
+            "a new web config that does not load": {**config, "web_config_file": str(bad_web)},
+            "a new pooler, and an unknown key": {**config, "bogus": 1, "clusters": [{
+                **cluster, "pooler": {**cluster["pooler"], "database": "other_ro"}}]},
+        }
+        for what, data in bad.items():
+            rejected = lw.log_text().count("reload rejected")
+            lw.write_config(data)
+            lw.signal(signal.SIGHUP)
+            lw.wait_for(f"{what}: rejected", lambda rejected=rejected: lw.log_text().count("reload rejected")
+                        > rejected, timeout=10)
+        lw.wait_for("the reload metric at 0", lambda: lw.daemon_value("lagwatch_config_last_reload_successful") == 0,
+                    timeout=5)
+        assert lw.daemon_value("lagwatch_config_last_reload_success_timestamp_seconds") == loaded_at
+        # Targets and SLA as before; the old password still opens, nothing else does.
+        samples = lw.samples()
+        assert {dict(labels)["node"] for (name, labels) in samples if name == "lagwatch_up"} == {
+            "primary", "replica1", "replica2"}
+        assert lw.value("lagwatch_replica_sla_max_lag_seconds", replica="replica1") == 2.0
+        lw.auth = None
+        assert lw.get("/metrics")[0] == 401
+        lw.auth = ("prometheus", "old")
+        # The pooler in force still moves the pool (app_ro, not other_ro).
+        r1.pause_replay()
+        with Writer(pg_cluster):
+            wait_hosts(pgbouncer, lambda hosts: hosts == [r2.host], timeout=15)
+        r1.resume_replay()
+        wait_hosts(pgbouncer, lambda hosts: hosts == sorted([r1.host, r2.host]), timeout=20)
+
+        # A good config applies whole: new SLA, new password.
+        web.write_text(web_config("new"))
+        lw.write_config({**config, "clusters": [{**cluster, "sla": {**cluster["sla"], "max_lag": "5s"}}]})
+        lw.signal(signal.SIGHUP)
+        lw.auth = ("prometheus", "new")
+        lw.wait_for("the reload metric at 1", lambda: lw.get("/metrics")[0] == 200 and lw.daemon_value(
+            "lagwatch_config_last_reload_successful") == 1, timeout=10)
+        assert (lw.daemon_value("lagwatch_config_last_reload_success_timestamp_seconds") or 0) > (loaded_at or 0)
+        assert lw.value("lagwatch_replica_sla_max_lag_seconds", replica="replica1") == 5.0
+        lw.auth = ("prometheus", "old")
+        assert lw.get("/metrics")[0] == 401
+        assert "Traceback" not in lw.log_text()
+    finally:
+        lw.stop()
+
+
 def test_both_paused_min_replicas_keeps_least_behind(pg_cluster: LocalCluster, pgbouncer: PgBouncerServer,
                                                      tmp_path: Path) -> None:
     r1, r2 = pg_cluster.replicas
