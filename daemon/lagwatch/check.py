@@ -13,7 +13,7 @@ from typing import TextIO
 
 from lagwatch.config import Config
 from lagwatch.durations import format_duration
-from lagwatch.snapshot import Snapshot
+from lagwatch.snapshot import CONDITION_TEXT, Snapshot, replica_condition
 
 OK, WARNING, CRITICAL, UNKNOWN = 0, 1, 2, 3
 STATE_NAMES = {OK: "OK", WARNING: "WARNING", CRITICAL: "CRITICAL", UNKNOWN: "UNKNOWN"}
@@ -46,19 +46,18 @@ def evaluate(snapshot: Snapshot, warning: float, critical: float) -> tuple[int, 
             problems.append(f"{cluster.name}: primary unreachable ({primary.last_error if primary else '?'})")
         for r in cluster.replicas:
             lag = r.staleness
-            state, note = OK, "streaming" if r.streaming else ""
-            if r.node_up is False:
+            condition = replica_condition(r, cluster.slas.get(r.name))
+            state, note = OK, CONDITION_TEXT[condition]
+            if condition == "down":
                 state, note = CRITICAL, "unreachable"
-            elif not r.streaming:
+            elif condition == "not_streaming":
                 state, note = CRITICAL, f"not streaming ({r.wal_receiver_status or 'no WAL receiver'})"
-            if lag is None:
-                state, note = worse(state, UNKNOWN), note or "lag unknown"
-            elif lag >= critical:
+            elif condition == "unknown":
+                state = UNKNOWN
+            if lag is not None and lag >= critical:
                 state = CRITICAL
-            elif lag >= warning:
+            elif lag is not None and lag >= warning:
                 state = worse(state, WARNING)
-            if r.replay_paused:
-                note += ", replay paused"
             ws = r.walsender
             rows.append(CheckRow(cluster.name, r.name, state, lag, ws.lag_bytes("replay") if ws else None, note))
             if state != OK:

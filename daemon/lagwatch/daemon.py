@@ -28,7 +28,7 @@ from lagwatch.holds import HoldStore
 from lagwatch.poll import NodePoller, poll_all, pollers_for
 from lagwatch.poolcontrol import PoolController, Reconfiguration
 from lagwatch.sdnotify import Notifier
-from lagwatch.snapshot import ClusterSnapshot, Snapshot, SnapshotHolder
+from lagwatch.snapshot import CONDITION_TEXT, ClusterSnapshot, Snapshot, SnapshotHolder, replica_condition
 from lagwatch.tracker import ClusterTracker
 
 log = logging.getLogger("lagwatch.daemon")
@@ -288,12 +288,9 @@ def cycle_line(c: ClusterSnapshot) -> str:
     for r in c.replicas:
         lag = "?" if r.staleness is None else format_duration(r.staleness)
         p95 = "?" if r.window is None else format_duration(r.window.p95)
-        flags = "" if r.streaming else " NOT-STREAMING"
-        if r.replay_paused:
-            flags += " PAUSED"
-        if r.node_up is False:
-            flags += " DOWN"
-        parts.append(f"{r.name}={lag} (p95 {p95}){flags}")
+        condition = replica_condition(r, c.slas.get(r.name))
+        flag = "" if condition == "streaming" else " " + CONDITION_TEXT[condition].upper().replace(" ", "-")
+        parts.append(f"{r.name}={lag} (p95 {p95}){flag}")
     down = [n.name for n in c.nodes if not n.up]
     tail = f"; down: {', '.join(down)}" if down else ""
     return f"{c.name}: " + (", ".join(parts) or "no replicas") + tail

@@ -25,7 +25,8 @@ ERROR_KINDS = ("connect", "timeout", "query", "role")
 WAL_STATUSES = ("reserved", "extended", "unreserved", "lost")
 
 
-def _g(name: str, doc: str, labels: list[str], unit_doc: str = "") -> GaugeMetricFamily:
+def _gauge(name: str, doc: str, labels: list[str], unit_doc: str = "") -> GaugeMetricFamily:
+    """A gauge family; every gauge says that it is as of the last poll."""
     return GaugeMetricFamily(name, doc + unit_doc + AS_OF, labels=labels)
 
 
@@ -81,8 +82,8 @@ def _cluster_metrics(c: ClusterSnapshot) -> Iterator[Metric]:
 
 
 def _node_metrics(c: ClusterSnapshot) -> Iterator[Metric]:
-    up = _g("lagwatch_up", "1 if the node answered the last poll, else 0", ["cluster", "node"])
-    duration = _g("lagwatch_poll_duration_seconds", "Time spent polling the node", ["cluster", "node"])
+    up = _gauge("lagwatch_up", "1 if the node answered the last poll, else 0", ["cluster", "node"])
+    duration = _gauge("lagwatch_poll_duration_seconds", "Time spent polling the node", ["cluster", "node"])
     polls = CounterMetricFamily("lagwatch_polls", "Polls attempted per node", labels=["cluster", "node"])
     errors = CounterMetricFamily("lagwatch_poll_errors", "Failed polls per node by kind "
                                  "(connect, timeout, query, role)", labels=["cluster", "node", "kind"])
@@ -99,28 +100,28 @@ def _node_metrics(c: ClusterSnapshot) -> Iterator[Metric]:
 
 
 def _replica_metrics(c: ClusterSnapshot) -> Iterator[Metric]:
-    lbl = ["cluster", "replica"]
-    lag = _g("lagwatch_replica_lag_seconds", "Staleness: age of the oldest change the replica has not "
-             "replayed, measured on lagwatch's monotonic clock; 0 when fully replayed", lbl)
-    window = _g("lagwatch_replica_lag_window_seconds", "Quantiles of staleness over the window "
-                "(nearest rank; quantile=1 is the max)", lbl + ["quantile"])
-    samples = _g("lagwatch_replica_lag_window_samples", "Staleness samples in the window", lbl)
+    labels = ["cluster", "replica"]
+    lag = _gauge("lagwatch_replica_lag_seconds", "Staleness: age of the oldest change the replica has not "
+             "replayed, measured on lagwatch's monotonic clock; 0 when fully replayed", labels)
+    window = _gauge("lagwatch_replica_lag_window_seconds", "Quantiles of staleness over the window "
+                "(nearest rank; quantile=1 is the max)", labels + ["quantile"])
+    samples = _gauge("lagwatch_replica_lag_window_samples", "Staleness samples in the window", labels)
     hist = HistogramMetricFamily("lagwatch_replica_lag_sampled_seconds",
-                                 "Histogram of every per-cycle staleness sample since start", labels=lbl)
-    lag_bytes = _g("lagwatch_replica_lag_bytes", "Primary's current WAL LSN minus the replica's "
-                   "sent/write/flush/replay LSN from pg_stat_replication", lbl + ["stage"])
-    ws_lag = _g("lagwatch_replica_walsender_lag_seconds", "write_lag/flush_lag/replay_lag from "
-                "pg_stat_replication; NULL while caught up is reported as 0", lbl + ["stage"])
-    paused = _g("lagwatch_replica_replay_paused", "1 if WAL replay is paused or a pause was requested", lbl)
-    streaming = _g("lagwatch_replica_streaming", "1 if the replica's WAL receiver is streaming", lbl)
-    rr_bytes = _g("lagwatch_replica_receive_replay_bytes", "Received but not yet replayed WAL, "
-                  "on the replica", lbl)
-    ts_age = _g("lagwatch_replica_last_replay_timestamp_age_seconds", "now() - pg_last_xact_replay_timestamp() "
-                "on the replica. NOT lag: it grows on an idle primary", lbl)
-    configured = _g("lagwatch_replica_configured", "1 if the replica is in lagwatch's config, 0 if only "
-                    "seen in pg_stat_replication", lbl)
+                                 "Histogram of every per-cycle staleness sample since start", labels=labels)
+    lag_bytes = _gauge("lagwatch_replica_lag_bytes", "Primary's current WAL LSN minus the replica's "
+                   "sent/write/flush/replay LSN from pg_stat_replication", labels + ["stage"])
+    ws_lag = _gauge("lagwatch_replica_walsender_lag_seconds", "write_lag/flush_lag/replay_lag from "
+                "pg_stat_replication; NULL while caught up is reported as 0", labels + ["stage"])
+    paused = _gauge("lagwatch_replica_replay_paused", "1 if WAL replay is paused or a pause was requested", labels)
+    streaming = _gauge("lagwatch_replica_streaming", "1 if the replica's WAL receiver is streaming", labels)
+    rr_bytes = _gauge("lagwatch_replica_receive_replay_bytes", "Received but not yet replayed WAL, "
+                  "on the replica", labels)
+    ts_age = _gauge("lagwatch_replica_last_replay_timestamp_age_seconds", "now() - pg_last_xact_replay_timestamp() "
+                "on the replica. NOT lag: it grows on an idle primary", labels)
+    configured = _gauge("lagwatch_replica_configured", "1 if the replica is in lagwatch's config, 0 if only "
+                    "seen in pg_stat_replication", labels)
     info = InfoMetricFamily("lagwatch_replica", "State of the replica" + AS_OF,
-                            labels=lbl + ["state", "sync_state", "wal_receiver_status", "lag_source",
+                            labels=labels + ["state", "sync_state", "wal_receiver_status", "lag_source",
                                           "lag_evidence"])
     for r in c.replicas:
         key = [c.name, r.name]
@@ -156,30 +157,32 @@ def _replica_metrics(c: ClusterSnapshot) -> Iterator[Metric]:
                                r.staleness_evidence or ""], {})
     yield from (lag, window, samples, hist, lag_bytes, ws_lag, paused, streaming, rr_bytes, ts_age,
                 configured, info)
-    sla_lag = _g("lagwatch_replica_sla_max_lag_seconds", "The replica's SLA max_lag from the config", lbl)
-    sla_p95 = _g("lagwatch_replica_sla_p95_seconds", "The replica's SLA p95 from the config (absent if unset)", lbl)
+    sla_lag = _gauge("lagwatch_replica_sla_max_lag_seconds", "The replica's SLA max_lag from the config", labels)
+    sla_p95 = _gauge("lagwatch_replica_sla_p95_seconds", "The replica's SLA p95 from the config (absent if unset)",
+                     labels)
     for name, sla in sorted(c.slas.items()):
         sla_lag.add_metric([c.name, name], sla.max_lag)
         if sla.p95 is not None:
             sla_p95.add_metric([c.name, name], sla.p95)
     yield sla_lag
     yield sla_p95
-    yield _with(_g("lagwatch_pool_min_replicas", "The cluster's SLA min_replicas from the config", ["cluster"]),
-                [c.name], c.min_replicas)
+    yield _one_sample(_gauge("lagwatch_pool_min_replicas", "The cluster's SLA min_replicas from the config",
+                             ["cluster"]), [c.name], c.min_replicas)
 
 
 def _slot_metrics(c: ClusterSnapshot) -> Iterator[Metric]:
-    lbl = ["cluster", "slot"]
-    retained = _g("lagwatch_slot_retained_bytes", "WAL the slot holds back: pg_current_wal_lsn() - restart_lsn", lbl)
-    active = _g("lagwatch_slot_active", "1 if a consumer is connected to the slot", lbl)
-    safe = _g("lagwatch_slot_safe_wal_size_bytes", "WAL that can still be written before the slot is "
-              "in danger of losing its WAL (absent when max_slot_wal_keep_size is unlimited)", lbl)
-    status = _g("lagwatch_slot_wal_status", "1 for the slot's current wal_status", lbl + ["status"])
-    inactive = _g("lagwatch_slot_inactive_seconds", "Time since the slot became inactive (PostgreSQL 17+)", lbl)
-    logical = _g("lagwatch_slot_confirmed_flush_lag_bytes", "Logical slot: current LSN minus "
-                 "confirmed_flush_lsn", lbl)
+    labels = ["cluster", "slot"]
+    retained = _gauge("lagwatch_slot_retained_bytes", "WAL the slot holds back: pg_current_wal_lsn() - restart_lsn",
+                      labels)
+    active = _gauge("lagwatch_slot_active", "1 if a consumer is connected to the slot", labels)
+    safe = _gauge("lagwatch_slot_safe_wal_size_bytes", "WAL that can still be written before the slot is "
+              "in danger of losing its WAL (absent when max_slot_wal_keep_size is unlimited)", labels)
+    status = _gauge("lagwatch_slot_wal_status", "1 for the slot's current wal_status", labels + ["status"])
+    inactive = _gauge("lagwatch_slot_inactive_seconds", "Time since the slot became inactive (PostgreSQL 17+)", labels)
+    logical = _gauge("lagwatch_slot_confirmed_flush_lag_bytes", "Logical slot: current LSN minus "
+                 "confirmed_flush_lsn", labels)
     info = InfoMetricFamily("lagwatch_slot", "Slot type and state" + AS_OF,
-                            labels=lbl + ["slot_type", "database", "plugin", "temporary",
+                            labels=labels + ["slot_type", "database", "plugin", "temporary",
                                           "conflicting", "invalidation_reason"])
     for s in c.slots:
         key = [c.name, s.name]
@@ -202,18 +205,18 @@ def _slot_metrics(c: ClusterSnapshot) -> Iterator[Metric]:
 
 
 def _wal_metrics(c: ClusterSnapshot) -> Iterator[Metric]:
-    lbl = ["cluster"]
+    labels = ["cluster"]
     key = [c.name]
     if c.primary_lsn is not None:
-        yield _with(_g("lagwatch_primary_wal_lsn_bytes", "Primary's current WAL LSN as a byte position", lbl),
-                    key, c.primary_lsn)
+        yield _one_sample(_gauge("lagwatch_primary_wal_lsn_bytes", "Primary's current WAL LSN as a byte position",
+                                 labels), key, c.primary_lsn)
     if c.wal_rate_bytes_per_second is not None:
-        yield _with(_g("lagwatch_wal_rate_bytes_per_second", "WAL generation rate over the last minute", lbl),
-                    key, c.wal_rate_bytes_per_second)
+        yield _one_sample(_gauge("lagwatch_wal_rate_bytes_per_second", "WAL generation rate over the last minute",
+                                 labels), key, c.wal_rate_bytes_per_second)
     if c.wal_dir is not None:
-        yield _with(_g("lagwatch_wal_directory_bytes", "Size of the primary's pg_wal directory", lbl),
+        yield _one_sample(_gauge("lagwatch_wal_directory_bytes", "Size of the primary's pg_wal directory", labels),
                     key, c.wal_dir.bytes)
-        yield _with(_g("lagwatch_wal_directory_files", "Files in the primary's pg_wal directory", lbl),
+        yield _one_sample(_gauge("lagwatch_wal_directory_files", "Files in the primary's pg_wal directory", labels),
                     key, c.wal_dir.files)
     w = c.wal
     if w is not None:
@@ -222,7 +225,7 @@ def _wal_metrics(c: ClusterSnapshot) -> Iterator[Metric]:
         info.add_metric([c.name, w.compression], 1.0)
         yield info
         if w.max_slot_wal_keep_bytes is not None:
-            yield _with(_g("lagwatch_max_slot_wal_keep_size_bytes", "max_slot_wal_keep_size setting", lbl),
+            yield _one_sample(_gauge("lagwatch_max_slot_wal_keep_size_bytes", "max_slot_wal_keep_size setting", labels),
                         key, w.max_slot_wal_keep_bytes)
         counters = (("lagwatch_wal_bytes", "WAL bytes generated (pg_stat_wal.wal_bytes)", w.bytes),
                     ("lagwatch_wal_records", "WAL records generated (pg_stat_wal.wal_records)", w.records),
@@ -232,7 +235,7 @@ def _wal_metrics(c: ClusterSnapshot) -> Iterator[Metric]:
                     ("lagwatch_wal_syncs", "WAL syncs (pg_stat_wal, before PostgreSQL 18)", w.syncs))
         for name, doc, value in counters:
             if value is not None:
-                yield _counter(name, doc, lbl, key, value)
+                yield _counter(name, doc, labels, key, value)
     wi = c.walinspect
     if wi is not None:
         for name, doc, value in (
@@ -242,13 +245,14 @@ def _wal_metrics(c: ClusterSnapshot) -> Iterator[Metric]:
             ("lagwatch_wal_inspect_skipped_bytes", "WAL bytes not inspected because a cycle's cap was "
              "reached", wi.skipped_bytes),
         ):
-            yield _counter(name, doc, lbl, key, value)
+            yield _counter(name, doc, labels, key, value)
         if wi.last_interval_bytes:
-            yield _with(_g("lagwatch_wal_fpi_share", "Share of full-page image bytes in the WAL inspected "
-                           "last cycle (0-1)", lbl), key, wi.last_interval_fpi_bytes / wi.last_interval_bytes)
+            yield _one_sample(_gauge("lagwatch_wal_fpi_share", "Share of full-page image bytes in the WAL inspected "
+                           "last cycle (0-1)", labels), key, wi.last_interval_fpi_bytes / wi.last_interval_bytes)
 
 
-def _with(family: GaugeMetricFamily, key: list[str], value: float) -> GaugeMetricFamily:
+def _one_sample(family: GaugeMetricFamily, key: list[str], value: float) -> GaugeMetricFamily:
+    """``family`` with the one sample it has."""
     family.add_metric(key, value)
     return family
 
@@ -272,18 +276,18 @@ def _pool_metrics(c: ClusterSnapshot) -> Iterator[Metric]:
     if pool is None:
         return
     key = [c.name]
-    yield _with(_g("lagwatch_leader", "1 if this instance holds the cluster's leader lock and applies pool "
+    yield _one_sample(_gauge("lagwatch_leader", "1 if this instance holds the cluster's leader lock and applies pool "
                    "changes", ["cluster"]), key, 1.0 if pool.leader else 0.0)
-    yield _with(_g("lagwatch_pool_dry_run", "1 if pool changes are decided and counted but not applied",
+    yield _one_sample(_gauge("lagwatch_pool_dry_run", "1 if pool changes are decided and counted but not applied",
                    ["cluster"]), key, 1.0 if pool.dry_run else 0.0)
     yield _counter("lagwatch_pool_apply_errors", "Failed attempts to make the pooler match the decision",
                    ["cluster"], key, pool.apply_errors_total)
     yield _counter("lagwatch_pool_read_errors", "Failed attempts to read the pooler's own view of its read pool "
                    "(pooler down, admin console or socket unreachable)", ["cluster"], key, pool.read_errors_total)
-    lbl = ["cluster", "replica"]
-    member = _g("lagwatch_pool_member", "1 if lagwatch's decision puts the member (replica, or 'primary' as a "
-                "fallback) in the read pool", lbl)
-    pooler = _g("lagwatch_pool_pooler_member", "1 if the pooler itself reports the member in its read pool", lbl)
+    labels = ["cluster", "replica"]
+    member = _gauge("lagwatch_pool_member", "1 if lagwatch's decision puts the member (replica, or 'primary' as a "
+                "fallback) in the read pool", labels)
+    pooler = _gauge("lagwatch_pool_pooler_member", "1 if the pooler itself reports the member in its read pool", labels)
     # Every member ever changed stays (a removed fallback primary reads 0, not absent).
     names = sorted({*pool.reasons, *(pool.members or ()), *(pool.pooler_members or ()),
                     *(member for member, _ in pool.changes_total)})
@@ -295,11 +299,11 @@ def _pool_metrics(c: ClusterSnapshot) -> Iterator[Metric]:
     yield member
     yield pooler
     changes = CounterMetricFamily("lagwatch_pool_changes", "Pool changes decided, by member and action "
-                                  "(eject, readmit, add, remove); counted in dry runs too", labels=lbl + ["action"])
+                                  "(eject, readmit, add, remove); counted in dry runs too", labels=labels + ["action"])
     for (name, action), count in sorted(pool.changes_total.items()):
         changes.add_metric([c.name, name, action], count)
     yield changes
-    held = _g("lagwatch_pool_held", "1 while an operator hold (in or out) overrides automation", lbl + ["hold"])
+    held = _gauge("lagwatch_pool_held", "1 while an operator hold (in or out) overrides automation", labels + ["hold"])
     for name, hold in sorted(pool.holds.items()):
         held.add_metric([c.name, name, hold], 1.0)
     yield held

@@ -80,6 +80,32 @@ class ReplicaState:
         return self.replay_pause_state != "not paused"
 
 
+# A replica's condition, worst first: the one word the log line, `lagwatch check`, /status
+# and /api/status all show (replica_condition decides it, for all of them).
+Condition = Literal["down", "not_streaming", "paused", "unknown", "behind", "streaming"]
+CONDITION_TEXT: dict[Condition, str] = {
+    "down": "down", "not_streaming": "not streaming", "paused": "replay paused", "unknown": "lag unknown",
+    "behind": "behind", "streaming": "streaming",
+}
+
+
+def replica_condition(replica: ReplicaState, sla: ReplicaSla | None) -> Condition:
+    """down: lagwatch cannot reach it; not_streaming: its WAL receiver is not streaming;
+    paused: replay is paused (or a pause requested); unknown: no staleness could be read;
+    behind: staleness over its SLA's max_lag; else streaming."""
+    if replica.node_up is False:
+        return "down"
+    if not replica.streaming:
+        return "not_streaming"
+    if replica.replay_paused:
+        return "paused"
+    if replica.staleness is None:
+        return "unknown"
+    if sla is not None and replica.staleness > sla.max_lag:
+        return "behind"
+    return "streaming"
+
+
 @dataclass(frozen=True)
 class NodeHealth:
     name: str

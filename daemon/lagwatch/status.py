@@ -9,8 +9,9 @@ import math
 from dataclasses import asdict
 from typing import Any
 
+from lagwatch.config import ReplicaSla
 from lagwatch.lsn import format_lsn
-from lagwatch.snapshot import ClusterSnapshot, PoolStatus, ReplicaState, Snapshot
+from lagwatch.snapshot import ClusterSnapshot, PoolStatus, ReplicaState, Snapshot, replica_condition
 
 
 def _clean(value: Any) -> Any:
@@ -23,10 +24,11 @@ def _clean(value: Any) -> Any:
     return value
 
 
-def replica_status(r: ReplicaState) -> dict[str, Any]:
+def replica_status(r: ReplicaState, sla: ReplicaSla | None = None) -> dict[str, Any]:
     ws = r.walsender
     return {
         "name": r.name,
+        "condition": replica_condition(r, sla),
         "configured": r.configured,
         "node_up": r.node_up,
         "streaming": r.streaming,
@@ -60,7 +62,7 @@ def cluster_status(c: ClusterSnapshot) -> dict[str, Any]:
         "name": c.name,
         "primary_lsn": format_lsn(c.primary_lsn),
         "wal_rate_bytes_per_second": c.wal_rate_bytes_per_second,
-        "replicas": [replica_status(r) for r in c.replicas],
+        "replicas": [replica_status(r, c.slas.get(r.name)) for r in c.replicas],
         "slots": [asdict(s) for s in c.slots],
         "wal": None if c.wal is None else asdict(c.wal),
         "wal_dir": None if c.wal_dir is None else asdict(c.wal_dir),

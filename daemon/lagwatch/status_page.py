@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from lagwatch.config import ReplicaSla
 from lagwatch.durations import format_duration
-from lagwatch.snapshot import ClusterSnapshot, ReplicaState, Snapshot
+from lagwatch.snapshot import CONDITION_TEXT, ClusterSnapshot, Condition, ReplicaState, Snapshot, replica_condition
 
 REFRESH_SECONDS = 5
 
@@ -69,6 +69,10 @@ def sparkline(samples: Sequence[tuple[float, float]], sla: float | None, width: 
     return "".join(parts)
 
 
+_CONDITION_CSS: dict[Condition, str] = {"down": "bad", "not_streaming": "bad", "paused": "warn", "unknown": "warn",
+                                      "behind": "warn", "streaming": "ok"}
+
+
 def sla_verdict(sla: ReplicaSla | None, staleness: float | None, p95: float | None) -> tuple[str, str, str]:
     """(verdict, css class, the rules it was decided by): a p95 of 12 s must not stand
     beside "within SLA" without saying that the verdict was on current staleness."""
@@ -96,14 +100,8 @@ def sla_verdict(sla: ReplicaSla | None, staleness: float | None, p95: float | No
 def _replica_row(c: ClusterSnapshot, r: ReplicaState) -> str:
     sla = c.slas.get(r.name)
     max_lag = sla.max_lag if sla else None
-    if r.node_up is False:
-        state, css = "down", "bad"
-    elif not r.streaming:
-        state, css = "not streaming", "bad"
-    elif r.replay_paused:
-        state, css = "replay paused", "warn"
-    else:
-        state, css = "streaming", "ok"
+    condition = replica_condition(r, sla)
+    state, css = CONDITION_TEXT[condition], _CONDITION_CSS[condition]
     p95 = r.window.p95 if r.window else None
     sla_state, sla_css, sla_rules = sla_verdict(sla, r.staleness, p95)
     pool = c.pool

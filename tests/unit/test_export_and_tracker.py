@@ -23,7 +23,7 @@ CONFIG = parse_config({"interval": "1s", "window": "1m", "clusters": [{
 def sender(name: str, current: int, replay: int, state: str = "streaming") -> WalSender:
     return WalSender(application_name=name, client_addr=None, state=state, sync_state="async", slot_name=name,
                      current_lsn=current, sent_lsn=current, write_lsn=current, flush_lsn=current, replay_lsn=replay,
-                     write_lag=None, flush_lag=None, replay_lag=None, reply_age_seconds=None)
+                     write_lag=None, flush_lag=None, replay_lag=None)
 
 
 def primary(at: float, lsn: int, senders: tuple[WalSender, ...] = (), slots: tuple[Slot, ...] = ()) -> NodeObservation:

@@ -55,7 +55,7 @@ def _sender_row(**over: object) -> dict[str, object]:
         "application_name": "replica1", "client_addr": "127.0.0.2", "state": "streaming", "sync_state": "async",
         "sent_lsn": "0/3000000", "write_lsn": "0/3000000", "flush_lsn": "0/3000000", "replay_lsn": "0/3000000",
         "current_lsn": "0/3000000", "write_lag": None, "flush_lag": None, "replay_lag": None,
-        "reply_age_seconds": 0.5, "slot_name": "replica1"}
+        "slot_name": "replica1"}
     row.update(over)
     return row
 
@@ -83,9 +83,8 @@ def test_walsender_duplicate_names_keep_first() -> None:
 
 def test_wal_receiver_absent_means_not_streaming() -> None:
     assert wal_receiver.parse([]).streaming is False
-    receiver = wal_receiver.parse([{"status": "streaming", "sender_host": "127.0.0.1", "sender_port": 5432,
-                                    "slot_name": "r1", "latest_end_lsn": "0/1", "last_msg_age_seconds": 0.1}])
-    assert receiver.streaming and receiver.sender_port == 5432
+    assert wal_receiver.parse([{"status": "streaming"}]).streaming is True
+    assert wal_receiver.parse([{"status": "waiting"}]).streaming is False
 
 
 def test_slots_parse_all_versions() -> None:
@@ -104,7 +103,7 @@ def test_wal_compression_boolean_before_15(setting: str, method: str) -> None:
 
 
 def test_wal_stats_18_has_no_write_sync_and_unlimited_keep() -> None:
-    stats = wal.parse([{"wal_compression": "lz4", "max_slot_wal_keep_bytes": -1.0, "wal_segment_bytes": 16777216.0,
+    stats = wal.parse([{"wal_compression": "lz4", "max_slot_wal_keep_bytes": -1.0,
                         "wal_records": 10.0, "wal_fpi": 2.0, "wal_bytes": 4096.0, "wal_buffers_full": 0.0,
                         "wal_write": None, "wal_sync": None}])
     assert stats.max_slot_wal_keep_bytes is None and stats.writes is None and stats.fpi == 2
@@ -113,6 +112,5 @@ def test_wal_stats_18_has_no_write_sync_and_unlimited_keep() -> None:
 def test_wal_dir_and_walinspect() -> None:
     assert wal_dir.parse([{"bytes": 33554432.0, "files": 2}]).bytes == 33554432
     inspection = walinspect.parse([{"start_lsn": "0/1000000", "end_lsn": "0/1800000", "flush_lsn": "0/2000000",
-                                    "records": 10.0, "record_bytes": 100.0, "fpi_bytes": 8000.0,
-                                    "combined_bytes": 8100.0}])
+                                    "records": 10.0, "record_bytes": 100.0, "fpi_bytes": 8000.0}])
     assert inspection.inspected_bytes == 0x800000 and inspection.skipped_bytes == 0x800000

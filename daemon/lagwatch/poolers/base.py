@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -53,7 +52,6 @@ class Pooler(Protocol):
         instead, so that lagwatch does not re-apply the same pool every cycle."""
 
 
-BackendMap = Mapping[str, Backend]
 
 
 def backends_from_cluster(cluster: ClusterConfig) -> dict[str, Backend]:

@@ -16,7 +16,6 @@ QUERIES = {
     extract(epoch FROM r.write_lag)::float8 AS write_lag,
     extract(epoch FROM r.flush_lag)::float8 AS flush_lag,
     extract(epoch FROM r.replay_lag)::float8 AS replay_lag,
-    extract(epoch FROM clock_timestamp() - r.reply_time)::float8 AS reply_age_seconds,
     s.slot_name
 FROM pg_stat_replication r
 LEFT JOIN pg_replication_slots s ON s.active_pid = r.pid
@@ -45,7 +44,6 @@ class WalSender:
     write_lag: float | None
     flush_lag: float | None
     replay_lag: float | None
-    reply_age_seconds: float | None
 
     def lsn(self, stage: str) -> int | None:
         value: int | None = getattr(self, f"{stage}_lsn")
@@ -90,7 +88,6 @@ def parse(rows: Sequence[Row]) -> tuple[WalSender, ...]:
             write_lag=opt_float(row["write_lag"]),
             flush_lag=opt_float(row["flush_lag"]),
             replay_lag=opt_float(row["replay_lag"]),
-            reply_age_seconds=opt_float(row["reply_age_seconds"]),
         )
     return tuple(senders.values())
 

@@ -8,8 +8,7 @@ from dataclasses import dataclass
 from lagwatch.views.base import Row, View, opt_int
 
 _SETTINGS = """current_setting('wal_compression') AS wal_compression,
-    pg_size_bytes(current_setting('max_slot_wal_keep_size'))::float8 AS max_slot_wal_keep_bytes,
-    pg_size_bytes(current_setting('wal_segment_size'))::float8 AS wal_segment_bytes"""
+    pg_size_bytes(current_setting('max_slot_wal_keep_size'))::float8 AS max_slot_wal_keep_bytes"""
 
 QUERIES = {
     # No pg_stat_wal before 14: settings only.
@@ -40,7 +39,6 @@ def compression_method(setting: str) -> str:
 class WalStats:
     compression: str  # off | pglz | lz4 | zstd
     max_slot_wal_keep_bytes: int | None  # None: unlimited (-1)
-    wal_segment_bytes: int | None
     records: int | None  # pg_stat_wal counters (14+), cumulative since stats reset
     fpi: int | None
     bytes: int | None
@@ -55,7 +53,6 @@ def parse(rows: Sequence[Row]) -> WalStats:
     return WalStats(
         compression=compression_method(row["wal_compression"]),
         max_slot_wal_keep_bytes=None if keep is None or keep < 0 else keep,
-        wal_segment_bytes=opt_int(row["wal_segment_bytes"]),
         records=opt_int(row["wal_records"]),
         fpi=opt_int(row["wal_fpi"]),
         bytes=opt_int(row["wal_bytes"]),

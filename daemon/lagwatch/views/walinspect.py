@@ -17,8 +17,7 @@ from lagwatch.views.base import Row
 SQL = """SELECT b.s::text AS start_lsn, b.e::text AS end_lsn, b.cur::text AS flush_lsn,
     coalesce(sum(w.count), 0)::float8 AS records,
     coalesce(sum(w.record_size), 0)::float8 AS record_bytes,
-    coalesce(sum(w.fpi_size), 0)::float8 AS fpi_bytes,
-    coalesce(sum(w.combined_size), 0)::float8 AS combined_bytes
+    coalesce(sum(w.fpi_size), 0)::float8 AS fpi_bytes
 FROM (SELECT %(start)s::pg_lsn AS s, pg_current_wal_flush_lsn() AS cur,
              least(pg_current_wal_flush_lsn(), %(start)s::pg_lsn + %(max_bytes)s::numeric) AS e) b
 LEFT JOIN LATERAL pg_get_wal_stats(b.s, b.e, false) w ON true
@@ -33,7 +32,6 @@ class WalInspection:
     records: int
     record_bytes: int
     fpi_bytes: int
-    combined_bytes: int
 
     @property
     def inspected_bytes(self) -> int:
@@ -55,5 +53,4 @@ def parse(rows: Sequence[Row]) -> WalInspection:
         records=int(row["records"]),
         record_bytes=int(row["record_bytes"]),
         fpi_bytes=int(row["fpi_bytes"]),
-        combined_bytes=int(row["combined_bytes"]),
     )
