@@ -1,5 +1,7 @@
-"""The package passes ruff and mypy --strict: part of the test command so CI enforces it."""
+"""The package passes ruff, mypy --strict and its import-linter layer contract (setup.cfg):
+part of the test command so CI enforces it."""
 
+import os
 import shutil
 import subprocess
 import sys
@@ -20,3 +22,15 @@ def test_static_checks(tool: str, args: list[str]) -> None:
     cmd = [sys.executable, "-m", tool, *args]
     result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_imports_point_down() -> None:
+    """The layers in setup.cfg ([importlinter]): config and snapshot at the bottom, the
+    daemon, web and cli on top, no cycles. Checked on this checkout's code."""
+    lint = shutil.which("lint-imports")
+    if lint is None:
+        pytest.fail("lint-imports is not installed (pip install -e '.[test]')")
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "daemon")}
+    result = subprocess.run([lint], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Contracts: 1 kept, 0 broken." in result.stdout, result.stdout

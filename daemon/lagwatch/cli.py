@@ -7,7 +7,6 @@ path). ``check`` follows the Nagios convention: 0 OK, 1 WARNING, 2 CRITICAL, 3 U
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import logging
 import os
@@ -71,52 +70,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if config is None:
         return EXIT_CONFIG
     setup_logging(args.log_level, args.log_format)
+    from lagwatch.runner import run_daemon
+
     return run_daemon(config, Path(args.config), Path(args.web_config_file) if args.web_config_file else None)
-
-
-def run_daemon(config: Config, config_path: Path | None, web_config_file: Path | None = None) -> int:
-    """Run the daemon on a loaded ``config``; ``web_config_file`` (the command line's) is
-    kept for reloads."""
-    from lagwatch.daemon import Daemon
-    from lagwatch.sdnotify import Notifier
-    from lagwatch.web import WebServer
-
-    log = logging.getLogger("lagwatch")
-    web_config = config.web
-    daemon = Daemon(config, config_path, notifier=Notifier(), web_config_file=web_config_file)
-    host, port = config.listen_address
-    try:
-        web = WebServer(host, port, daemon.holder, lambda: daemon.config)
-    except OSError as exc:
-        log.error("cannot listen on %s: %s", config.listen, exc.strerror)
-        return 1
-    daemon.reload_hooks.append(web.prepare_web_config)
-    web.start()
-    tls = web.tls
-    scheme = "https" if tls else "http"
-    log.info("lagwatch %s listening on %s://%s:%d/ (/metrics, /status)", __version__, scheme, host, web.port)
-    if web_config is None:
-        where = "loopback only" if _is_loopback(host) else "NOT loopback: anyone who can reach it can read it"
-        (log.info if _is_loopback(host) else log.warning)(
-            "no web_config_file: HTTP without TLS or authentication, %s", where)
-    elif not web.settings.auth.enabled:
-        log.warning("web config has no basic_auth_users: endpoints are not password protected")
-    try:
-        asyncio.run(daemon.run())
-    finally:
-        web.stop()
-    return 0
-
-
-def _is_loopback(host: str) -> bool:
-    import ipaddress
-
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def cmd_check(args: argparse.Namespace) -> int:

@@ -106,7 +106,7 @@ def demo_listen() -> str:
 
 
 def run_demo(listen: str | None = None, pg_major: int | None = None, duration: float | None = None) -> int:
-    from lagwatch.cli import run_daemon
+    from lagwatch.runner import run_daemon
 
     listen = listen or demo_listen()
 

@@ -87,6 +87,10 @@ def _node_metrics(c: ClusterSnapshot) -> Iterator[Metric]:
     polls = CounterMetricFamily("lagwatch_polls", "Polls attempted per node", labels=["cluster", "node"])
     errors = CounterMetricFamily("lagwatch_poll_errors", "Failed polls per node by kind "
                                  "(connect, timeout, query, role)", labels=["cluster", "node", "kind"])
+    view_up = _gauge("lagwatch_view_up", "1 if the view was read from the node in the last poll; 0 if it failed, "
+                     "rests after a failure, or the role may not read it", ["cluster", "node", "view"])
+    view_errors = CounterMetricFamily("lagwatch_view_errors", "Failed reads of a view, per node",
+                                      labels=["cluster", "node", "view"])
     info = InfoMetricFamily("lagwatch_node", "Role and server version of each node" + AS_OF,
                             labels=["cluster", "node", "role", "server_version_num"])
     for n in c.nodes:
@@ -96,7 +100,11 @@ def _node_metrics(c: ClusterSnapshot) -> Iterator[Metric]:
         for kind in ERROR_KINDS:
             errors.add_metric([c.name, n.name, kind], n.errors_total.get(kind, 0))
         info.add_metric([c.name, n.name, n.role, str(n.version_num or "")], {})
-    yield from (up, duration, polls, errors, info)
+        for view, ok in sorted(n.views.items()):
+            view_up.add_metric([c.name, n.name, view], 1.0 if ok else 0.0)
+        for view, count in sorted(n.view_errors_total.items()):
+            view_errors.add_metric([c.name, n.name, view], count)
+    yield from (up, duration, polls, errors, view_up, view_errors, info)
 
 
 def _replica_metrics(c: ClusterSnapshot) -> Iterator[Metric]:

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Literal, cast
 
-from lagwatch.poolers.base import write_atomically
+from lagwatch.files import write_atomically
 
 Hold = Literal["in", "out"]
 Holds = dict[str, dict[str, Hold]]  # cluster -> replica -> hold

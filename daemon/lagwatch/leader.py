@@ -18,7 +18,7 @@ import psycopg
 import psycopg.conninfo
 
 from lagwatch.config import ClusterConfig, PasswordUnavailableError
-from lagwatch.poll import build_conninfo
+from lagwatch.conninfo import build_conninfo
 
 log = logging.getLogger("lagwatch.leader")
 

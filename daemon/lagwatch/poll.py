@@ -16,9 +16,11 @@ from typing import Any, TypeVar
 
 import psycopg
 import psycopg.conninfo
+import psycopg.errors
 from psycopg.rows import dict_row
 
 from lagwatch.config import ClusterConfig, Config, NodeConfig, PasswordUnavailableError
+from lagwatch.conninfo import build_conninfo
 from lagwatch.lsn import format_lsn
 from lagwatch.redact import redact_text
 from lagwatch.snapshot import ErrorKind, NodeObservation, Role
@@ -31,6 +33,15 @@ log = logging.getLogger("lagwatch.poll")
 
 MIN_VERSION_NUM = 130000
 T = TypeVar("T")
+# A view that failed (a grant missing, a function gone) is retried after this long.
+VIEW_RETRY_SECONDS = 300
+_GRANT_HINTS = {
+    "wal_dir": ": pg_ls_waldir() needs pg_monitor (or EXECUTE on it)",
+    "slots": ": pg_replication_slots is readable by every role; is the role's search_path odd?",
+    "replication": ": pg_stat_replication's LSNs need pg_read_all_stats (grant pg_monitor)",
+    "walinspect": ": pg_walinspect needs pg_read_server_files",
+    "wal": ": pg_stat_wal needs PostgreSQL 14+",
+}
 
 
 class NodeError(Exception):
@@ -38,23 +49,6 @@ class NodeError(Exception):
         super().__init__(message)
         self.kind: ErrorKind = kind
         self.backing_off = backing_off  # skipped this cycle: not a new failure
-
-
-def build_conninfo(node: NodeConfig, connect_timeout: float, statement_timeout: float) -> str:
-    """The node's DSN plus what lagwatch always sets; the password is added only here."""
-    params = psycopg.conninfo.conninfo_to_dict(node.dsn)
-    options = str(params.get("options", ""))
-    extra: dict[str, Any] = {
-        "application_name": "lagwatch",
-        # libpq's connect_timeout is whole seconds, minimum 2; the client-side deadline
-        # in NodePoller is the real budget.
-        "connect_timeout": max(2, round(connect_timeout)),
-        "options": f"{options} -c statement_timeout={max(1, int(statement_timeout * 1000))}".strip(),
-    }
-    password = node.password()
-    if password is not None:
-        extra["password"] = password
-    return psycopg.conninfo.make_conninfo(node.dsn, **extra)
 
 
 class NodePoller:
@@ -78,6 +72,9 @@ class NodePoller:
         self._walinspect_failures = 0
         self._last_error = ""
         self._said_skipped = False
+        self._resting: dict[str, float] = {}  # view -> monotonic time it is tried again
+        self._view_errors: dict[str, int] = {}  # view -> failed reads since start
+        self._walinspect_state: bool | None = None  # whether the last WAL inspection worked
         # The poll under way, which may outlive the cycle that started it (poll_all).
         self._inflight: asyncio.Future[NodeObservation] | None = None
         self._inflight_used = True
@@ -115,7 +112,8 @@ class NodePoller:
         self._failures = 0
         now = time.monotonic()
         return NodeObservation(cluster=self.cluster.name, node=self.node, role=self.role,
-                               observed_at=now, duration=now - started, **fields)
+                               observed_at=now, duration=now - started, view_errors_total=dict(self._view_errors),
+                               **fields)
 
     def _failed(self, error: NodeError, started: float) -> NodeObservation:
         kind = error.kind
@@ -227,22 +225,29 @@ class NodePoller:
     def _views(self, caps: Capabilities) -> list[View[Any]]:
         role: Role = "replica" if caps.in_recovery else "primary"
         # Without pg_read_all_stats the replication view still answers (LSNs are NULL);
-        # pg_ls_waldir() would fail outright, so it is left out.
-        return [v for v in CYCLE_VIEWS if role in v.roles and not (v.name == "wal_dir" and not caps.can_ls_waldir)]
+        # pg_ls_waldir() would fail outright, so it is left out. A view that failed lately
+        # rests (VIEW_RETRY_SECONDS) so it does not cost the others their pipeline.
+        now = time.monotonic()
+        return [v for v in CYCLE_VIEWS if role in v.roles and not (v.name == "wal_dir" and not caps.can_ls_waldir)
+                and self._resting.get(v.name, 0.0) <= now]
 
     async def _query(self, conn: psycopg.AsyncConnection[dict[str, Any]], caps: Capabilities) -> dict[str, Any]:
         views = self._views(caps)
-        cursors = []
-        # All views go out in one pipeline: one network round trip per node.
-        async with conn.pipeline():
-            for view in views:
-                sql = view.sql_for(caps.version_num)
-                assert sql is not None
-                cursor = conn.cursor()
-                await cursor.execute(sql)
-                cursors.append((view, cursor))
-        results = {view.name: view.parse(await cursor.fetchall()) for view, cursor in cursors}
+        try:
+            results = await self._pipelined(conn, caps, views)
+            failed: dict[str, str] = {}
+        except psycopg.OperationalError:
+            raise
+        except psycopg.Error:
+            # One view failed and aborted the rest of the pipeline: read them one by one to
+            # learn which, so that the others still count this cycle.
+            results, failed = await self._one_by_one(conn, caps, views)
+        self._note_view_failures(failed)
+        if "server" not in results:
+            raise NodeError("query", failed.get("server", "no answer from the server view"))
         position = results["server"]
+        view_health = {v.name: v.name in results for v in CYCLE_VIEWS if v.name in results or v.name in failed
+                       or v.name in self._resting or v.name in caps.skipped()}
         fields: dict[str, Any] = {
             "capabilities": caps,
             "position": position,
@@ -253,15 +258,63 @@ class NodePoller:
             "wal_dir": results.get("wal_dir"),
             "walinspect": await self._inspect_wal(conn, caps, position.current_lsn),
         }
+        if self._walinspect_state is not None:
+            view_health["walinspect"] = self._walinspect_state
+        fields["views"] = view_health
         return fields
+
+    @staticmethod
+    async def _pipelined(conn: psycopg.AsyncConnection[dict[str, Any]], caps: Capabilities,
+                         views: Sequence[View[Any]]) -> dict[str, Any]:
+        cursors = []
+        # All views go out in one pipeline: one network round trip per node.
+        async with conn.pipeline():
+            for view in views:
+                sql = view.sql_for(caps.version_num)
+                assert sql is not None
+                cursor = conn.cursor()
+                await cursor.execute(sql)
+                cursors.append((view, cursor))
+        return {view.name: view.parse(await cursor.fetchall()) for view, cursor in cursors}
+
+    @staticmethod
+    async def _one_by_one(conn: psycopg.AsyncConnection[dict[str, Any]], caps: Capabilities,
+                          views: Sequence[View[Any]]) -> tuple[dict[str, Any], dict[str, str]]:
+        results, failed = {}, {}
+        for view in views:
+            sql = view.sql_for(caps.version_num)
+            assert sql is not None
+            try:
+                cursor = await conn.execute(sql)
+                results[view.name] = view.parse(await cursor.fetchall())
+            except psycopg.OperationalError:
+                raise
+            except psycopg.Error as exc:
+                failed[view.name] = _one_line(exc)
+        return results, failed
+
+    def _note_view_failures(self, failed: dict[str, str]) -> None:
+        now = time.monotonic()
+        for name, error in failed.items():
+            self._view_errors[name] = self._view_errors.get(name, 0) + 1
+            if name == "server":
+                continue  # the node is down this cycle; nothing to rest
+            self._resting[name] = now + VIEW_RETRY_SECONDS
+            log.warning("%s/%s: cannot read %s (%s)%s; the node stays up without it, retrying in %ds",
+                        self.cluster.name, self.node, name, error, _GRANT_HINTS.get(name, ""), VIEW_RETRY_SECONDS)
 
     async def _inspect_wal(self, conn: psycopg.AsyncConnection[dict[str, Any]], caps: Capabilities,
                            current: int | None) -> WalInspection | None:
         """FPI statistics of the WAL since the last cycle: a second round trip, only when
         pg_walinspect is usable and the primary has written something. Its failures are
         its own: they never mark the node down."""
-        if (self.cluster.walinspect == "off" or caps.in_recovery or current is None
-                or not (caps.has_walinspect and caps.can_walinspect)):
+        if self.cluster.walinspect == "off" or caps.in_recovery or not caps.has_walinspect:
+            self._walinspect_state = None  # not a view of this node
+            return None
+        if not caps.can_walinspect or self._resting.get("walinspect", 0.0) > time.monotonic():
+            self._walinspect_state = False
+            return None
+        if current is None:
             return None
         start = self._walinspect_from
         if start is None or current <= start:
@@ -273,6 +326,10 @@ class NodePoller:
             inspection = walinspect.parse(await cursor.fetchall())
         except psycopg.OperationalError:
             raise
+        except psycopg.errors.InsufficientPrivilege as exc:
+            self._walinspect_state = False
+            self._note_view_failures({"walinspect": _one_line(exc)})
+            return None
         except psycopg.Error as exc:
             # Typically no complete record yet after ``start`` (it may sit mid-record):
             # try the same start again, but jump to the present if it keeps failing.
@@ -284,6 +341,7 @@ class NodePoller:
             return None
         self._walinspect_failures = 0
         self._walinspect_from = inspection.flush_lsn
+        self._walinspect_state = True
         return inspection
 
     async def close(self) -> None:

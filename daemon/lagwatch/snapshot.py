@@ -42,6 +42,10 @@ class NodeObservation:
     wal: WalStats | None = None
     wal_dir: WalDir | None = None
     walinspect: WalInspection | None = None
+    # Per view: whether it was read this cycle (False: it failed, rests after a failure, or
+    # the role may not read it). Views that do not apply to the node's role are absent.
+    views: dict[str, bool] = field(default_factory=dict)
+    view_errors_total: dict[str, int] = field(default_factory=dict)  # failed reads since start, by view
     error_kind: ErrorKind | None = None
     error: str | None = None  # one line, never containing a password
 
@@ -117,6 +121,8 @@ class NodeHealth:
     errors_total: dict[str, int]  # by error kind; a frozen copy per snapshot
     last_error: str | None
     skipped: dict[str, str]  # view -> why it is not read on this connection
+    views: dict[str, bool] = field(default_factory=dict)  # view -> read this cycle
+    view_errors_total: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -320,4 +320,6 @@ class ClusterTracker:
             errors_total=dict(counters.errors),
             last_error=obs.error,
             skipped=caps.skipped() if caps else {},
+            views=dict(obs.views),
+            view_errors_total=dict(obs.view_errors_total),
         )

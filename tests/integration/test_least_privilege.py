@@ -57,3 +57,43 @@ def test_monitoring_role_is_enough(pg_cluster: LocalCluster, tmp_path: Path) -> 
     finally:
         lw.stop()
         primary.execute("DROP ROLE IF EXISTS lagwatch")
+
+
+def test_a_view_denied_at_run_time_leaves_the_node_up(pg_cluster: LocalCluster, tmp_path: Path) -> None:
+    """Grants taken away while lagwatch runs (pg_ls_waldir(), pg_walinspect): those views
+    read 0 in lagwatch_view_up, with one warning naming the grant; the node stays up and
+    its lag is still measured."""
+    primary = pg_cluster.primary
+    primary.execute("DROP ROLE IF EXISTS lagwatch")
+    primary.execute("CREATE ROLE lagwatch LOGIN; GRANT pg_monitor, pg_read_server_files TO lagwatch")
+    pg_cluster.wait_replayed()
+    config = cluster_config(pg_cluster, free_port(["127.0.0.1"]))
+    cluster = config["clusters"][0]
+    for node in [cluster["primary"], *cluster["replicas"]]:
+        node["dsn"] = node["dsn"].replace("user=postgres", "user=lagwatch")
+    lw = Lagwatch(tmp_path, config)
+    try:
+        lw.wait_ready()
+        with Writer(pg_cluster):
+            lw.wait_for("every view read", lambda: all(lw.value("lagwatch_view_up", node="primary", view=v) == 1
+                                                        for v in ("server", "replication", "slots", "wal_dir",
+                                                                  "walinspect")), timeout=15)
+            primary.execute("REVOKE EXECUTE ON FUNCTION pg_ls_waldir() FROM pg_monitor; "
+                            "REVOKE pg_read_server_files FROM lagwatch")
+            lw.wait_for("the denied views down", lambda: lw.value("lagwatch_view_up", node="primary", view="wal_dir")
+                        == 0 and lw.value("lagwatch_view_up", node="primary", view="walinspect") == 0, timeout=15)
+            pg_cluster.replicas[0].pause_replay()
+            time.sleep(3.0)
+            lag = lw.value("lagwatch_replica_lag_seconds", replica="replica1")
+            assert lag is not None and 2.0 <= lag <= 4.0, lag
+        assert lw.value("lagwatch_up", node="primary") == 1
+        for view in ("server", "replication", "slots", "wal"):
+            assert lw.value("lagwatch_view_up", node="primary", view=view) == 1, view
+        assert (lw.value("lagwatch_view_errors_total", node="primary", view="wal_dir") or 0) >= 1
+        log = lw.log_text()
+        assert log.count("cannot read wal_dir") == 1 and "pg_ls_waldir() needs pg_monitor" in log
+        assert log.count("cannot read walinspect") == 1 and "pg_read_server_files" in log
+    finally:
+        lw.stop()
+        primary.execute("GRANT EXECUTE ON FUNCTION pg_ls_waldir() TO pg_monitor")
+        primary.execute("DROP ROLE IF EXISTS lagwatch")

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
-from lagwatch.poolers.base import write_atomically
+from lagwatch.files import write_atomically
 
 
 def test_replaces_whole_and_keeps_mode(tmp_path: Path) -> None:

@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import IO
 
 from lagwatch.config import CommandPoolerConfig
-from lagwatch.poolers.base import Backend, PoolerError, write_atomically
+from lagwatch.files import write_atomically
+from lagwatch.poolers.base import Backend, PoolerError
 
 DEFAULT_PORT = 5432
 _STDERR_TAIL = 600  # characters of a failed reload command's stderr kept in the error

@@ -27,7 +27,8 @@ import psycopg
 import psycopg.conninfo
 
 from lagwatch.config import PgBouncerPoolerConfig
-from lagwatch.poolers.base import PRIMARY, Backend, PoolerError, write_atomically
+from lagwatch.files import write_atomically
+from lagwatch.poolers.base import PRIMARY, Backend, PoolerError
 from lagwatch.redact import redact_text
 
 log = logging.getLogger("lagwatch.poolers.pgbouncer")

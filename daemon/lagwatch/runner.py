@@ -1,0 +1,54 @@
+"""Running the daemon: its HTTP server beside it, until SIGTERM. `lagwatch run` and the
+demo both start lagwatch through here."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+from pathlib import Path
+
+from lagwatch import __version__
+from lagwatch.config import Config
+from lagwatch.daemon import Daemon
+from lagwatch.sdnotify import Notifier
+from lagwatch.web import WebServer
+
+
+def run_daemon(config: Config, config_path: Path | None, web_config_file: Path | None = None) -> int:
+    """Run the daemon on a loaded ``config``; ``web_config_file`` (the command line's) is
+    kept for reloads."""
+    log = logging.getLogger("lagwatch")
+    web_config = config.web
+    daemon = Daemon(config, config_path, notifier=Notifier(), web_config_file=web_config_file)
+    host, port = config.listen_address
+    try:
+        web = WebServer(host, port, daemon.holder, lambda: daemon.config)
+    except OSError as exc:
+        log.error("cannot listen on %s: %s", config.listen, exc.strerror)
+        return 1
+    daemon.reload_hooks.append(web.prepare_web_config)
+    web.start()
+    tls = web.tls
+    scheme = "https" if tls else "http"
+    log.info("lagwatch %s listening on %s://%s:%d/ (/metrics, /status)", __version__, scheme, host, web.port)
+    if web_config is None:
+        where = "loopback only" if _is_loopback(host) else "NOT loopback: anyone who can reach it can read it"
+        (log.info if _is_loopback(host) else log.warning)(
+            "no web_config_file: HTTP without TLS or authentication, %s", where)
+    elif not web.settings.auth.enabled:
+        log.warning("web config has no basic_auth_users: endpoints are not password protected")
+    try:
+        asyncio.run(daemon.run())
+    finally:
+        web.stop()
+    return 0
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
