@@ -91,21 +91,29 @@ class LsnClock:
         self._lsns: list[int] = []
         self._first: list[float] = []
         self._last: list[float] = []
+        # _repeated[i]: point i was seen at more than one poll (the primary sat there idle).
+        self._repeated: list[bool] = []
         # _steady[i]: the primary was writing through the poll before point i (that point
         # was seen only once), so the bytes up to point i may be interpolated in time.
         self._steady: list[bool] = []
 
-    def record(self, lsn: int, now: float) -> None:
+    def record(self, lsn: int, now: float, asked: float | None = None) -> None:
+        """The primary was at ``lsn`` at some moment between ``asked`` (when the query was
+        sent; ``now`` if not given) and ``now`` (when its answer came): it was first seen
+        there by ``now``, and still there at ``asked``."""
+        asked = now if asked is None else min(asked, now)
         if self._lsns and lsn <= self._lsns[-1]:
             if lsn == self._lsns[-1]:
-                self._last[-1] = max(self._last[-1], now)
+                self._last[-1] = max(self._last[-1], asked)
+                self._repeated[-1] = True
             return
         if len(self._lsns) >= self.max_points:
             self._thin(now)
-        steady = len(self._lsns) >= 2 and self._first[-1] == self._last[-1]
+        steady = len(self._lsns) >= 2 and not self._repeated[-1]
         self._lsns.append(lsn)
         self._first.append(now)
-        self._last.append(now)
+        self._last.append(asked)
+        self._repeated.append(False)
         self._steady.append(steady)
 
     def _thin(self, now: float) -> None:
@@ -121,6 +129,7 @@ class LsnClock:
         self._lsns = [self._lsns[j] for j in kept]
         self._first = [self._first[j] for j in kept]
         self._last = [self._last[j] for j in kept]
+        self._repeated = [self._repeated[j] for j in kept]
 
     @property
     def latest_lsn(self) -> int | None:

@@ -138,6 +138,7 @@ class NodePoller:
     async def _poll_once(self) -> dict[str, Any]:
         conn = await self._connection()
         assert self._caps is not None
+        asked_at = time.monotonic()
         try:
             fields = await self._within(self._query(conn, self._caps), self.query_timeout)
         except TimeoutError:
@@ -149,6 +150,7 @@ class NodePoller:
             # A failover can turn a query invalid for the role; probe again next cycle.
             self._caps = None
             raise NodeError("query", _one_line(exc)) from None
+        fields["asked_at"] = asked_at
         position = fields["position"]
         if position.in_recovery != self._caps.in_recovery:
             self._caps = None  # role changed under us: choose the queries again next cycle

@@ -34,6 +34,10 @@ class NodeObservation:
     role: Role  # configured role
     observed_at: float  # monotonic time the answer arrived
     duration: float  # seconds spent on this node this cycle
+    # Monotonic time the query was sent: what it read was true at some moment between this
+    # and observed_at. A replay position is dated here, so that a reply slowed on its way
+    # (a busy event loop) cannot make it look older than it was.
+    asked_at: float | None = None
     capabilities: Capabilities | None = None
     position: ServerPosition | None = None
     walsenders: tuple[WalSender, ...] = ()

@@ -118,12 +118,12 @@ class ClusterTracker:
                 latest = self.clock.latest_lsn
                 if latest is not None and primary_lsn < latest:
                     self._forget_history(primary_lsn, latest)
-                self.clock.record(primary_lsn, primary.observed_at)
+                self.clock.record(primary_lsn, primary.observed_at, primary.asked_at)
                 self._rate.append((primary.observed_at, primary_lsn))
             self._note_xacts(primary.observed_at, primary.position.xacts_total)
         senders = {s.application_name: s for s in primary.walsenders} if primary_ok and primary else {}
         # The primary's view of a replica is as of the primary's answer, not of the cycle's end.
-        senders_at = primary.observed_at if primary_ok and primary else now
+        senders_at = (primary.asked_at or primary.observed_at) if primary_ok and primary else now
         primary_clock = _PrimaryClock.of(primary) if primary_ok and primary else None
         commit_times = {r.name: _last_commit_at(by_node.get(r.name), primary_clock) for r in self.cluster.replicas}
         known = [t for t in commit_times.values() if t is not None]
@@ -166,7 +166,8 @@ class ClusterTracker:
         own = obs.position if obs is not None and obs.ok and obs.position is not None else None
         if own is not None and own.in_recovery and own.replay_lsn is not None:
             assert obs is not None
-            replay: _ReplayPosition | None = _ReplayPosition(own.replay_lsn, obs.observed_at, "replica", commits)
+            replay: _ReplayPosition | None = _ReplayPosition(own.replay_lsn, obs.asked_at or obs.observed_at,
+                                                             "replica", commits)
         else:
             replay = self._replay_from_sender(name, sender, senders_at)
         receiver = obs.receiver if obs is not None and obs.ok else None
