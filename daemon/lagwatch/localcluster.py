@@ -1,4 +1,5 @@
-"""Real local PostgreSQL streaming-replication clusters, for tests and ``lagwatch demo``.
+"""Real local PostgreSQL streaming-replication clusters, for ``lagwatch demo`` (and, with
+what only tests do to them, tests/integration/chaoscluster.py).
 
 Everything here binds to loopback only and only ever signals processes it started
 itself (PIDs from ``postmaster.pid`` and their children), never processes found by name.
@@ -499,34 +500,6 @@ class LocalServer:
             return []
         return [pm, *_descendants(pm, _proc_table())]
 
-    def is_frozen(self) -> bool:
-        pm = self.postmaster_pid()
-        return pm is not None and _proc_state(pm) in ("T", "t")
-
-    def freeze(self) -> None:
-        """SIGSTOP the postmaster and all its children, like a hung host."""
-        pm = self.postmaster_pid()
-        if pm is None:
-            raise RuntimeError(f"{self.name} is not running")
-        # Postmaster first so it cannot fork new children while we stop the others.
-        _signal(pm, signal.SIGSTOP)
-        pids = self.pids()
-        for pid in pids[1:]:
-            _signal(pid, signal.SIGSTOP)
-
-        def all_stopped() -> bool:
-            return all(_proc_state(p) in (None, "T", "t", "Z", "X") for p in pids)
-
-        _wait_until(all_stopped, 2.0, 0.01)
-
-    def thaw(self) -> None:
-        """SIGCONT everything freeze() stopped (harmless when not frozen)."""
-        pids = self.pids()
-        for pid in pids[1:]:
-            _signal(pid, signal.SIGCONT)
-        if pids:
-            _signal(pids[0], signal.SIGCONT)
-
     def start(self, timeout: float = 30) -> None:
         """``pg_ctl start -w`` as the server user; no-op when already running."""
         if self.is_running():
@@ -554,7 +527,6 @@ class LocalServer:
         pm = self.postmaster_pid()
         if pm is None:
             return
-        self.thaw()  # a stopped process can't shut down
         try:
             r = _run(
                 [self.binaries.tool("pg_ctl"), "stop", "-D", self.datadir, "-m", mode,
@@ -599,10 +571,6 @@ class LocalServer:
         except (OSError, ValueError, IndexError):
             return None
 
-    def restart(self, timeout: float = 30) -> None:
-        self.stop()
-        self.start(timeout)
-
     # -- SQL
 
     def execute(
@@ -632,27 +600,6 @@ class LocalServer:
             )
         self.execute(q)
 
-    def file_auto_conf(self) -> dict[str, str]:
-        """What postgresql.auto.conf currently says, as the server parses it."""
-        rows = self.execute(
-            "SELECT name, setting FROM pg_file_settings "
-            "WHERE sourcefile LIKE '%postgresql.auto.conf' ORDER BY seqno"
-        )
-        return {str(n): str(s) for n, s in rows}
-
-    def restore_auto_conf(self, timeout: float = 30) -> bool:
-        """Undo ALTER SYSTEM changes made since setup; restarts if a change needs it."""
-        if self.file_auto_conf() == self.auto_conf:
-            return False
-        self.execute("ALTER SYSTEM RESET ALL")
-        for k, v in self.auto_conf.items():
-            self.alter_system(k, v)
-        self.reload()
-        if self.execute("SELECT 1 FROM pg_settings WHERE pending_restart"):
-            self.restart(timeout)
-        return True
-
-
 class LocalReplica(LocalServer):
     """A streaming standby of ``primary`` using physical slot ``slot_name``."""
 
@@ -672,9 +619,6 @@ class LocalReplica(LocalServer):
         self.primary = primary
         self.application_name = application_name or name
         self.slot_name = slot_name or name
-        # Bound but never listening: connections to it are refused, and nobody else
-        # (e.g. a parallel cluster's new primary) can grab the port while we're cut off.
-        self._dead_socket: socket.socket | None = None
 
     @property
     def original_conninfo(self) -> str:
@@ -721,56 +665,11 @@ class LocalReplica(LocalServer):
     def resume_replay(self) -> None:
         self.execute("SELECT pg_wal_replay_resume()")
 
-    def set_primary_conninfo(self, conninfo: str) -> None:
-        """ALTER SYSTEM SET primary_conninfo + reload (the walreceiver restarts, PG13+)."""
-        self.alter_system("primary_conninfo", conninfo)
-        self.reload()
-
-    def is_streaming(self) -> bool:
-        """Whether this replica's walreceiver is currently streaming."""
-        return bool(
-            self.scalar("SELECT count(*) > 0 FROM pg_stat_wal_receiver WHERE status = 'streaming'")
-        )
-
-    def cut_off(self, *, wait: bool = True, timeout: float = 15) -> None:
-        """Point primary_conninfo at a loopback port nothing listens on."""
-        if self._dead_socket is None:
-            self._dead_socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            self._dead_socket.bind((self.primary.host, 0))
-        dead: int = self._dead_socket.getsockname()[1]
-        self.set_primary_conninfo(
-            f"host={self.primary.host} port={dead} user={SUPERUSER} "
-            f"application_name={self.application_name}"
-        )
-        if wait and not _wait_until(lambda: not self.is_streaming(), timeout):
-            raise RuntimeError(f"{self.name}: still streaming {timeout}s after cut_off()")
-
-    def reconnect(self, *, wait: bool = False, timeout: float = 30) -> None:
-        """Restore the original primary_conninfo (optionally wait until streaming again)."""
-        self.set_primary_conninfo(self.original_conninfo)
-        self.release_dead_port()
-        if wait and not _wait_until(self.is_streaming, timeout, 0.1):
-            raise RuntimeError(
-                f"{self.name}: not streaming {timeout}s after reconnect()\n"
-                f"--- tail of {self.log_file} ---\n{self.log_tail()}"
-            )
-
-    def release_dead_port(self) -> None:
-        """Close the socket reserving cut_off()'s dead port (reconnect/heal do this)."""
-        if self._dead_socket is not None:
-            self._dead_socket.close()
-            self._dead_socket = None
-
     def set_apply_delay(self, seconds: float) -> None:
         """recovery_min_apply_delay via ALTER SYSTEM + reload; 0 resets it."""
         ms = round(seconds * 1000)
         self.alter_system("recovery_min_apply_delay", f"{ms}ms" if ms > 0 else None)
         self.reload()
-
-    def promote(self, timeout: float = 30) -> None:
-        """pg_promote(); LocalCluster.heal() rebuilds a promoted replica."""
-        self.execute("SELECT pg_promote(true, %s)", (max(1, int(timeout)),))
-
 
 # --------------------------------------------------------------------------- cluster
 
@@ -782,6 +681,9 @@ class LocalCluster:
     call ``start()`` / ``cleanup()`` yourself.  Files live in a fresh
     ``lagwatch-cluster-*`` temp dir (created inside ``base_dir`` if given).
     """
+
+    server_class: type[LocalServer] = LocalServer
+    replica_class: type[LocalReplica] = LocalReplica
 
     def __init__(
         self,
@@ -817,11 +719,11 @@ class LocalCluster:
         _mkdir_owned(self.base_dir, 0o755)
         pport = free_port([PRIMARY_HOST])
         rport = free_port(hosts, exclude={pport}) if hosts else 0
-        self.primary = LocalServer(
+        self.primary = self.server_class(
             "primary", PRIMARY_HOST, pport, self.base_dir / "primary" / "data", binaries
         )
         self.replicas = [
-            LocalReplica(
+            self.replica_class(
                 f"replica{i}",
                 h,
                 rport,
@@ -972,27 +874,9 @@ class LocalCluster:
             _write_owned(r.datadir / "standby.signal", "")
         r.start(_remaining(deadline))
 
-    def rebuild_replica(self, replica: LocalReplica, timeout: float = 60) -> None:
-        """Throw a replica away and re-clone it from the primary (e.g. after promotion)."""
-        deadline = time.monotonic() + timeout
-        replica.stop()
-
-        def slot_released() -> bool:
-            return not self.primary.execute(
-                "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s AND active",
-                (replica.slot_name,),
-            )
-
-        _wait_until(slot_released, _remaining(deadline))
-        self._ensure_slots()
-        self._build_replica(replica, deadline)
-
     def stop(self) -> None:
         """Stop all servers, replicas first; idempotent."""
         errors: list[BaseException] = []
-        for s in self.servers:  # thaw all first: a frozen peer can stall a shutdown
-            with contextlib.suppress(OSError):
-                s.thaw()
         for s in [*self.replicas, self.primary]:
             try:
                 s.stop()
@@ -1010,8 +894,6 @@ class LocalCluster:
             self.stop()
         finally:
             shutil.rmtree(self.base_dir, ignore_errors=True)
-            for r in self.replicas:
-                r.release_dead_port()
             self._cleaned = True
             self._started = False
             atexit.unregister(self._atexit)
@@ -1047,7 +929,7 @@ class LocalCluster:
         """Until every running, non-frozen replica has replayed the primary's flushed WAL."""
         target = str(self.primary.scalar("SELECT pg_current_wal_flush_lsn()"))
         for r in self.replicas:
-            if not r.is_running() or r.is_frozen():
+            if not r.is_running() or _proc_state(r.postmaster_pid() or 0) in ("T", "t"):
                 continue
 
             def caught_up(r: LocalReplica = r) -> bool:
@@ -1058,42 +940,6 @@ class LocalCluster:
             if not _wait_until(caught_up, timeout):
                 got = r.scalar("SELECT pg_last_wal_replay_lsn()")
                 raise RuntimeError(f"{r.name} replayed {got}, not {target} after {timeout}s")
-
-    # -- repair
-
-    def heal(self, timeout: float = 60) -> None:
-        """Undo what tests do: thaw, start, resume, reconnect, reset ALTER SYSTEM, re-clone."""
-        deadline = time.monotonic() + timeout
-        for s in self.servers:
-            s.thaw()
-        self.primary.start(_remaining(deadline))
-        self.primary.restore_auto_conf(_remaining(deadline))
-        lost = {
-            str(name)
-            for (name,) in self.primary.execute(
-                "SELECT slot_name FROM pg_replication_slots WHERE wal_status = 'lost'"
-            )
-        }
-        self._ensure_slots()  # recreates missing ones; lost+active ones after rebuild below
-        for r in self.replicas:
-            rebuild = r.slot_name in lost
-            if not rebuild and not r.is_running():
-                try:
-                    r.start(_remaining(deadline))
-                except RuntimeError:
-                    rebuild = True
-            if not rebuild and not r.scalar("SELECT pg_is_in_recovery()"):
-                rebuild = True  # promoted
-            if rebuild:
-                self.rebuild_replica(r, _remaining(deadline))
-                continue
-            if r.replay_pause_state() != "not paused":
-                r.resume_replay()
-            r.restore_auto_conf(_remaining(deadline))
-        for r in self.replicas:  # conninfo no longer points at them
-            r.release_dead_port()
-        self.wait_streaming(_remaining(deadline))
-        self.wait_replayed(_remaining(deadline))
 
     @staticmethod
     def _parallel(fn: Callable[[_T], None], items: Sequence[_T]) -> None:

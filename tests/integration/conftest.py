@@ -1,4 +1,4 @@
-"""Fixtures starting real local PostgreSQL replication clusters (see lagwatch.localcluster).
+"""Fixtures starting real local PostgreSQL replication clusters (chaoscluster.py over lagwatch.localcluster).
 
 Set LAGWATCH_TEST_PG_MAJORS="18" (comma/space separated) to choose the versions tested.
 """
@@ -10,7 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from lagwatch.localcluster import LocalCluster, find_binaries
+from chaoscluster import ChaosCluster
+from lagwatch.localcluster import find_binaries
 
 _HERE = Path(__file__).parent.resolve()
 
@@ -54,9 +55,9 @@ def pg_major(request: pytest.FixtureRequest) -> int:
 
 
 @pytest.fixture(scope="module")
-def pg_cluster(pg_major: int) -> Iterator[LocalCluster]:
+def pg_cluster(pg_major: int) -> Iterator[ChaosCluster]:
     """A started primary + 2 streaming replicas, shared by the tests of one module."""
-    cluster = LocalCluster(find_binaries(pg_major), replicas=2)
+    cluster = ChaosCluster(find_binaries(pg_major), replicas=2)
     try:
         cluster.start()
         yield cluster
@@ -71,5 +72,5 @@ def _heal_pg_cluster(request: pytest.FixtureRequest) -> Iterator[None]:
     # funcargs only holds pg_cluster if it was set up successfully for this test.
     funcargs: dict[str, object] = getattr(request.node, "funcargs", {})
     cluster = funcargs.get("pg_cluster")
-    if isinstance(cluster, LocalCluster):
+    if isinstance(cluster, ChaosCluster):
         cluster.heal()

@@ -16,13 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from lagwatch.localcluster import LocalCluster, free_port
+from chaoscluster import ChaosCluster
+from lagwatch.localcluster import free_port
 from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def cluster_config(cluster: LocalCluster, port: int, *, interval: str = "1s", window: str = "1m",
+def cluster_config(cluster: ChaosCluster, port: int, *, interval: str = "1s", window: str = "1m",
                    replicas: list[str] | None = None, **extra: Any) -> dict[str, Any]:
     chosen = [r for r in cluster.replicas if replicas is None or r.name in replicas]
     return {
@@ -129,7 +130,7 @@ class Lagwatch(LagwatchHttp):
             env={**os.environ, "PYTHONPATH": str(ROOT / "daemon"), **(env or {})})
 
     @classmethod
-    def for_cluster(cls, workdir: Path, cluster: LocalCluster, **kwargs: Any) -> Lagwatch:
+    def for_cluster(cls, workdir: Path, cluster: ChaosCluster, **kwargs: Any) -> Lagwatch:
         port = free_port(["127.0.0.1"])
         return cls(workdir, cluster_config(cluster, port, **kwargs))
 
@@ -209,7 +210,7 @@ class Readings:
 class Writer:
     """Writes on the primary in a background thread (bounded: stops by itself)."""
 
-    def __init__(self, cluster: LocalCluster, every: float = 0.1, max_seconds: float = 120) -> None:
+    def __init__(self, cluster: ChaosCluster, every: float = 0.1, max_seconds: float = 120) -> None:
         import threading
 
         self.cluster = cluster

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from lagwatch.localcluster import LocalCluster
+from chaoscluster import ChaosCluster
 
 WORKER = Path(__file__).with_name("oracle_worker.py")
 TABLE = "lagwatch_oracle"
@@ -95,7 +95,7 @@ class LagOracle:
     """Starts the writer and one probe per replica (separate processes, bounded in time).
     With ``probes=False`` it is only a steady (or bursty) writer."""
 
-    def __init__(self, cluster: LocalCluster, folder: Path, *, rate: float = 200.0, burst_on: float = 0.0,
+    def __init__(self, cluster: ChaosCluster, folder: Path, *, rate: float = 200.0, burst_on: float = 0.0,
                  burst_off: float = 0.0, max_seconds: float = 180.0, probes: bool = True) -> None:
         self.cluster = cluster
         self.folder = folder

@@ -7,13 +7,14 @@ import time
 from pathlib import Path
 
 import yaml
+from chaoscluster import ChaosCluster
 from harness import Lagwatch, Writer, cluster_config, run_cli
-from lagwatch.localcluster import LocalCluster, free_port
+from lagwatch.localcluster import free_port
 
 SECRET = "Sup3r-Secret-Pw"
 
 
-def test_sigterm_exits_cleanly_within_2s(pg_cluster: LocalCluster, tmp_path: Path) -> None:
+def test_sigterm_exits_cleanly_within_2s(pg_cluster: ChaosCluster, tmp_path: Path) -> None:
     lw = Lagwatch.for_cluster(tmp_path, pg_cluster)
     lw.wait_ready()
     started = time.monotonic()
@@ -23,7 +24,7 @@ def test_sigterm_exits_cleanly_within_2s(pg_cluster: LocalCluster, tmp_path: Pat
     assert lw.stop() == 0
 
 
-def test_sighup_reload_good_and_bad(pg_cluster: LocalCluster, tmp_path: Path) -> None:
+def test_sighup_reload_good_and_bad(pg_cluster: ChaosCluster, tmp_path: Path) -> None:
     port = free_port(["127.0.0.1"])
     lw = Lagwatch(tmp_path, cluster_config(pg_cluster, port, replicas=["replica1"]))
     try:
@@ -54,7 +55,7 @@ def test_sighup_reload_good_and_bad(pg_cluster: LocalCluster, tmp_path: Path) ->
         assert lw.stop() == 0
 
 
-def test_check_exit_codes(pg_cluster: LocalCluster, tmp_path: Path) -> None:
+def test_check_exit_codes(pg_cluster: ChaosCluster, tmp_path: Path) -> None:
     config = tmp_path / "lagwatch.yaml"
     config.write_text(yaml.safe_dump(cluster_config(pg_cluster, free_port(["127.0.0.1"]))))
     ok = run_cli("check", "-c", str(config))
@@ -79,7 +80,7 @@ def test_check_exit_codes(pg_cluster: LocalCluster, tmp_path: Path) -> None:
     assert bad.returncode == 2 and "clusters" in bad.stderr
 
 
-def test_no_password_anywhere(pg_cluster: LocalCluster, tmp_path: Path) -> None:
+def test_no_password_anywhere(pg_cluster: ChaosCluster, tmp_path: Path) -> None:
     """Passwords in a DSN, a password_file and an env var never show up in logs, HTTP
     responses, CLI output or error messages, including connection errors."""
     pw_file = tmp_path / "pw"
@@ -126,7 +127,7 @@ def test_no_password_anywhere(pg_cluster: LocalCluster, tmp_path: Path) -> None:
         assert SECRET not in text
 
 
-def test_wrong_role_is_reported(pg_cluster: LocalCluster, tmp_path: Path) -> None:
+def test_wrong_role_is_reported(pg_cluster: ChaosCluster, tmp_path: Path) -> None:
     # A "primary" DSN that points at a replica is an error on that node, said plainly.
     port = free_port(["127.0.0.1"])
     config = cluster_config(pg_cluster, port)
@@ -142,7 +143,7 @@ def test_wrong_role_is_reported(pg_cluster: LocalCluster, tmp_path: Path) -> Non
         lw.stop()
 
 
-def test_a_50ms_interval_works_end_to_end(pg_cluster: LocalCluster, tmp_path: Path) -> None:
+def test_a_50ms_interval_works_end_to_end(pg_cluster: ChaosCluster, tmp_path: Path) -> None:
     """20 cycles a second: polls keep the cadence, the window and histogram fill, the
     status page and `lagwatch check` speak milliseconds."""
     lw = Lagwatch.for_cluster(tmp_path, pg_cluster, interval="50ms", window="10s")

@@ -7,10 +7,11 @@ import signal
 from pathlib import Path
 
 import pytest
+from chaoscluster import ChaosCluster
 from config_corpus import Case, build
 from harness import Lagwatch, cluster_config, run_cli
 from lagwatch.cli import main
-from lagwatch.localcluster import LocalCluster, free_port
+from lagwatch.localcluster import free_port
 
 pytestmark = pytest.mark.one_pg_version
 
@@ -62,7 +63,7 @@ def reload_lines(lw: Lagwatch) -> list[str]:
             if "lagwatch.daemon: reloaded " in line or "lagwatch.daemon: reload rejected" in line]
 
 
-def test_a_running_daemon_reloads_exactly_the_good_files(pg_cluster: LocalCluster, corpus: list[Case],
+def test_a_running_daemon_reloads_exactly_the_good_files(pg_cluster: ChaosCluster, corpus: list[Case],
                                                          tmp_path: Path) -> None:
     """One `lagwatch run`, every corpus file written over its config and SIGHUP: the good
     ones are put in force, the bad ones rejected with the same problem validate reports,

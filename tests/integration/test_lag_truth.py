@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from chaoscluster import ChaosCluster
 from harness import Lagwatch, Reading, Readings, Writer
-from lagwatch.localcluster import LocalCluster
 from oracle import LagOracle, OracleLog, nearest_rank, tolerance
 
 WINDOW = 10.0
@@ -24,7 +24,7 @@ INTERVALS = {"1s": 1.0, "100ms": 0.1}
 
 
 @pytest.fixture(scope="module")
-def watchers(pg_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Lagwatch]]:
+def watchers(pg_cluster: ChaosCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Lagwatch]]:
     started = {}
     try:
         for name in INTERVALS:
@@ -86,7 +86,7 @@ def _within(value: float, low: float, high: float, absolute: float, relative: fl
 # -- millisecond truth under a steady stream ---------------------------------------------
 
 
-def test_steady_stream_reads_what_the_oracle_reads(pg_cluster: LocalCluster, watchers: dict[str, Lagwatch],
+def test_steady_stream_reads_what_the_oracle_reads(pg_cluster: ChaosCluster, watchers: dict[str, Lagwatch],
                                                   tmp_path: Path) -> None:
     """200 commits/s; replica1 applies 20 ms, 60 ms, 200 ms, then 2 s late, replica2 keeps
     up. At both intervals, the window p95 and the median reading of replica1 are within
@@ -128,7 +128,7 @@ def test_steady_stream_reads_what_the_oracle_reads(pg_cluster: LocalCluster, wat
     assert not failures, "\n".join(failures + ["--- all phases ---"] + report)
 
 
-def test_bursts_are_seen_and_never_over_read(pg_cluster: LocalCluster, watchers: dict[str, Lagwatch],
+def test_bursts_are_seen_and_never_over_read(pg_cluster: ChaosCluster, watchers: dict[str, Lagwatch],
                                             tmp_path: Path) -> None:
     """1 s of 200 commits/s, then 2 s of silence, five times, replica1 60 ms late. Where
     the writes start inside a poll interval, bytes cannot say when: no reading may
@@ -167,7 +167,7 @@ def test_bursts_are_seen_and_never_over_read(pg_cluster: LocalCluster, watchers:
 # -- the truths that must stay true ------------------------------------------------------
 
 
-def test_idle_primary_is_not_lag(pg_cluster: LocalCluster, watchers: dict[str, Lagwatch], tmp_path: Path) -> None:
+def test_idle_primary_is_not_lag(pg_cluster: ChaosCluster, watchers: dict[str, Lagwatch], tmp_path: Path) -> None:
     """Within 3 s of the last write every reading is at most 5 ms, and stays so for 60 s
     of silence (where now() - pg_last_xact_replay_timestamp() climbs to a minute)."""
     with LagOracle(pg_cluster, tmp_path / "oracle") as oracle:
@@ -202,7 +202,7 @@ def test_idle_primary_is_not_lag(pg_cluster: LocalCluster, watchers: dict[str, L
             assert lagwatch.value("lagwatch_replica_walsender_lag_seconds", replica=replica, stage=stage) == 0
 
 
-def test_paused_replay_grows_with_wall_time(pg_cluster: LocalCluster, watchers: dict[str, Lagwatch],
+def test_paused_replay_grows_with_wall_time(pg_cluster: ChaosCluster, watchers: dict[str, Lagwatch],
                                             tmp_path: Path) -> None:
     """Paused under writes, then the writes stop: the reading follows the oracle to the
     millisecond at both intervals, and keeps growing after the last write."""
@@ -242,7 +242,7 @@ def test_paused_replay_grows_with_wall_time(pg_cluster: LocalCluster, watchers: 
         assert time.monotonic() - resumed <= 2 * INTERVALS[name] + 1.0, name
 
 
-def test_cut_off_replica_grows_and_is_not_streaming(pg_cluster: LocalCluster, watchers: dict[str, Lagwatch],
+def test_cut_off_replica_grows_and_is_not_streaming(pg_cluster: ChaosCluster, watchers: dict[str, Lagwatch],
                                                     tmp_path: Path) -> None:
     replica2 = pg_cluster.replicas[1]
     with LagOracle(pg_cluster, tmp_path / "oracle") as oracle, \
@@ -265,7 +265,7 @@ def test_cut_off_replica_grows_and_is_not_streaming(pg_cluster: LocalCluster, wa
         assert watchers[name].value("lagwatch_replica_streaming", replica="replica2") == 0
 
 
-def test_restart_while_paused_reads_a_growing_lower_bound(pg_cluster: LocalCluster, tmp_path: Path) -> None:
+def test_restart_while_paused_reads_a_growing_lower_bound(pg_cluster: ChaosCluster, tmp_path: Path) -> None:
     """lagwatch (re)started while replica1 is already seconds behind has no history for
     the change it lacks: it reads a lower bound that grows with wall time, never more
     than the truth."""
@@ -296,7 +296,7 @@ def test_restart_while_paused_reads_a_growing_lower_bound(pg_cluster: LocalClust
 # -- topology and neighbours -------------------------------------------------------------
 
 
-def test_cascaded_replica_is_measured_end_to_end(pg_cluster: LocalCluster, lagwatch: Lagwatch) -> None:
+def test_cascaded_replica_is_measured_end_to_end(pg_cluster: ChaosCluster, lagwatch: Lagwatch) -> None:
     """replica2 streams from replica1 (cascading): the primary has no walsender for it, yet
     its own replay LSN still dates its staleness against the primary's WAL. With replica1
     cut off while the primary writes, replica2 keeps streaming (from replica1, which has
@@ -341,7 +341,7 @@ def test_cascaded_replica_is_measured_end_to_end(pg_cluster: LocalCluster, lagwa
                       timeout=10)
 
 
-def test_inactive_slot_retains_wal_and_wal_stats_move(pg_cluster: LocalCluster, lagwatch: Lagwatch) -> None:
+def test_inactive_slot_retains_wal_and_wal_stats_move(pg_cluster: ChaosCluster, lagwatch: Lagwatch) -> None:
     before = lagwatch.samples()
     retained_before = before[("lagwatch_slot_retained_bytes", _labels(slot="inactive"))]
     with Writer(pg_cluster, every=0.05):
@@ -383,7 +383,7 @@ def _sampled(lw: Lagwatch, replica: str) -> float:
 
 
 @pytest.mark.parametrize("how", ["stopped", "frozen"])
-def test_unanswering_node_is_down_alone(pg_cluster: LocalCluster, watchers: dict[str, Lagwatch], how: str) -> None:
+def test_unanswering_node_is_down_alone(pg_cluster: ChaosCluster, watchers: dict[str, Lagwatch], how: str) -> None:
     """A stopped or hung replica is down within two intervals; the other nodes keep their
     cadence at both intervals (the 100 ms watcher: about 10 answered polls a second)."""
     replica2 = pg_cluster.replicas[1]

@@ -6,7 +6,8 @@ import time
 
 import psycopg
 import pytest
-from lagwatch.localcluster import INACTIVE_SLOT, LocalCluster
+from chaoscluster import ChaosCluster
+from lagwatch.localcluster import INACTIVE_SLOT
 
 
 def _wait(pred: object, timeout: float = 10) -> bool:
@@ -19,7 +20,7 @@ def _wait(pred: object, timeout: float = 10) -> bool:
     return True
 
 
-def test_topology_and_slots(pg_cluster: LocalCluster) -> None:
+def test_topology_and_slots(pg_cluster: ChaosCluster) -> None:
     primary, (r1, r2) = pg_cluster.primary, pg_cluster.replicas
     assert (primary.host, r1.host, r2.host) == ("127.0.0.1", "127.0.0.2", "127.0.0.3")
     assert r1.port == r2.port != primary.port
@@ -45,7 +46,7 @@ def test_topology_and_slots(pg_cluster: LocalCluster) -> None:
     assert slots == {"replica1": (True, True), "replica2": (True, True), INACTIVE_SLOT: (False, True)}
 
 
-def test_pause_and_resume_replay(pg_cluster: LocalCluster) -> None:
+def test_pause_and_resume_replay(pg_cluster: ChaosCluster) -> None:
     primary, r = pg_cluster.primary, pg_cluster.replicas[0]
     r.pause_replay()
     assert r.scalar("SELECT pg_get_wal_replay_pause_state()") == "paused"
@@ -65,7 +66,7 @@ def test_pause_and_resume_replay(pg_cluster: LocalCluster) -> None:
     primary.execute("DROP TABLE smoke_pause")
 
 
-def test_freeze_and_thaw(pg_cluster: LocalCluster) -> None:
+def test_freeze_and_thaw(pg_cluster: ChaosCluster) -> None:
     r = pg_cluster.replicas[1]
     r.freeze()
     try:

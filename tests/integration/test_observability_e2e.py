@@ -24,8 +24,9 @@ from typing import Any
 
 import pytest
 import yaml
+from chaoscluster import ChaosCluster
 from harness import ROOT, Lagwatch, Writer, cluster_config
-from lagwatch.localcluster import LocalCluster, find_binaries, free_port
+from lagwatch.localcluster import find_binaries, free_port
 from pgbouncer_server import PgBouncerServer, readable_by_servers
 from prom_stack import Alertmanager, Prometheus, WebhookReceiver
 
@@ -40,8 +41,8 @@ pytestmark = pytest.mark.one_pg_version
 
 @dataclass
 class Stack:
-    cluster: LocalCluster
-    idle_cluster: LocalCluster
+    cluster: ChaosCluster
+    idle_cluster: ChaosCluster
     lagwatch: Lagwatch
     prometheus: Prometheus
     alertmanager: Alertmanager
@@ -57,7 +58,7 @@ def alertmanager_config(webhook: WebhookReceiver) -> str:
     return yaml.safe_dump(config)
 
 
-def pooled_cluster(name: str, cluster: LocalCluster, pgbouncer: PgBouncerServer) -> dict[str, Any]:
+def pooled_cluster(name: str, cluster: ChaosCluster, pgbouncer: PgBouncerServer) -> dict[str, Any]:
     """One ``clusters[]`` entry, with PgBouncer pool control over both replicas."""
     r1, r2 = cluster.replicas
     pgbouncer.include_file.write_text(f"app_ro = host={r1.host},{r2.host} port={r1.port} dbname=postgres\n")
@@ -73,11 +74,11 @@ def pooled_cluster(name: str, cluster: LocalCluster, pgbouncer: PgBouncerServer)
 
 
 @pytest.fixture(scope="module")
-def stack(pg_cluster: LocalCluster, pg_major: int, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def stack(pg_cluster: ChaosCluster, pg_major: int, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     workdir = tmp_path_factory.mktemp("e2e")
     config = cluster_config(pg_cluster, free_port(["127.0.0.1"]), window="1m", state_dir=str(workdir / "state"))
     with contextlib.ExitStack() as started:
-        idle_cluster = started.enter_context(LocalCluster(find_binaries(pg_major), replicas=2))
+        idle_cluster = started.enter_context(ChaosCluster(find_binaries(pg_major), replicas=2))
         config["clusters"] = []
         for name, cluster in (("main", pg_cluster), ("idle", idle_cluster)):
             pgbouncer = PgBouncerServer(primary_dsn_entry=f"host=127.0.0.1 port={cluster.primary.port} dbname=postgres")

@@ -102,6 +102,16 @@ def test_sdist_wheel_venv(tmp_path: Path, source: tuple[Path, set[str]]) -> None
     assert not stray, stray
     stray_sources = [s for s in sources if s not in tracked and ".egg-info/" not in s]
     assert not stray_sources, stray_sources
+    # The wheel ships the product: no test harness (clusters to freeze, cut off, promote).
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as zf:
+        files = zf.namelist()
+        cluster_code = zf.read("lagwatch/localcluster.py").decode()
+    assert not [f for f in files if f.startswith("tests/") or "chaoscluster" in f or "oracle" in f], files
+    for test_only in ("def freeze", "def cut_off", "def promote", "def heal", "def rebuild_replica"):
+        assert test_only not in cluster_code, test_only
+    print(f"wheel: {wheel.name}, {wheel.stat().st_size / 1024:.0f} KiB, {len(files)} files")
 
     venv = tmp_path / "wheel-venv"
     python = fresh_venv(venv)

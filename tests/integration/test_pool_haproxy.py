@@ -9,9 +9,10 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from chaoscluster import ChaosCluster
 from haproxy_server import HAProxyServer
 from harness import Lagwatch, Writer, cluster_config
-from lagwatch.localcluster import LocalCluster, free_port
+from lagwatch.localcluster import free_port
 from lagwatch.poolers.haproxy import parse_servers_state
 
 INTERVAL = 1.0
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.one_pg_version
 
 
 @pytest.fixture
-def haproxy(pg_cluster: LocalCluster) -> Iterator[HAProxyServer]:
+def haproxy(pg_cluster: ChaosCluster) -> Iterator[HAProxyServer]:
     r1, r2 = pg_cluster.replicas
     # A short folder: the admin socket path must fit in sun_path.
     with tempfile.TemporaryDirectory(prefix="lw-hx-") as folder, \
@@ -43,7 +44,7 @@ def wait_rotation(haproxy: HAProxyServer, expected: set[str], timeout: float) ->
     raise AssertionError(f"HAProxy rotation {in_rotation(haproxy)} != {expected} after {timeout}s")
 
 
-def test_eject_readmit_and_reapply_after_restart(pg_cluster: LocalCluster, haproxy: HAProxyServer,
+def test_eject_readmit_and_reapply_after_restart(pg_cluster: ChaosCluster, haproxy: HAProxyServer,
                                                  tmp_path: Path) -> None:
     r1, r2 = pg_cluster.replicas
     config = cluster_config(pg_cluster, free_port(["127.0.0.1"]), state_dir=str(tmp_path / "state"))

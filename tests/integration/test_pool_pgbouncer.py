@@ -12,8 +12,9 @@ from typing import Any
 
 import psycopg
 import pytest
+from chaoscluster import ChaosCluster
 from harness import Lagwatch, Writer, cluster_config, run_cli
-from lagwatch.localcluster import LocalCluster, free_port
+from lagwatch.localcluster import free_port
 from oracle import LagOracle
 from pgbouncer_server import PgBouncerServer, readable_by_servers
 
@@ -26,7 +27,7 @@ SLA = {"max_lag": "2s", "eject_after": 2, "readmit_below": "1s", "readmit_after"
 
 
 @pytest.fixture(scope="module")
-def pgbouncer(pg_cluster: LocalCluster) -> Iterator[PgBouncerServer]:
+def pgbouncer(pg_cluster: ChaosCluster) -> Iterator[PgBouncerServer]:
     server = PgBouncerServer(primary_dsn_entry=f"host=127.0.0.1 port={pg_cluster.primary.port} dbname=postgres")
     # The file lagwatch owns exists before PgBouncer starts, as an operator would set it up.
     r1, r2 = pg_cluster.replicas
@@ -37,7 +38,7 @@ def pgbouncer(pg_cluster: LocalCluster) -> Iterator[PgBouncerServer]:
 
 
 @pytest.fixture(autouse=True)
-def both_replicas_in_pool(pg_cluster: LocalCluster, pgbouncer: PgBouncerServer) -> None:
+def both_replicas_in_pool(pg_cluster: ChaosCluster, pgbouncer: PgBouncerServer) -> None:
     """Each test starts as an operator would have it: both replicas in app_ro."""
     r1, r2 = pg_cluster.replicas
     pgbouncer.include_file.write_text(f"app_ro = host={r1.host},{r2.host} port={r1.port} dbname=postgres\n")
@@ -48,7 +49,7 @@ def both_replicas_in_pool(pg_cluster: LocalCluster, pgbouncer: PgBouncerServer) 
         conn.execute("RELOAD")
 
 
-def pool_config(cluster: LocalCluster, pgbouncer: PgBouncerServer, workdir: Path, **sla: Any) -> dict[str, Any]:
+def pool_config(cluster: ChaosCluster, pgbouncer: PgBouncerServer, workdir: Path, **sla: Any) -> dict[str, Any]:
     config = cluster_config(cluster, free_port(["127.0.0.1"]), interval="1s", window="1m",
                             state_dir=str(workdir / "state"))
     dry_run = sla.pop("dry_run", False)
@@ -75,13 +76,13 @@ def wait_hosts(pgbouncer: PgBouncerServer, predicate: Any, timeout: float) -> fl
     raise AssertionError(f"app_ro hosts still {app_ro_hosts(pgbouncer)} after {timeout}s")
 
 
-def pause_both_until_the_primary_serves(pg_cluster: LocalCluster, pgbouncer: PgBouncerServer) -> None:
+def pause_both_until_the_primary_serves(pg_cluster: ChaosCluster, pgbouncer: PgBouncerServer) -> None:
     for replica in pg_cluster.replicas:
         replica.pause_replay()
     wait_hosts(pgbouncer, lambda hosts: hosts == [pg_cluster.primary.host], timeout=15)
 
 
-def resume_both_until_both_serve(pg_cluster: LocalCluster, pgbouncer: PgBouncerServer) -> None:
+def resume_both_until_both_serve(pg_cluster: ChaosCluster, pgbouncer: PgBouncerServer) -> None:
     for replica in pg_cluster.replicas:
         replica.resume_replay()
     wait_hosts(pgbouncer, lambda hosts: hosts == sorted(r.host for r in pg_cluster.replicas), timeout=20)
@@ -97,7 +98,7 @@ def read_addrs(pgbouncer: PgBouncerServer, n: int = 6) -> set[str]:
     return out
 
 
-def start_pgbench(cluster: LocalCluster, pgbouncer: PgBouncerServer, seconds: int, log: Path) -> subprocess.Popen[str]:
+def start_pgbench(cluster: ChaosCluster, pgbouncer: PgBouncerServer, seconds: int, log: Path) -> subprocess.Popen[str]:
     pgbench = str(cluster.binaries.tool("pgbench"))
     return subprocess.Popen([pgbench, "-h", "127.0.0.1", "-p", str(pgbouncer.port), "-U", "postgres", "-n", "-S",
                              "-c", "2", "-R", "40", "-T", str(seconds), "app_ro"],
@@ -105,14 +106,14 @@ def start_pgbench(cluster: LocalCluster, pgbouncer: PgBouncerServer, seconds: in
 
 
 @pytest.fixture(scope="module")
-def pgbench_tables(pg_cluster: LocalCluster) -> None:
+def pgbench_tables(pg_cluster: ChaosCluster) -> None:
     tool = str(pg_cluster.binaries.tool("pgbench"))
     subprocess.run([tool, "-i", "-s", "1", "-q", "-h", pg_cluster.primary.host, "-p", str(pg_cluster.primary.port),
                     "-U", "postgres", "postgres"], check=True, capture_output=True, timeout=120)
     pg_cluster.wait_replayed()
 
 
-def test_eject_and_readmit_under_pgbench(pg_cluster: LocalCluster, pgbouncer: PgBouncerServer,
+def test_eject_and_readmit_under_pgbench(pg_cluster: ChaosCluster, pgbouncer: PgBouncerServer,
                                          pgbench_tables: None, tmp_path: Path) -> None:
     r1, r2 = pg_cluster.replicas
     lw = Lagwatch(tmp_path, pool_config(pg_cluster, pgbouncer, tmp_path))
@@ -151,7 +152,7 @@ def test_eject_and_readmit_under_pgbench(pg_cluster: LocalCluster, pgbouncer: Pg
     assert "action=readmit" in status
 
 
-def test_millisecond_sla_ejects_and_readmits(pg_cluster: LocalCluster, pgbouncer: PgBouncerServer,
+def test_millisecond_sla_ejects_and_readmits(pg_cluster: ChaosCluster, pgbouncer: PgBouncerServer,
                                             tmp_path: Path) -> None:
     """A 50 ms SLA at a 100 ms interval under 200 commits/s: replica1's apply delay goes
     10 ms -> 120 ms -> 10 ms. It is ejected after 3 bad cycles and readmitted after 5 good
@@ -191,7 +192,7 @@ def test_millisecond_sla_ejects_and_readmits(pg_cluster: LocalCluster, pgbouncer
         lw.stop()
 
 
-def test_a_rejected_reload_changes_nothing(pg_cluster: LocalCluster, pgbouncer: PgBouncerServer,
+def test_a_rejected_reload_changes_nothing(pg_cluster: ChaosCluster, pgbouncer: PgBouncerServer,
                                            tmp_path: Path) -> None:
     """SIGHUP with bad configs while pool control runs: each is rejected whole. Targets,
     SLA, pooler and web config stay as they were (a scrape, an auth check and a pool
@@ -269,7 +270,7 @@ def test_a_rejected_reload_changes_nothing(pg_cluster: LocalCluster, pgbouncer: 
         lw.stop()
 
 
-def test_both_paused_min_replicas_keeps_least_behind(pg_cluster: LocalCluster, pgbouncer: PgBouncerServer,
+def test_both_paused_min_replicas_keeps_least_behind(pg_cluster: ChaosCluster, pgbouncer: PgBouncerServer,
                                                      tmp_path: Path) -> None:
     r1, r2 = pg_cluster.replicas
     lw = Lagwatch(tmp_path, pool_config(pg_cluster, pgbouncer, tmp_path))
@@ -288,7 +289,7 @@ def test_both_paused_min_replicas_keeps_least_behind(pg_cluster: LocalCluster, p
         lw.stop()
 
 
-def test_both_paused_fallback_to_primary(pg_cluster: LocalCluster, pgbouncer: PgBouncerServer,
+def test_both_paused_fallback_to_primary(pg_cluster: ChaosCluster, pgbouncer: PgBouncerServer,
                                          tmp_path: Path) -> None:
     lw = Lagwatch(tmp_path, pool_config(pg_cluster, pgbouncer, tmp_path, fallback_to_primary=True))
     try:
@@ -304,7 +305,7 @@ def test_both_paused_fallback_to_primary(pg_cluster: LocalCluster, pgbouncer: Pg
         lw.stop()
 
 
-def test_all_ejected_with_min_replicas_0_points_at_primary_once(pg_cluster: LocalCluster,
+def test_all_ejected_with_min_replicas_0_points_at_primary_once(pg_cluster: ChaosCluster,
                                                                 pgbouncer: PgBouncerServer, tmp_path: Path) -> None:
     """With no replica left, the entry points at the primary (never an empty host=), and
     that is applied once: the pool PgBouncer reports then is what lagwatch asked for."""
@@ -323,7 +324,7 @@ def test_all_ejected_with_min_replicas_0_points_at_primary_once(pg_cluster: Loca
         lw.stop()
 
 
-def test_reload_keeps_pool_state_and_leadership(pg_cluster: LocalCluster, pgbouncer: PgBouncerServer,
+def test_reload_keeps_pool_state_and_leadership(pg_cluster: ChaosCluster, pgbouncer: PgBouncerServer,
                                                 tmp_path: Path) -> None:
     """SIGHUP with a changed SLA: counters, events and the leader lock carry over; the
     ejected replica stays out until it earns its way back under the new SLA."""
@@ -358,7 +359,7 @@ def test_reload_keeps_pool_state_and_leadership(pg_cluster: LocalCluster, pgboun
     assert "readmit" in log and "below 1s for 3 cycle(s)" in log
 
 
-def test_stopped_replica_ejected_and_readmitted(pg_cluster: LocalCluster, pgbouncer: PgBouncerServer,
+def test_stopped_replica_ejected_and_readmitted(pg_cluster: ChaosCluster, pgbouncer: PgBouncerServer,
                                                 tmp_path: Path) -> None:
     r1, r2 = pg_cluster.replicas
     lw = Lagwatch(tmp_path, pool_config(pg_cluster, pgbouncer, tmp_path))
@@ -373,7 +374,7 @@ def test_stopped_replica_ejected_and_readmitted(pg_cluster: LocalCluster, pgboun
         lw.stop()
 
 
-def test_apply_delay_near_threshold_does_not_flap(pg_cluster: LocalCluster, pgbouncer: PgBouncerServer,
+def test_apply_delay_near_threshold_does_not_flap(pg_cluster: ChaosCluster, pgbouncer: PgBouncerServer,
                                                   tmp_path: Path) -> None:
     r1 = pg_cluster.replicas[0]
     lw = Lagwatch(tmp_path, pool_config(pg_cluster, pgbouncer, tmp_path))
@@ -399,7 +400,7 @@ def test_apply_delay_near_threshold_does_not_flap(pg_cluster: LocalCluster, pgbo
         lw.stop()
 
 
-def test_dry_run_changes_nothing(pg_cluster: LocalCluster, pgbouncer: PgBouncerServer, tmp_path: Path) -> None:
+def test_dry_run_changes_nothing(pg_cluster: ChaosCluster, pgbouncer: PgBouncerServer, tmp_path: Path) -> None:
     r1 = pg_cluster.replicas[0]
     before_file = pgbouncer.include_file.read_bytes()
     before_stat = pgbouncer.include_file.stat()
@@ -421,7 +422,7 @@ def test_dry_run_changes_nothing(pg_cluster: LocalCluster, pgbouncer: PgBouncerS
     assert pgbouncer.show_databases()["app_ro"]["host"] == before_db
 
 
-def test_pgbouncer_down_during_change(pg_cluster: LocalCluster, pgbouncer: PgBouncerServer, tmp_path: Path) -> None:
+def test_pgbouncer_down_during_change(pg_cluster: ChaosCluster, pgbouncer: PgBouncerServer, tmp_path: Path) -> None:
     r1, r2 = pg_cluster.replicas
     old = pgbouncer.include_file.read_text()
     lw = Lagwatch(tmp_path, pool_config(pg_cluster, pgbouncer, tmp_path))
@@ -448,7 +449,7 @@ def test_pgbouncer_down_during_change(pg_cluster: LocalCluster, pgbouncer: PgBou
     assert pgbouncer.include_file.read_text().endswith(f"app_ro = host={r2.host} port={r2.port} dbname=postgres\n")
 
 
-def test_two_instances_one_leader(pg_cluster: LocalCluster, pgbouncer: PgBouncerServer, tmp_path: Path) -> None:
+def test_two_instances_one_leader(pg_cluster: ChaosCluster, pgbouncer: PgBouncerServer, tmp_path: Path) -> None:
     r1, r2 = pg_cluster.replicas
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
@@ -479,7 +480,7 @@ def test_two_instances_one_leader(pg_cluster: LocalCluster, pgbouncer: PgBouncer
         second.stop()
 
 
-def test_hold_beats_automation_and_survives_restart(pg_cluster: LocalCluster, pgbouncer: PgBouncerServer,
+def test_hold_beats_automation_and_survives_restart(pg_cluster: ChaosCluster, pgbouncer: PgBouncerServer,
                                                      tmp_path: Path) -> None:
     r1, r2 = pg_cluster.replicas
     lw = Lagwatch(tmp_path, pool_config(pg_cluster, pgbouncer, tmp_path))

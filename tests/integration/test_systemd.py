@@ -13,8 +13,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from chaoscluster import ChaosCluster
 from harness import ROOT, Lagwatch, cluster_config
-from lagwatch.localcluster import LocalCluster, free_port
+from lagwatch.localcluster import free_port
 
 UNITS = ROOT / "deploy" / "systemd"
 
@@ -170,7 +171,7 @@ def notify(tmp_path: Path) -> Iterator[NotifySocket]:
     sock.sock.close()
 
 
-def test_notify_ready_watchdog_reload_stop(pg_cluster: LocalCluster, tmp_path: Path, notify: NotifySocket) -> None:
+def test_notify_ready_watchdog_reload_stop(pg_cluster: ChaosCluster, tmp_path: Path, notify: NotifySocket) -> None:
     config = cluster_config(pg_cluster, free_port(["127.0.0.1"]))
     env = {"NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": "30000000"}
     lw = Lagwatch(tmp_path, config, env=env)

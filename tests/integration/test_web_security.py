@@ -12,8 +12,9 @@ from pathlib import Path
 import bcrypt
 import pytest
 import yaml
+from chaoscluster import ChaosCluster
 from harness import Lagwatch, cluster_config
-from lagwatch.localcluster import LocalCluster, free_port
+from lagwatch.localcluster import free_port
 
 pytestmark = pytest.mark.one_pg_version
 
@@ -37,7 +38,7 @@ def get(port: int, cert: Path, path: str, auth: tuple[str, str] | None) -> tuple
     return response.status, response.read()
 
 
-def test_tls_and_basic_auth(pg_cluster: LocalCluster, tmp_path: Path) -> None:
+def test_tls_and_basic_auth(pg_cluster: ChaosCluster, tmp_path: Path) -> None:
     cert, key = self_signed(tmp_path)
     # A $2y$ hash as htpasswd/exporter-toolkit docs produce it.
     hashed = bcrypt.hashpw(b"s3cret-scrape", bcrypt.gensalt(rounds=10)).decode().replace("$2b$", "$2y$", 1)
@@ -76,7 +77,7 @@ def test_tls_and_basic_auth(pg_cluster: LocalCluster, tmp_path: Path) -> None:
         lw.stop()
 
 
-def test_without_web_config_says_plain_http_on_loopback(pg_cluster: LocalCluster, tmp_path: Path) -> None:
+def test_without_web_config_says_plain_http_on_loopback(pg_cluster: ChaosCluster, tmp_path: Path) -> None:
     lw = Lagwatch(tmp_path, cluster_config(pg_cluster, free_port(["127.0.0.1"])))
     try:
         lw.wait_ready()
@@ -91,7 +92,7 @@ def test_without_web_config_says_plain_http_on_loopback(pg_cluster: LocalCluster
         lw.stop()
 
 
-def test_bad_web_config_is_a_config_error(pg_cluster: LocalCluster, tmp_path: Path) -> None:
+def test_bad_web_config_is_a_config_error(pg_cluster: ChaosCluster, tmp_path: Path) -> None:
     from harness import run_cli
 
     web = tmp_path / "web.yml"

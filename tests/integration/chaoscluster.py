@@ -1,0 +1,219 @@
+"""Test clusters that can be frozen, cut off, promoted and healed.
+
+The servers themselves (binaries, initdb, start, stop, replicas) are lagwatch's own
+(lagwatch.localcluster, which ``lagwatch demo`` needs); what only tests do to them lives
+here, so the package ships none of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+import time
+from typing import Any
+
+from lagwatch.localcluster import (
+    SUPERUSER,
+    LocalCluster,
+    LocalReplica,
+    LocalServer,
+    _proc_state,
+    _remaining,
+    _signal,
+    _wait_until,
+)
+
+
+class _Chaos:
+    """What tests do to any server (a mixin for LocalServer and LocalReplica): freeze it
+    like a hung host, restart it, and put its ALTER SYSTEM settings back."""
+
+    def is_frozen(self) -> bool:
+        pm = self.postmaster_pid()
+        return pm is not None and _proc_state(pm) in ("T", "t")
+
+    def freeze(self) -> None:
+        """SIGSTOP the postmaster and all its children, like a hung host."""
+        pm = self.postmaster_pid()
+        if pm is None:
+            raise RuntimeError(f"{self.name} is not running")
+        # Postmaster first so it cannot fork new children while we stop the others.
+        _signal(pm, signal.SIGSTOP)
+        pids = self.pids()
+        for pid in pids[1:]:
+            _signal(pid, signal.SIGSTOP)
+
+        def all_stopped() -> bool:
+            return all(_proc_state(p) in (None, "T", "t", "Z", "X") for p in pids)
+
+        _wait_until(all_stopped, 2.0, 0.01)
+
+    def thaw(self) -> None:
+        """SIGCONT everything freeze() stopped (harmless when not frozen)."""
+        pids = self.pids()
+        for pid in pids[1:]:
+            _signal(pid, signal.SIGCONT)
+        if pids:
+            _signal(pids[0], signal.SIGCONT)
+
+    def restart(self, timeout: float = 30) -> None:
+        self.stop()
+        self.start(timeout)
+
+    def file_auto_conf(self) -> dict[str, str]:
+        """What postgresql.auto.conf currently says, as the server parses it."""
+        rows = self.execute(
+            "SELECT name, setting FROM pg_file_settings "
+            "WHERE sourcefile LIKE '%postgresql.auto.conf' ORDER BY seqno"
+        )
+        return {str(n): str(s) for n, s in rows}
+
+    def restore_auto_conf(self, timeout: float = 30) -> bool:
+        """Undo ALTER SYSTEM changes made since setup; restarts if a change needs it."""
+        if self.file_auto_conf() == self.auto_conf:
+            return False
+        self.execute("ALTER SYSTEM RESET ALL")
+        for k, v in self.auto_conf.items():
+            self.alter_system(k, v)
+        self.reload()
+        if self.execute("SELECT 1 FROM pg_settings WHERE pending_restart"):
+            self.restart(timeout)
+        return True
+
+
+class ChaosServer(_Chaos, LocalServer):
+    def stop(self, mode: str = "fast", timeout: float = 30) -> None:
+        self.thaw()  # a stopped process can't shut down
+        LocalServer.stop(self, mode, timeout)
+
+
+class ChaosReplica(_Chaos, LocalReplica):
+    """A replica that can also be cut off from its primary, reconnected and promoted."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        LocalReplica.__init__(self, *args, **kwargs)
+        # Bound but never listening: connections to it are refused, and nobody else
+        # (e.g. a parallel cluster's new primary) can grab the port while we're cut off.
+        self._dead_socket: socket.socket | None = None
+
+    def stop(self, mode: str = "fast", timeout: float = 30) -> None:
+        self.thaw()
+        LocalReplica.stop(self, mode, timeout)
+
+    def set_primary_conninfo(self, conninfo: str) -> None:
+        """ALTER SYSTEM SET primary_conninfo + reload (the walreceiver restarts, PG13+)."""
+        self.alter_system("primary_conninfo", conninfo)
+        self.reload()
+
+    def is_streaming(self) -> bool:
+        """Whether this replica's walreceiver is currently streaming."""
+        return bool(
+            self.scalar("SELECT count(*) > 0 FROM pg_stat_wal_receiver WHERE status = 'streaming'")
+        )
+
+    def cut_off(self, *, wait: bool = True, timeout: float = 15) -> None:
+        """Point primary_conninfo at a loopback port nothing listens on."""
+        if self._dead_socket is None:
+            self._dead_socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            self._dead_socket.bind((self.primary.host, 0))
+        dead: int = self._dead_socket.getsockname()[1]
+        self.set_primary_conninfo(
+            f"host={self.primary.host} port={dead} user={SUPERUSER} "
+            f"application_name={self.application_name}"
+        )
+        if wait and not _wait_until(lambda: not self.is_streaming(), timeout):
+            raise RuntimeError(f"{self.name}: still streaming {timeout}s after cut_off()")
+
+    def reconnect(self, *, wait: bool = False, timeout: float = 30) -> None:
+        """Restore the original primary_conninfo (optionally wait until streaming again)."""
+        self.set_primary_conninfo(self.original_conninfo)
+        self.release_dead_port()
+        if wait and not _wait_until(self.is_streaming, timeout, 0.1):
+            raise RuntimeError(
+                f"{self.name}: not streaming {timeout}s after reconnect()\n"
+                f"--- tail of {self.log_file} ---\n{self.log_tail()}"
+            )
+
+    def release_dead_port(self) -> None:
+        """Close the socket reserving cut_off()'s dead port (reconnect/heal do this)."""
+        if self._dead_socket is not None:
+            self._dead_socket.close()
+            self._dead_socket = None
+
+    def promote(self, timeout: float = 30) -> None:
+        """pg_promote(); LocalCluster.heal() rebuilds a promoted replica."""
+        self.execute("SELECT pg_promote(true, %s)", (max(1, int(timeout)),))
+
+
+class ChaosCluster(LocalCluster):
+    """A LocalCluster whose servers can be frozen, cut off and promoted, and healed."""
+
+    server_class = ChaosServer
+    replica_class = ChaosReplica
+    primary: ChaosServer
+    replicas: list[ChaosReplica]
+
+    def stop(self) -> None:
+        for s in self.servers:  # thaw all first: a frozen peer can stall a shutdown
+            with contextlib.suppress(OSError):
+                s.thaw()
+        super().stop()
+
+    def cleanup(self) -> None:
+        try:
+            super().cleanup()
+        finally:
+            for r in self.replicas:
+                r.release_dead_port()
+
+    def rebuild_replica(self, replica: LocalReplica, timeout: float = 60) -> None:
+        """Throw a replica away and re-clone it from the primary (e.g. after promotion)."""
+        deadline = time.monotonic() + timeout
+        replica.stop()
+
+        def slot_released() -> bool:
+            return not self.primary.execute(
+                "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s AND active",
+                (replica.slot_name,),
+            )
+
+        _wait_until(slot_released, _remaining(deadline))
+        self._ensure_slots()
+        self._build_replica(replica, deadline)
+
+    # -- repair
+
+    def heal(self, timeout: float = 60) -> None:
+        """Undo what tests do: thaw, start, resume, reconnect, reset ALTER SYSTEM, re-clone."""
+        deadline = time.monotonic() + timeout
+        for s in self.servers:
+            s.thaw()
+        self.primary.start(_remaining(deadline))
+        self.primary.restore_auto_conf(_remaining(deadline))
+        lost = {
+            str(name)
+            for (name,) in self.primary.execute(
+                "SELECT slot_name FROM pg_replication_slots WHERE wal_status = 'lost'"
+            )
+        }
+        self._ensure_slots()  # recreates missing ones; lost+active ones after rebuild below
+        for r in self.replicas:
+            rebuild = r.slot_name in lost
+            if not rebuild and not r.is_running():
+                try:
+                    r.start(_remaining(deadline))
+                except RuntimeError:
+                    rebuild = True
+            if not rebuild and not r.scalar("SELECT pg_is_in_recovery()"):
+                rebuild = True  # promoted
+            if rebuild:
+                self.rebuild_replica(r, _remaining(deadline))
+                continue
+            if r.replay_pause_state() != "not paused":
+                r.resume_replay()
+            r.restore_auto_conf(_remaining(deadline))
+        for r in self.replicas:  # conninfo no longer points at them
+            r.release_dead_port()
+        self.wait_streaming(_remaining(deadline))
+        self.wait_replayed(_remaining(deadline))
