@@ -85,7 +85,7 @@ def test_one_group_and_the_alerts_we_promise() -> None:
         "LagwatchSlotRetainedWalHigh": "warning", "LagwatchSlotWalUnreservedOrLost": "page",
         "LagwatchSlotWalKeepSizeSoon": "warning", "LagwatchDown": "page", "LagwatchNotPolling": "page",
         "LagwatchNodeDown": "warning", "LagwatchPoolerApplyErrors": "warning",
-        "LagwatchConfigReloadFailed": "warning",
+        "LagwatchConfigReloadFailed": "warning", "LagwatchPoolControlNotApplied": "page",
     }
     got = {rule["alert"]: rule["labels"]["severity"] for rule in alert_rules()}
     assert got == expected

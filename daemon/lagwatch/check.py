@@ -52,7 +52,7 @@ def evaluate(snapshot: Snapshot, warning: float, critical: float) -> tuple[int, 
                 state, note = CRITICAL, "unreachable"
             elif condition == "not_streaming":
                 state, note = CRITICAL, f"not streaming ({r.wal_receiver_status or 'no WAL receiver'})"
-            elif condition == "unknown":
+            elif condition in ("unknown", "cannot_see"):
                 state = UNKNOWN
             if lag is not None and lag >= critical:
                 state = CRITICAL

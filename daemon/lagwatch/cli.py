@@ -12,11 +12,15 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lagwatch import __version__
-from lagwatch.config import Config, load_config
+from lagwatch.config import ClusterConfig, Config, load_config
 from lagwatch.durations import parse_duration
 from lagwatch.errors import ConfigError
+
+if TYPE_CHECKING:
+    from lagwatch.holds import HoldStore
 
 EXIT_CONFIG = 2
 
@@ -44,6 +48,10 @@ def setup_logging(level: str, log_format: str = "text") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(getattr(logging, level.upper(), logging.INFO))
+    # psycopg's own warnings (e.g. "error ignored terminating <psycopg.AsyncPipeline [BAD]
+    # at 0x…>: the connection is lost") name no node: lagwatch logs its own line per node
+    # state change instead (down, with why; up again).
+    logging.getLogger("psycopg").setLevel(logging.ERROR)
     logging.getLogger("apscheduler.executors").setLevel(logging.WARNING)
     logging.getLogger("apscheduler.scheduler").setLevel(logging.WARNING)
 
@@ -82,6 +90,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     if config is None:
         return EXIT_CONFIG
     setup_logging(args.log_level, args.log_format)
+    if args.grants:
+        from lagwatch.grants import run_grants_check
+
+        return run_grants_check(config, out=sys.stdout)
     return run_check(config, warning=args.warning, critical=args.critical, out=sys.stdout)
 
 
@@ -93,8 +105,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_pool(args: argparse.Namespace) -> int:
-    from lagwatch.holds import HoldStore
-    from lagwatch.poolers import PoolerError, make_pooler
+    from lagwatch.holds import HoldsError, HoldStore
 
     config = _load(args.config)
     if config is None:
@@ -104,28 +115,59 @@ def cmd_pool(args: argparse.Namespace) -> int:
         print(f"no cluster named {args.cluster!r} in {args.config}", file=sys.stderr)
         return EXIT_CONFIG
     store = HoldStore(config.holds_file)
-    if args.action == "show":
-        for cluster in clusters:
-            line = f"{cluster.name}: holds {store.for_cluster(cluster.name) or 'none'}"
-            if cluster.pooler is not None:
-                try:
-                    members = make_pooler(cluster).read_pool()
-                    line += f"; {cluster.pooler.kind} pool: {', '.join(sorted(members)) or '(empty)'}"
-                except PoolerError as exc:
-                    line += f"; {cluster.pooler.kind} pool unknown: {exc}"
-            print(line)
-        return 0
-    if len(clusters) != 1:
-        print("several clusters: say which with --cluster", file=sys.stderr)
+    try:
+        if args.action == "show":
+            return _pool_show(store, clusters)
+        if args.action == "release" and args.all:
+            return _pool_release_all(store, args.cluster)
+        if args.replica is None:
+            print("say which replica (or --all to release every hold)", file=sys.stderr)
+            return EXIT_CONFIG
+        if len(clusters) != 1:
+            print("several clusters: say which with --cluster", file=sys.stderr)
+            return EXIT_CONFIG
+        cluster = clusters[0]
+        if args.replica not in {r.name for r in cluster.replicas}:
+            print(f"{cluster.name} has no replica named {args.replica!r}", file=sys.stderr)
+            return EXIT_CONFIG
+        hold = args.state if args.action == "hold" else None
+        store.set(cluster.name, args.replica, hold)
+    except HoldsError as exc:
+        print(f"lagwatch pool: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    cluster = clusters[0]
-    if args.replica not in {r.name for r in cluster.replicas}:
-        print(f"{cluster.name} has no replica named {args.replica!r}", file=sys.stderr)
-        return EXIT_CONFIG
-    hold = args.state if args.action == "hold" else None
-    store.set(cluster.name, args.replica, hold)
     print(f"{cluster.name}/{args.replica}: " + (f"held {hold} (beats automation until released)" if hold
                                                  else "released to automation"))
+    return 0
+
+
+def _pool_show(store: HoldStore, clusters: list[ClusterConfig]) -> int:
+    from lagwatch.holds import HoldsError
+    from lagwatch.poolers import PoolerError, make_pooler
+
+    code = 0
+    for cluster in clusters:
+        try:
+            line = f"{cluster.name}: holds {store.for_cluster(cluster.name) or 'none'}"
+        except HoldsError as exc:
+            line, code = f"{cluster.name}: holds unknown: {exc}", EXIT_CONFIG
+        if cluster.pooler is not None:
+            try:
+                members = make_pooler(cluster).read_pool()
+                line += f"; {cluster.pooler.kind} pool: {', '.join(sorted(members)) or '(empty)'}"
+            except PoolerError as exc:
+                line += f"; {cluster.pooler.kind} pool unknown: {exc}"
+        print(line)
+    return code
+
+
+def _pool_release_all(store: HoldStore, cluster: str | None) -> int:
+    dropped, kept = store.release_all(cluster)
+    if kept is not None:
+        print(f"{store.path} could not be read: replaced with no holds; its old content is in {kept}")
+    for name, replicas in sorted(dropped.items()):
+        print(f"{name}: released {', '.join(sorted(replicas))} to automation")
+    if kept is None and not dropped:
+        print("no holds to release")
     return 0
 
 
@@ -187,6 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-c", "--config", required=True)
     p.add_argument("--warning", type=_duration, default=5.0, help="staleness warning threshold (default 5s)")
     p.add_argument("--critical", type=_duration, default=30.0, help="staleness critical threshold (default 30s)")
+    p.add_argument("--grants", action="store_true",
+                   help="instead: per node, which grant is missing for which view (exit 2 if one is)")
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("validate", parents=common, help="check a config file (and the web config it names) and exit")
@@ -203,7 +247,9 @@ def build_parser() -> argparse.ArgumentParser:
     hold.add_argument("replica")
     hold.add_argument("state", choices=["in", "out"])
     release = pool_sub.add_parser("release", parents=common, help="give a held replica back to automation")
-    release.add_argument("replica")
+    release.add_argument("replica", nargs="?")
+    release.add_argument("--all", action="store_true",
+                         help="release every hold (of --cluster, or all); rewrites a corrupt holds file")
     pool_sub.add_parser("show", parents=common, help="print holds and the pooler's current pool")
     p.set_defaults(func=cmd_pool)
 

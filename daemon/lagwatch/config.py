@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import psycopg.conninfo
-import yaml
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -29,6 +28,7 @@ from pydantic import (
 from lagwatch.durations import parse_duration
 from lagwatch.errors import ConfigError, validation_problems
 from lagwatch.webconfig import WebConfig, load_web_config
+from lagwatch.yamlfile import load_yaml
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 
@@ -56,11 +56,10 @@ class NodeConfig(_Strict):
         try:
             params = psycopg.conninfo.conninfo_to_dict(dsn)
         except psycopg.ProgrammingError as exc:
-            # libpq quotes fragments of the string it could not parse; a fragment may be
-            # part of a password, so its detail is only shown when the string cannot hold
-            # one: no password key, and no user:password@ part of a URI.
-            detail = "" if _may_hold_password(dsn) else f" ({str(exc).strip()})"
-            raise ValueError(f"not a valid libpq connection string{detail}") from None
+            # libpq quotes the part it could not parse, which may be a password (a typo such
+            # as "user:secret@host/db" without "postgresql://"): only the kind of error is said.
+            raise ValueError(f"not a valid libpq connection string ({_dsn_problem(str(exc))}); expected "
+                             "key=value pairs (host=db user=lagwatch) or a postgresql:// URI") from None
         if "application_name" in params:
             raise ValueError("must not set application_name: lagwatch connects as 'lagwatch'")
         # libpq only parses the string here; a bad port would surface at the first connect.
@@ -94,8 +93,19 @@ def _password_sources(file: Path | None, env: str | None, prefix: str = "") -> N
         raise ValueError(f"{prefix}password_file {str(file)!r} is not a readable file")
 
 
-def _may_hold_password(dsn: str) -> bool:
-    return "password" in dsn.lower() or ("://" in dsn and "@" in dsn)
+def _dsn_problem(libpq_message: str) -> str:
+    """What kind of error libpq found, without any of the text it quotes."""
+    for fragment, kind in (('missing "="', 'a word without "="'),
+                           ("invalid connection option", "an unknown key"),
+                           ("unterminated quoted string", "an unterminated quoted string"),
+                           ("invalid URI query parameter", "an unknown URI query parameter"),
+                           ("invalid URI", "an invalid URI"),
+                           ("invalid percent-encoded token", "an invalid %-escape in the URI"),
+                           ("end of string", "an incomplete URI"),
+                           ("unexpected", "an unexpected character in the URI")):
+        if fragment in libpq_message:
+            return kind
+    return "cannot be parsed"
 
 
 def _positive_durations(values: dict[str, float | None]) -> None:
@@ -160,6 +170,17 @@ class ReplicaSla(_Strict):
     readmit_after: int
 
 
+PGBOUNCER_NAME = re.compile(r"[A-Za-z0-9_.$-]+")
+PGBOUNCER_PAIR = re.compile(r"\s*([A-Za-z_]+)\s*=\s*('(?:[^'\\]|\\.|'')*'|[^\s']+)")
+# The keys of a PgBouncer [databases] entry (PgBouncer 1.18's docs) but host, which lagwatch writes.
+PGBOUNCER_DB_KEYS = frozenset({"dbname", "port", "user", "password", "auth_user", "auth_dbname", "pool_size",
+                               "min_pool_size", "reserve_pool", "connect_query", "pool_mode", "max_db_connections",
+                               "client_encoding", "datestyle", "timezone", "application_name"})
+# A host lagwatch may write into a pooler's config: a name, an IPv4 or IPv6 address (with
+# a zone), or a Unix socket directory. Nothing that could end a value or a line.
+POOLED_HOST = re.compile(r"[A-Za-z0-9._:%-]+|/[A-Za-z0-9._/-]+")
+
+
 class PgBouncerPoolerConfig(_Strict):
     kind: Literal["pgbouncer"]
     admin_dsn: str
@@ -181,12 +202,30 @@ class PgBouncerPoolerConfig(_Strict):
         _password_sources(self.admin_password_file, self.admin_password_env, "admin_")
         return self
 
-    @field_validator("database", "options")
+    @field_validator("database")
     @classmethod
-    def _one_line(cls, value: str) -> str:
-        # Both are written into PgBouncer's config: a newline would inject a second line.
-        if "\n" in value or "\r" in value or ";" in value:
-            raise ValueError("must be one line without ';'")
+    def _database_name(cls, value: str) -> str:
+        # Written as the key of a [databases] line: anything else could start a new setting.
+        if not PGBOUNCER_NAME.fullmatch(value):
+            raise ValueError(f"{value!r} is not a PgBouncer database name lagwatch writes "
+                             "(letters, digits and _ . - $ only)")
+        return value
+
+    @field_validator("options")
+    @classmethod
+    def _entry_options(cls, value: str) -> str:
+        # Written after host=... on the entry's line: key=value pairs PgBouncer knows, one line.
+        if not value:
+            return value
+        if any(not ch.isprintable() for ch in value) or ";" in value or "#" in value:
+            raise ValueError("must be one line of key=value pairs, without control characters, ';' or '#'")
+        pairs = PGBOUNCER_PAIR.findall(value)
+        if PGBOUNCER_PAIR.sub("", value).strip():
+            raise ValueError("not key=value pairs (e.g. \"port=5432 dbname=app\")")
+        unknown = sorted({key for key, _ in pairs} - PGBOUNCER_DB_KEYS)
+        if unknown:
+            raise ValueError(f"PgBouncer database entries do not take {', '.join(unknown)}"
+                             + (" (lagwatch writes host= itself)" if "host" in unknown else ""))
         return value
 
 
@@ -312,6 +351,9 @@ class ClusterConfig(_Strict):
     sla: SlaConfig = SlaConfig()
     pooler: PoolerConfig | None = None
     dry_run: bool = False  # decide, log and count pool changes, but change nothing
+    # A secret from which the leader lock's key is derived, so that no other login can take
+    # the lock first; every instance of an HA pair needs the same value.
+    leader_lock_key: str | None = Field(default=None, min_length=8)
 
     def replica_sla(self, name: str) -> ReplicaSla:
         replica = next(r for r in self.replicas if r.name == name)
@@ -330,6 +372,12 @@ class ClusterConfig(_Strict):
                 if "," in str(params.get(key) or ""):
                     raise ValueError(f"{where}.dsn: with a pooler each node needs one {key}, "
                                      f"got {str(params[key])!r}")
+            for key in ("host", "hostaddr"):
+                value = str(params.get(key) or "")
+                if value and not POOLED_HOST.fullmatch(value):
+                    # It is written into the pooler's config: a newline or quote could add lines.
+                    raise ValueError(f"{where}.dsn: {key} {value!r} cannot be written into a pooler config "
+                                     "(a host name, an IP address or a socket directory expected)")
         return self
 
     @model_validator(mode="after")
@@ -355,6 +403,21 @@ class ClusterConfig(_Strict):
         return self
 
 
+class HttpConfig(_Strict):
+    """The HTTP server's limits against slow or numerous clients (see httpserver.py)."""
+
+    max_connections: int = Field(default=512, ge=1, le=100_000)  # also kept below the descriptor limit
+    request_timeout: Duration = 10.0  # to read a whole request's headers, TLS handshake included
+    idle_timeout: Duration = 60.0  # a kept-alive connection between two requests
+
+    @field_validator("request_timeout", "idle_timeout")
+    @classmethod
+    def _positive(cls, value: float) -> float:
+        if value <= 0:
+            raise ValueError("must be greater than 0")
+        return value
+
+
 class Config(_Strict):
     interval: Duration = 1.0
     window: Duration = 300.0
@@ -365,6 +428,7 @@ class Config(_Strict):
     reconnect_backoff_max: Duration = 5.0
     state_dir: Path = Path("/var/lib/lagwatch")  # operator holds live here (holds.json)
     web_config_file: Path | None = None  # TLS and basic auth, Prometheus exporters' web config format
+    http: HttpConfig = HttpConfig()
     clusters: tuple[ClusterConfig, ...]
     # The web config file's contents, set by load_config (not a key of the file).
     _web: WebConfig | None = PrivateAttr(default=None)
@@ -452,16 +516,7 @@ def load_config(path: str | Path, web_config_file: Path | None = None) -> Config
     the command line), both validated: every command and every reload loads through here,
     so all of them accept and reject exactly the same files."""
     source = str(path)
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise ConfigError(source, [f"cannot read file: {exc.strerror}"]) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        where = getattr(exc, "problem_mark", None)
-        at = f"line {where.line + 1}, column {where.column + 1}: " if where else ""
-        raise ConfigError(source, [f"{at}not valid YAML ({getattr(exc, 'problem', exc)})"]) from None
+    data = load_yaml(Path(path))
     config = parse_config(data, source)
     web_file = web_config_file or config.web_config_file
     if web_file is not None:

@@ -17,20 +17,30 @@ def parse_duration(value: object) -> float:
     """
     if isinstance(value, bool):
         raise ValueError("expected a duration like 250ms, 1s, 1m or 1h, got a boolean")
+    if isinstance(value, int) and abs(value) > 10**15:  # 31 million years; float() overflows past 1e308
+        raise ValueError(f"must be a finite number of seconds, got {_shown(value)}")
     if isinstance(value, (int, float)):
         seconds = float(value)
     elif isinstance(value, str):
         match = _PATTERN.match(value)
         if not match:
-            raise ValueError(f"expected a duration like 250ms, 1s, 1m or 1h, got {value!r}")
+            raise ValueError(f"expected a duration like 250ms, 1s, 1m or 1h, got {_shown(value)}")
         seconds = float(match.group(1)) * _UNITS[match.group(2) or "s"]
     else:
         raise ValueError(f"expected a duration like 250ms, 1s, 1m or 1h, got {type(value).__name__}")
     if not math.isfinite(seconds):
-        raise ValueError(f"must be a finite number of seconds, got {value!r}")
+        raise ValueError(f"must be a finite number of seconds, got {_shown(value)}")
     if seconds < 0:
-        raise ValueError(f"must not be negative, got {value!r}")
+        raise ValueError(f"must not be negative, got {_shown(value)}")
     return seconds
+
+
+def _shown(value: object) -> str:
+    try:
+        text = repr(value)
+    except ValueError:  # an int too long to print
+        return "a number of more than 4300 digits"
+    return text if len(text) <= 40 else f"{text[:40]}... ({len(text)} characters)"
 
 
 def format_duration(seconds: float) -> str:

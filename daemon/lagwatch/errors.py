@@ -14,14 +14,21 @@ class ConfigError(Exception):
     """A config file that cannot be used; ``problems`` lists every error with its path."""
 
     def __init__(self, source: str, problems: Sequence[str]) -> None:
-        self.source = source
-        self.problems = list(problems)
+        self.source = one_line(source)
+        self.problems = [one_line(p) for p in problems]
         super().__init__(f"{source}: " + "; ".join(self.problems))
 
     def render(self) -> str:
         lines = [f"{self.source}: {len(self.problems)} problem(s)"]
         lines += [f"  {p}" for p in self.problems]
         return "\n".join(lines)
+
+
+def one_line(text: str, limit: int = 500) -> str:
+    """``text`` as one printable line of bounded length: a key or value from a hostile file
+    must not start a new log line (or a fake one) or flood the terminal."""
+    out = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+    return out if len(out) <= limit else out[:limit] + f"... ({len(out) - limit} more characters)"
 
 
 def validation_problems(exc: ValidationError, tagged: Mapping[str, Collection[str]] | None = None) -> list[str]:

@@ -134,7 +134,8 @@ def _replica_metrics(c: ClusterSnapshot) -> Iterator[Metric]:
     for r in c.replicas:
         key = [c.name, r.name]
         configured.add_metric(key, 1.0 if r.configured else 0.0)
-        streaming.add_metric(key, 1.0 if r.streaming else 0.0)
+        if r.streaming is not None:  # absent while this role may not see it
+            streaming.add_metric(key, 1.0 if r.streaming else 0.0)
         if r.staleness is not None:
             lag.add_metric(key, r.staleness)
         if r.window is not None:
@@ -286,6 +287,13 @@ def _pool_metrics(c: ClusterSnapshot) -> Iterator[Metric]:
     key = [c.name]
     yield _one_sample(_gauge("lagwatch_leader", "1 if this instance holds the cluster's leader lock and applies pool "
                    "changes", ["cluster"]), key, 1.0 if pool.leader else 0.0)
+    holder = _gauge("lagwatch_leader_holder_info", "1 for the session holding the cluster's leader lock (this "
+                    "instance's own, another lagwatch's, or a stranger's: then no instance applies pool changes)",
+                    ["cluster", "pid", "application_name", "user", "lagwatch"])
+    if pool.leader_holder is not None:
+        h = pool.leader_holder
+        holder.add_metric([c.name, str(h.pid), h.application_name, h.user, "true" if h.is_lagwatch else "false"], 1.0)
+    yield holder
     yield _one_sample(_gauge("lagwatch_pool_dry_run", "1 if pool changes are decided and counted but not applied",
                    ["cluster"]), key, 1.0 if pool.dry_run else 0.0)
     yield _counter("lagwatch_pool_apply_errors", "Failed attempts to make the pooler match the decision",

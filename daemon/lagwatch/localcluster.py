@@ -663,7 +663,16 @@ class LocalReplica(LocalServer):
             raise RuntimeError(f"{self.name}: replay not paused after {timeout}s")
 
     def resume_replay(self) -> None:
-        self.execute("SELECT pg_wal_replay_resume()")
+        # On a hot standby even this statement can be cancelled by a recovery conflict
+        # (replay removing row versions its snapshot might need): try again.
+        for attempt in range(5):
+            try:
+                self.execute("SELECT pg_wal_replay_resume()")
+                return
+            except psycopg.errors.SerializationFailure:
+                if attempt == 4:
+                    raise
+                time.sleep(0.1)
 
     def set_apply_delay(self, seconds: float) -> None:
         """recovery_min_apply_delay via ALTER SYSTEM + reload; 0 resets it."""

@@ -36,11 +36,12 @@ T = TypeVar("T")
 # A view that failed (a grant missing, a function gone) is retried after this long.
 VIEW_RETRY_SECONDS = 300
 _GRANT_HINTS = {
-    "wal_dir": ": pg_ls_waldir() needs pg_monitor (or EXECUTE on it)",
+    "wal_dir": ": pg_ls_waldir() needs GRANT EXECUTE ON FUNCTION pg_ls_waldir() TO ROLE",
     "slots": ": pg_replication_slots is readable by every role; is the role's search_path odd?",
-    "replication": ": pg_stat_replication's LSNs need pg_read_all_stats (grant pg_monitor)",
-    "walinspect": ": pg_walinspect needs pg_read_server_files",
+    "replication": ": pg_stat_replication's LSNs need GRANT pg_read_all_stats TO ROLE",
+    "walinspect": ": pg_walinspect needs GRANT EXECUTE ON FUNCTION pg_get_wal_stats(pg_lsn, pg_lsn, boolean) TO ROLE",
     "wal": ": pg_stat_wal needs PostgreSQL 14+",
+    "wal_receiver": ": pg_stat_wal_receiver shows its columns only to GRANT pg_read_all_stats TO ROLE",
 }
 
 
@@ -219,7 +220,7 @@ class NodePoller:
             return
         self._said_skipped = True
         for view, why in caps.skipped().items():
-            log.warning("%s/%s: not reading %s: %s", self.cluster.name, self.node, view, why)
+            log.warning("%s/%s: not reading %s: %s", self.cluster.name, self.node, view, self._for_role(why))
         if caps.has_walinspect is False and self.cluster.walinspect == "auto" and not caps.in_recovery:
             log.info("%s/%s: pg_walinspect is not installed; FPI byte statistics are off",
                      self.cluster.name, self.node)
@@ -244,6 +245,11 @@ class NodePoller:
             # One view failed and aborted the rest of the pipeline: read them one by one to
             # learn which, so that the others still count this cycle.
             results, failed = await self._one_by_one(conn, caps, views)
+        receiver = results.get("wal_receiver")
+        if receiver is not None and receiver.hidden:
+            # A receiver runs but its status is hidden: not "not streaming", but unknown.
+            del results["wal_receiver"]
+            failed["wal_receiver"] = "its columns are hidden from this role"
         self._note_view_failures(failed)
         if "server" not in results:
             raise NodeError("query", failed.get("server", "no answer from the server view"))
@@ -303,7 +309,13 @@ class NodePoller:
                 continue  # the node is down this cycle; nothing to rest
             self._resting[name] = now + VIEW_RETRY_SECONDS
             log.warning("%s/%s: cannot read %s (%s)%s; the node stays up without it, retrying in %ds",
-                        self.cluster.name, self.node, name, error, _GRANT_HINTS.get(name, ""), VIEW_RETRY_SECONDS)
+                        self.cluster.name, self.node, name, error, self._for_role(_GRANT_HINTS.get(name, "")),
+                        VIEW_RETRY_SECONDS)
+
+    def _for_role(self, hint: str) -> str:
+        """A grant hint with the role lagwatch logs in as (``GRANT ... TO lagwatch``)."""
+        user = self._conn.info.user if self._conn is not None and not self._conn.closed else None
+        return hint.replace("TO ROLE", f"TO {user}" if user else "TO lagwatch's role")
 
     async def _inspect_wal(self, conn: psycopg.AsyncConnection[dict[str, Any]], caps: Capabilities,
                            current: int | None) -> WalInspection | None:

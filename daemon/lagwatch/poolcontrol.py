@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from lagwatch.config import ClusterConfig, PasswordUnavailableError
 from lagwatch.durations import format_duration
-from lagwatch.holds import Hold, HoldStore
+from lagwatch.holds import Hold, HoldsError, HoldStore
 from lagwatch.leader import LeaderLock
 from lagwatch.policy import Decision, PolicyState, PoolRules, ReplicaHealth, decide
 from lagwatch.poolers import make_pooler
@@ -83,7 +83,8 @@ class PoolController:
         controller is retired and a fresh one starts."""
         if cluster.pooler != self.cluster.pooler or cluster.name != self.cluster.name:
             return None
-        new_leader = cluster.primary != self.cluster.primary or timeout != self.leader.timeout
+        new_leader = (cluster.primary != self.cluster.primary or timeout != self.leader.timeout
+                      or cluster.leader_lock_key != self.cluster.leader_lock_key)
         return Reconfiguration(cluster, interval, holds, timeout, make_pooler(cluster),
                                LeaderLock(cluster, timeout) if new_leader else None)
 
@@ -146,7 +147,7 @@ class PoolController:
                           PoolRules(self.cluster.sla.min_replicas, self.cluster.sla.fallback_to_primary),
                           self._state, holds, now)
         self._state = decision.state
-        self._record(decision, snapshot)
+        self._record(decision, snapshot, is_leader)
         if is_leader and not self.cluster.dry_run:
             target = self.pooler.routes_for(decision.pool, self._pooler_view)
             if self._needs_apply(target):
@@ -200,7 +201,7 @@ class PoolController:
     def _holds(self) -> dict[str, Hold]:
         try:
             holds = {r: h for r, h in self.holds.for_cluster(self.cluster.name).items() if r in self._names}
-        except ValueError as exc:
+        except HoldsError as exc:
             # A half-edited or corrupt holds file: keep the holds last read, so a replica an
             # operator holds out is not readmitted by automation meanwhile.
             self._note_error(f"{exc}; keeping the holds last read")
@@ -216,10 +217,10 @@ class PoolController:
             if r is None:
                 out.append(ReplicaHealth(name, None, False, False))
             else:
-                out.append(ReplicaHealth(name, r.staleness, bool(r.node_up), r.streaming, r.samples))
+                out.append(ReplicaHealth(name, r.staleness, bool(r.node_up), r.streaming is not False, r.samples))
         return out
 
-    def _record(self, decision: Decision, snapshot: ClusterSnapshot) -> None:
+    def _record(self, decision: Decision, snapshot: ClusterSnapshot, is_leader: bool) -> None:
         by_name = {r.name: r for r in snapshot.replicas}
         for change in decision.changes:
             replica = by_name.get(change.member)
@@ -230,8 +231,21 @@ class PoolController:
                               staleness=staleness, p95=p95, dry_run=self.cluster.dry_run)
             self._events.append(event)
             log.warning("pool change%s: cluster=%s replica=%s action=%s reason=%r staleness=%s p95=%s",
-                        " (dry run, not applied)" if self.cluster.dry_run else "", self.cluster.name,
+                        self._not_applied(is_leader), self.cluster.name,
                         change.member, change.action, change.reason, _fmt(staleness), _fmt(p95))
+
+    def _not_applied(self, is_leader: bool) -> str:
+        """Why this instance will not apply a decision it logs, or "" when it will."""
+        if self.cluster.dry_run:
+            return " (dry run, not applied)"
+        if is_leader:
+            return ""
+        holder = self.leader.holder
+        if holder is None:
+            return " (not applied here: this instance could not take the leader lock)"
+        if holder.is_lagwatch:
+            return f" (not applied here: the leader, another lagwatch instance, applies it; {holder.describe()})"
+        return f" (NOT APPLIED: the leader lock is held by a session that is not lagwatch: {holder.describe()})"
 
     async def _apply(self, members: frozenset[str], target: frozenset[str]) -> None:
         if time.monotonic() < self._backoff.next_at:
@@ -269,6 +283,7 @@ class PoolController:
             read_errors_total=self._read_errors,
             last_error=self._last_error,
             events=tuple(self._events),
+            leader_holder=self.leader.holder,
         )
 
     async def close(self) -> None:

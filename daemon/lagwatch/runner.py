@@ -23,7 +23,9 @@ def run_daemon(config: Config, config_path: Path | None, web_config_file: Path |
     daemon = Daemon(config, config_path, notifier=Notifier(), web_config_file=web_config_file)
     host, port = config.listen_address
     try:
-        web = WebServer(host, port, daemon.holder, lambda: daemon.config)
+        # Descriptors the HTTP server leaves for the pollers (one or two per node) and files.
+        nodes = sum(1 + len(c.replicas) for c in config.clusters)
+        web = WebServer(host, port, daemon.holder, lambda: daemon.config, reserved_descriptors=64 + 2 * nodes)
     except OSError as exc:
         log.error("cannot listen on %s: %s", config.listen, exc.strerror)
         return 1

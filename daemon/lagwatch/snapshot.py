@@ -69,7 +69,7 @@ class ReplicaState:
     window: WindowStats | None
     histogram: HistogramCounts
     replay_lsn: int | None
-    streaming: bool
+    streaming: bool | None  # None: this role may not see it (no pg_read_all_stats)
     node_up: bool | None  # None for replicas not in the config (not polled directly)
     receive_lsn: int | None = None
     receive_replay_bytes: int | None = None
@@ -90,19 +90,23 @@ class ReplicaState:
 
 # A replica's condition, worst first: the one word the log line, `lagwatch check`, /status
 # and /api/status all show (replica_condition decides it, for all of them).
-Condition = Literal["down", "not_streaming", "paused", "unknown", "behind", "streaming"]
+Condition = Literal["down", "cannot_see", "not_streaming", "paused", "unknown", "behind", "streaming"]
 CONDITION_TEXT: dict[Condition, str] = {
-    "down": "down", "not_streaming": "not streaming", "paused": "replay paused", "unknown": "lag unknown",
+    "down": "down", "cannot_see": "cannot see pg_stat_wal_receiver: grant pg_read_all_stats",
+    "not_streaming": "not streaming", "paused": "replay paused", "unknown": "lag unknown",
     "behind": "behind", "streaming": "streaming",
 }
 
 
 def replica_condition(replica: ReplicaState, sla: ReplicaSla | None) -> Condition:
-    """down: lagwatch cannot reach it; not_streaming: its WAL receiver is not streaming;
+    """down: lagwatch cannot reach it; cannot_see: this role may not see whether it streams
+    (no pg_read_all_stats); not_streaming: its WAL receiver is not streaming;
     paused: replay is paused (or a pause requested); unknown: no staleness could be read;
     behind: staleness over its SLA's max_lag; else streaming."""
     if replica.node_up is False:
         return "down"
+    if replica.streaming is None:
+        return "cannot_see"
     if not replica.streaming:
         return "not_streaming"
     if replica.replay_paused:
@@ -152,6 +156,28 @@ class PoolEvent:
     dry_run: bool
 
 
+LEADER_APPLICATION_NAME = "lagwatch-leader"  # what lagwatch's leader-lock session calls itself
+
+
+@dataclass(frozen=True)
+class LockHolder:
+    """The session holding the leader lock, as pg_locks and pg_stat_activity show it."""
+
+    pid: int
+    application_name: str
+    user: str
+    client_addr: str
+    is_us: bool
+
+    @property
+    def is_lagwatch(self) -> bool:
+        return self.application_name == LEADER_APPLICATION_NAME
+
+    def describe(self) -> str:
+        who = f"pid {self.pid}, application_name {self.application_name!r}, user {self.user!r}"
+        return who + (f", from {self.client_addr}" if self.client_addr else "")
+
+
 @dataclass(frozen=True)
 class PoolStatus:
     kind: str
@@ -166,6 +192,7 @@ class PoolStatus:
     read_errors_total: int  # the pooler's own view could not be read
     last_error: str | None
     events: tuple[PoolEvent, ...]
+    leader_holder: LockHolder | None = None  # who holds the leader lock (this instance included)
 
 
 @dataclass(frozen=True)

@@ -76,6 +76,10 @@ def pool_status(p: PoolStatus) -> dict[str, Any]:
     return {
         "kind": p.kind,
         "leader": p.leader,
+        "leader_holder": None if p.leader_holder is None else {
+            "pid": p.leader_holder.pid, "application_name": p.leader_holder.application_name,
+            "user": p.leader_holder.user, "client_addr": p.leader_holder.client_addr,
+            "this_instance": p.leader_holder.is_us, "lagwatch": p.leader_holder.is_lagwatch},
         "dry_run": p.dry_run,
         "members": None if p.members is None else sorted(p.members),
         "pooler_members": None if p.pooler_members is None else sorted(p.pooler_members),

@@ -69,7 +69,8 @@ def sparkline(samples: Sequence[tuple[float, float]], sla: float | None, width: 
     return "".join(parts)
 
 
-_CONDITION_CSS: dict[Condition, str] = {"down": "bad", "not_streaming": "bad", "paused": "warn", "unknown": "warn",
+_CONDITION_CSS: dict[Condition, str] = {"down": "bad", "cannot_see": "warn",
+                                      "not_streaming": "bad", "paused": "warn", "unknown": "warn",
                                       "behind": "warn", "streaming": "ok"}
 
 
@@ -139,6 +140,11 @@ def _cluster(c: ClusterSnapshot) -> str:
         if pool.dry_run:
             flags.append("dry run")
         pool_line = f'<div class="meta">read pool: <b>{_e(members or "(empty)")}</b> — {_e(", ".join(flags))}'
+        holder = pool.leader_holder
+        if holder is not None and not holder.is_us:
+            who = f"leader lock held by {holder.describe()}"
+            pool_line += (f" — {_e(who)} (another lagwatch)" if holder.is_lagwatch else
+                          f' — <span class="bad">{_e(who)}: not lagwatch, no instance applies pool changes</span>')
         if pool.last_error:
             pool_line += f' — <span class="bad">{_e(pool.last_error)}</span>'
         pool_line += "</div>"

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TypedDict
 
 from lagwatch.config import ClusterConfig
+from lagwatch.durations import format_duration
 from lagwatch.lag import Commits, HistogramCounts, LagHistogram, LagWindow, LsnClock, Staleness, WindowStats
 from lagwatch.lsn import format_lsn
 from lagwatch.snapshot import (
@@ -32,16 +33,19 @@ log = logging.getLogger("lagwatch.tracker")
 _CLOCK_HORIZON_SECONDS = 3600.0
 _CLOCK_MAX_POINTS = 50_000
 _RATE_HORIZON_SECONDS = 60.0
-# The primary's transaction rate is taken over this long: its counters reach
-# pg_stat_database up to a second late and in lumps.
+# The primary's transaction rate is taken over spans of at least _XACT_MIN_SPAN_SECONDS
+# ending at the last poll, within this horizon: its counters reach pg_stat_database up to
+# a second late and in lumps.
 _XACT_HORIZON_SECONDS = 30.0
-_XACT_MIN_SPAN_SECONDS = 3.0
+_XACT_MIN_SPAN_SECONDS = 2.0
 
 
 @dataclass
 class _NodeCounters:
     polls: int = 0
     errors: dict[str, int] = field(default_factory=dict)
+    up: bool | None = None  # as last said in the log (None: nothing said yet)
+    down_since: float | None = None
 
 
 class _LagFields(TypedDict):
@@ -171,10 +175,16 @@ class ClusterTracker:
         else:
             replay = self._replay_from_sender(name, sender, senders_at)
         receiver = obs.receiver if obs is not None and obs.ok else None
+        streaming: bool | None
         if receiver is not None:
             streaming = receiver.streaming
-        else:  # not reachable ourselves: trust the primary's view of it
-            streaming = sender is not None and sender.state == "streaming"
+        elif sender is not None and sender.state is not None:
+            # Not reachable ourselves, or its receiver view not readable: the primary's view.
+            streaming = sender.state == "streaming"
+        elif sender is not None or (obs is not None and obs.ok and obs.views.get("wal_receiver") is False):
+            streaming = None  # both views hidden from this role (no pg_read_all_stats): unknown
+        else:
+            streaming = False
         return ReplicaState(
             name=name,
             configured=True,
@@ -270,15 +280,23 @@ class ClusterTracker:
             self._xacts.popleft()
 
     def _commit_interval(self) -> float:
-        """The primary's mean time between transactions lately (0 when unknown). Read-only
-        transactions count too, so it is never longer than the time between commits that
-        write: a correction that cannot overshoot in a stream."""
+        """The primary's time between transactions lately (0 when unknown): the shortest
+        mean over the spans that end at the last poll. Read-only transactions count too, so
+        it is never longer than the time between commits that write; and the shortest span
+        that shows the current rate wins, so a stream that just began after an idle spell
+        is not taken for as sparse as the spell (a longer mean there would be subtracted
+        from the commit estimate and read the lag low)."""
         if len(self._xacts) < 2:
             return 0.0
-        (t0, n0), (t1, n1) = self._xacts[0], self._xacts[-1]
-        if t1 - t0 < _XACT_MIN_SPAN_SECONDS or n1 <= n0:
-            return 0.0
-        return (t1 - t0) / (n1 - n0)
+        t1, n1 = self._xacts[-1]
+        best = 0.0
+        for t0, n0 in self._xacts:
+            if t1 - t0 < _XACT_MIN_SPAN_SECONDS:
+                break
+            if n1 > n0:
+                interval = (t1 - t0) / (n1 - n0)
+                best = interval if best == 0.0 else min(best, interval)
+        return best
 
     def _wal_rate(self) -> float | None:
         if len(self._rate) < 2:
@@ -305,11 +323,29 @@ class ClusterTracker:
             last_interval_bytes=inspection.inspected_bytes if inspection else 0,
         )
 
+    def _say_state_change(self, obs: NodeObservation, counters: _NodeCounters) -> None:
+        """One line of lagwatch's own when a node goes down (with why) and when it is back:
+        the library's own messages about a lost connection say neither which node nor what
+        it means."""
+        if obs.ok == counters.up or (obs.ok and counters.up is None):
+            counters.up = obs.ok
+            return
+        where = f"{self.cluster.name}/{obs.node}"
+        if obs.ok:
+            down_for = obs.observed_at - counters.down_since if counters.down_since is not None else None
+            log.info("%s: up again%s", where, f" after {format_duration(down_for)} down" if down_for else "")
+            counters.down_since = None
+        else:
+            log.warning("%s: down: %s (%s)", where, obs.error or "no answer", obs.error_kind)
+            counters.down_since = obs.observed_at
+        counters.up = obs.ok
+
     def _health(self, obs: NodeObservation) -> NodeHealth:
         counters = self._counters.setdefault(obs.node, _NodeCounters())
         counters.polls += 1
         if obs.error_kind is not None:
             counters.errors[obs.error_kind] = counters.errors.get(obs.error_kind, 0) + 1
+        self._say_state_change(obs, counters)
         caps = obs.capabilities
         return NodeHealth(
             name=obs.node,

@@ -8,22 +8,23 @@ from __future__ import annotations
 
 import json
 import logging
-import ssl
-import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
+from prometheus_client.registry import Collector
 
 from lagwatch import status_page
 from lagwatch.config import Config
 from lagwatch.export import SnapshotCollector
+from lagwatch.httpserver import HttpServer, Request, Response
 from lagwatch.snapshot import SnapshotHolder
 from lagwatch.status import snapshot_status
-from lagwatch.webconfig import BasicAuth, WebConfig, ssl_context
+from lagwatch.webconfig import BasicAuth, WebConfig, client_has_allowed_san, ssl_context
 
 log = logging.getLogger("lagwatch.web")
 
@@ -42,64 +43,98 @@ class WebSettings:
         headers = config.http_server_config.headers if config.http_server_config else {}
         return cls(web, BasicAuth(config.basic_auth_users), dict(headers))
 
+    def accepts_client(self, cert: dict[str, Any] | None) -> bool:
+        tls = self.source.tls_server_config if self.source is not None else None
+        if tls is None or tls.client_allowed_sans is None:
+            return True
+        return client_has_allowed_san(cert, tls.client_allowed_sans)
+
 
 class WebServer:
-    """A small threaded HTTP server; every response is rendered from the last snapshot.
+    """lagwatch's endpoints on an ``HttpServer``; every response is rendered from the last
+    snapshot.
 
     ``config`` gives the config in force (it changes on a reload): the interval for
-    /healthz. Its web config (TLS, basic auth, headers) is applied at start and by
-    ``apply_web_config`` after a reload; TLS itself can only be turned on or off by a
-    restart (the listening socket is wrapped once)."""
+    /healthz, the HTTP limits. Its web config (TLS, basic auth, headers) is applied at start
+    and by ``prepare_web_config`` after a reload, to every new connection and request."""
 
-    def __init__(self, host: str, port: int, holder: SnapshotHolder, config: Callable[[], Config]) -> None:
+    def __init__(self, host: str, port: int, holder: SnapshotHolder, config: Callable[[], Config],
+                 reserved_descriptors: int = 64) -> None:
         self.holder = holder
         self._config = config
         web = config().web
         self.settings = WebSettings.of(web)
+        self._context = ssl_context(web) if web is not None else None
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(SnapshotCollector(holder.get))
-        handler = _make_handler(self)
-        self.httpd = ThreadingHTTPServer((host, port), handler)
-        self.httpd.daemon_threads = True
-        context = ssl_context(web) if web is not None else None
-        self.tls = context is not None
-        if context is not None:
-            # The handshake happens in the request's own thread (on first read), so a
-            # client that connects and says nothing cannot block the accept loop.
-            self.httpd.socket = context.wrap_socket(self.httpd.socket, server_side=True,
-                                                    do_handshake_on_connect=False)
-        self._thread = threading.Thread(target=self.httpd.serve_forever, name="lagwatch-http", daemon=True)
+        self.registry.register(_HttpCollector(self))
         self._rendered: tuple[object, str, bytes] | None = None
+        self.http = HttpServer(host, port, self.handle, limits=lambda: config().http,
+                               tls_context=lambda: self._context,
+                               extra_headers=lambda: self.settings.headers,
+                               accept_client=lambda cert: self.settings.accepts_client(cert),
+                               reserved_descriptors=reserved_descriptors)
+        self._warn_plain_auth(web)
+
+    @property
+    def tls(self) -> bool:
+        return self._context is not None
 
     def prepare_web_config(self, config: Config) -> Callable[[], None]:
         """A reload's web config, built (may raise: the reload is then rejected) and put in
-        force by the returned call: auth and headers for every request from then on, new
-        certificates and TLS settings for new connections."""
+        force by the returned call: auth and headers for every request from then on, TLS
+        (certificates, settings, on or off) for new connections."""
         web = config.web
         settings = WebSettings.of(web)
         context = ssl_context(web) if web is not None else None
 
         def apply() -> None:
             if (context is not None) != self.tls:
-                log.warning("web config: TLS turned %s: takes effect on restart (auth and headers apply now)",
-                            "on" if context is not None else "off")
-            elif context is not None:
-                assert isinstance(self.httpd.socket, ssl.SSLSocket)
-                self.httpd.socket.context = context
+                log.warning("web config: TLS turned %s for new connections", "on" if context is not None else "off")
+            self._context = context
             self.settings = settings
+            self._warn_plain_auth(web)
 
         return apply
 
+    @staticmethod
+    def _warn_plain_auth(web: WebConfig | None) -> None:
+        if web is not None and web.basic_auth_users and web.tls_server_config is None:
+            log.warning("web config: basic auth without TLS: passwords cross the network in clear "
+                        "(add tls_server_config)")
+
     @property
     def port(self) -> int:
-        return int(self.httpd.server_address[1])
+        return self.http.port
 
     def start(self) -> None:
-        self._thread.start()
+        self.http.start()
 
     def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.http.stop()
+
+    def handle(self, request: Request) -> Response:
+        settings = self.settings  # one web config for the whole request
+        if not settings.auth.allows(request.headers.get("authorization")):
+            return Response(401, b"", headers={"WWW-Authenticate": 'Basic realm="lagwatch"'})
+        path = request.path
+        if path == "/metrics":
+            body, content_type = self.metrics(request.headers.get("accept", ""))
+            return Response(200, body, content_type)
+        if path == "/healthz":
+            ok, why = self.healthy()
+            return Response(200 if ok else 503, why.encode() + b"\n")
+        if path == "/readyz":
+            ready = self.holder.get() is not None
+            return Response(200 if ready else 503, b"ready\n" if ready else b"waiting for the first poll\n")
+        if path == "/api/status":
+            body = json.dumps(snapshot_status(self.holder.get()), indent=1).encode()
+            return Response(200, body, "application/json")
+        if path == "/status":
+            return Response(200, status_page.render(self.holder.get()).encode(), "text/html; charset=utf-8")
+        if path == "/":
+            return Response(200, b"lagwatch: /status /metrics /healthz /readyz /api/status\n")
+        return Response(404, b"not found\n")
 
     def metrics(self, accept: str) -> tuple[bytes, str]:
         """The exposition of the current snapshot, rendered once per snapshot and format:
@@ -125,49 +160,22 @@ class WebServer:
         return True, "ok"
 
 
-def _make_handler(server: WebServer) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        server_version = "lagwatch"
-        settings: WebSettings
-        timeout = 10  # a stalled client (or TLS handshake) must not pin a thread forever
+class _HttpCollector(Collector):
+    """The HTTP server's own figures: open connections and why connections were closed
+    early (deadline, evicted to make room, refused at the cap, failed handshakes...)."""
 
-        def do_GET(self) -> None:
-            path = self.path.split("?", 1)[0]
-            self.settings = server.settings  # one web config for the whole request
-            if not self.settings.auth.allows(self.headers.get("Authorization")):
-                self._send(401, b"", "text/plain", {"WWW-Authenticate": 'Basic realm="lagwatch"'})
-                return
-            if path == "/metrics":
-                body, content_type = server.metrics(self.headers.get("Accept", ""))
-                self._send(200, body, content_type)
-            elif path == "/healthz":
-                ok, why = server.healthy()
-                self._send(200 if ok else 503, why.encode() + b"\n", "text/plain")
-            elif path == "/readyz":
-                ready = server.holder.get() is not None
-                self._send(200 if ready else 503, b"ready\n" if ready else b"waiting for the first poll\n",
-                           "text/plain")
-            elif path == "/api/status":
-                body = json.dumps(snapshot_status(server.holder.get()), indent=1).encode()
-                self._send(200, body, "application/json")
-            elif path == "/status":
-                self._send(200, status_page.render(server.holder.get()).encode(), "text/html; charset=utf-8")
-            elif path == "/":
-                self._send(200, b"lagwatch: /status /metrics /healthz /readyz /api/status\n", "text/plain")
-            else:
-                self._send(404, b"not found\n", "text/plain")
+    def __init__(self, web: WebServer) -> None:
+        self.web = web
 
-        def _send(self, code: int, body: bytes, content_type: str, headers: dict[str, str] | None = None) -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            # The web config's headers (e.g. HSTS) go on every response, a 401 too.
-            for name, value in {**(headers or {}), **self.settings.headers}.items():
-                self.send_header(name, value)
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002
-            log.debug("%s %s", self.address_string(), format % args)
-
-    return Handler
+    def collect(self) -> Iterable[Metric]:
+        http = self.web.http
+        yield GaugeMetricFamily("lagwatch_http_connections", "Open HTTP connections.", http.open_connections)
+        yield GaugeMetricFamily("lagwatch_http_connection_cap",
+                                "Open HTTP connections allowed (kept below the descriptor limit).",
+                                http.connection_cap())
+        closed = CounterMetricFamily("lagwatch_http_connections_closed", "HTTP connections closed early, by reason.",
+                                     labels=["reason"])
+        for reason in ("deadline", "evicted", "refused", "handshake", "client_cert", "reset", "bad_request",
+                       "slow_reader"):
+            closed.add_metric([reason], http.closed[reason])
+        yield closed

@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import bcrypt
-import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 from lagwatch.errors import ConfigError, validation_problems
+from lagwatch.yamlfile import load_yaml
 
 log = logging.getLogger("lagwatch.webconfig")
 
@@ -108,6 +108,9 @@ def warn_once(message: str, level: int = logging.WARNING) -> None:
     log.log(level, "%s", message)
 
 
+MAX_BCRYPT_COST = 16
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -169,8 +172,10 @@ class HttpServerConfig(_Strict):
             allowed = EXTRA_HTTP_HEADERS[name]
             if allowed and value not in allowed:
                 raise ValueError(f"invalid value for {name}: expected one of {', '.join(allowed)}, got {value!r}")
-            if "\r" in value or "\n" in value:
-                raise ValueError(f"{name}: the value must be one line")
+            if not all(" " <= ch <= "~" for ch in value):
+                # http.server writes headers as Latin-1; anything else would fail every
+                # response (/healthz too), and control characters could split the header.
+                raise ValueError(f"{name}: the value must be printable ASCII on one line")
         return headers
 
 
@@ -186,8 +191,11 @@ class WebConfig(_Strict):
             cost = _bcrypt_cost(hashed)
             if cost is None:
                 raise ValueError(f"{user}: expected a bcrypt hash ($2y$...), not a plain password")
-            if not 4 <= cost <= 31:
-                raise ValueError(f"{user}: bcrypt cost {cost:02d} is out of range (4 to 31)")
+            if not 4 <= cost <= MAX_BCRYPT_COST:
+                # bcrypt allows 31, but each step doubles the work: 17 takes ~10 s of CPU
+                # (Prometheus's scrape timeout) per check here, 31 takes days.
+                raise ValueError(f"{user}: bcrypt cost {cost:02d} is out of range (4 to {MAX_BCRYPT_COST}; "
+                                 "10 to 12 is usual)")
         return users
 
 
@@ -198,12 +206,7 @@ def _bcrypt_cost(hashed: str) -> int | None:
 
 def load_web_config(path: Path) -> WebConfig:
     source = str(path)
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except OSError as exc:
-        raise ConfigError(source, [f"cannot read file: {exc.strerror}"]) from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(source, [f"not valid YAML ({exc})"]) from None
+    data = load_yaml(path, max_bytes=64 * 1024) or {}
     if not isinstance(data, dict):
         raise ConfigError(source, ["(top level): expected a mapping of settings"])
     try:
@@ -262,8 +265,6 @@ def ssl_context(config: WebConfig) -> ssl.SSLContext | None:
     if tls.curve_preferences:
         _set_curves(context, tls.curve_preferences)
     _client_auth(context, tls)
-    if tls.client_allowed_sans is not None:
-        context.sslsocket_class = _san_checked_socket(tls.client_allowed_sans)
     return context
 
 
@@ -326,53 +327,35 @@ def _normal_san(value: str) -> str:
         return value.strip()
 
 
-def _san_checked_socket(allowed: tuple[str, ...]) -> type[ssl.SSLSocket]:
-    """An SSLSocket class whose server connections check the verified client certificate's
-    subject alternative names (DNS, IP, email, URI) against ``allowed`` before the first
-    request is read, as exporter-toolkit's client_allowed_sans does; a connection without
-    an allowed SAN is closed unanswered."""
-    allowed_set = frozenset(_normal_san(a) for a in allowed)
-
-    class SanCheckedSocket(ssl.SSLSocket):
-        _san_state: bool | None = None  # None: not checked yet
-
-        def _san_ok(self) -> bool:
-            if self._san_state is None:
-                if not self.server_side:
-                    self._san_state = True
-                    return True
-                self.do_handshake()  # a no-op when already done
-                cert = self.getpeercert() or {}
-                sans: Any = cert.get("subjectAltName", ())
-                found = {_normal_san(str(value)) for _, value in sans}
-                self._san_state = bool(found & allowed_set)
-                if not self._san_state:
-                    log.warning("refused a TLS client: its certificate has none of client_allowed_sans "
-                                "(it has: %s)", ", ".join(sorted(found)) or "no SANs")
-            return self._san_state
-
-        # recv(), recv_into() and the socket file's reads all end up here.
-        def read(self, len: int = 1024, buffer: Any = None) -> Any:  # noqa: A002 (ssl's signature)
-            if not self._san_ok():
-                return 0 if buffer is not None else b""
-            return super().read(len, buffer)
-
-    return SanCheckedSocket
+def client_has_allowed_san(cert: dict[str, Any] | None, allowed: tuple[str, ...]) -> bool:
+    """Whether a verified client certificate has one of ``allowed`` among its subject
+    alternative names (DNS, IP, email, URI), as exporter-toolkit's client_allowed_sans
+    checks; a connection without one is closed before its first request is read."""
+    sans: Any = (cert or {}).get("subjectAltName", ())
+    found = {_normal_san(str(value)) for _, value in sans}
+    if found & {_normal_san(a) for a in allowed}:
+        return True
+    log.warning("refused a TLS client: its certificate has none of client_allowed_sans (it has: %s)",
+                ", ".join(sorted(found)) or "no SANs")
+    return False
 
 
 class BasicAuth:
     """Checks Authorization headers against bcrypt hashes. bcrypt is slow on purpose, so a
     successful check is remembered (as a keyed digest, never the password) for later scrapes.
-    An unknown user costs a bcrypt check too (against a decoy hash of the highest cost in
-    use), so response times do not tell which usernames exist."""
+
+    An unknown user costs a bcrypt check too, against a decoy hash of the cost of one of
+    the real users, chosen by a keyed digest of the name: the same name always takes the
+    same time, and with users of different costs the time of a name does not tell whether
+    it exists (a cheaper real user looks like any unknown name mapped to its cost)."""
 
     def __init__(self, users: dict[str, str]) -> None:
         self.users = {u: h.encode() for u, h in users.items()}
         self._key = hashlib.sha256(b"".join(self.users.values()) + b"lagwatch").digest()
         self._good: set[bytes] = set()
         self._lock = threading.Lock()
-        cost = max((_bcrypt_cost(h) or 4 for h in users.values()), default=4)
-        self._decoy = bcrypt.hashpw(b"lagwatch decoy password", bcrypt.gensalt(rounds=cost)) if users else b""
+        self._costs = sorted(_bcrypt_cost(h) or 4 for h in users.values())
+        self._decoys: dict[int, bytes] = {}  # made on first use: no CPU spent before listening
 
     @property
     def enabled(self) -> bool:
@@ -381,10 +364,11 @@ class BasicAuth:
     def allows(self, header: str | None) -> bool:
         if not self.users:
             return True
-        if not header or not header.startswith("Basic "):
+        scheme, _, credentials = (header or "").strip().partition(" ")
+        if scheme.lower() != "basic":  # RFC 7235: the scheme is case-insensitive
             return False
         try:
-            user, _, password = base64.b64decode(header[6:], validate=True).decode().partition(":")
+            user, _, password = base64.b64decode(credentials.strip(), validate=True).decode().partition(":")
         except (ValueError, UnicodeDecodeError):
             return False
         hashed = self.users.get(user)
@@ -396,7 +380,7 @@ class BasicAuth:
         # bcrypt reads 72 bytes at most (as Go's and htpasswd's do); bcrypt 5 refuses more.
         secret = password.encode()[:72]
         if hashed is None:
-            bcrypt.checkpw(secret, self._decoy)  # the same work as for a known user
+            bcrypt.checkpw(secret, self._decoy_for(user))  # the work of some real user's check
             return False
         if not bcrypt.checkpw(secret, hashed):
             return False
@@ -405,3 +389,14 @@ class BasicAuth:
                 self._good.clear()
             self._good.add(token)
         return True
+
+    def _decoy_for(self, user: str) -> bytes:
+        pick = hmac.new(self._key, user.encode(errors="replace"), hashlib.sha256).digest()
+        cost = self._costs[int.from_bytes(pick[:4], "big") % len(self._costs)]
+        with self._lock:
+            decoy = self._decoys.get(cost)
+        if decoy is None:
+            decoy = bcrypt.hashpw(b"lagwatch decoy password", bcrypt.gensalt(rounds=cost))
+            with self._lock:
+                decoy = self._decoys.setdefault(cost, decoy)
+        return decoy

@@ -19,6 +19,7 @@ import bcrypt
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
+SECRET = "S3cretInADsnTypo"  # must never be printed, logged or served
 
 
 @dataclass(frozen=True)
@@ -172,6 +173,18 @@ def build(folder: Path, listen_port: int, dsn: str = "host=127.0.0.1 port=1 user
     bad("not-yaml", "clusters: [\n", "not valid YAML")
     bad("walinspect-bad", _set(base, "clusters.0.walinspect", "on"), "clusters[0].walinspect:")
 
+    # -- bad: hostile text (no traceback, no echo of a secret, one line per problem) ------------
+    bad("dsn-typo-with-password", _set(base, "clusters.0.primary.dsn", f"lagwatch:{SECRET}@db:5432/postgres"),
+        "clusters[0].primary.dsn: not a valid libpq connection string (a word without \"=\")")
+    bad("nested-1000-deep", "clusters:\n  - " + "[" * 1000 + "]" * 1000 + "\n", "nested more than 64 levels deep")
+    bad("integer-5000-digits", yaml.safe_dump(_set(base, "interval", "HUGE")).replace("HUGE", "9" * 5000),
+        "a value cannot be read: Exceeds the limit (4300 digits)")
+    bad("control-characters", _set(base, "bad\x1b[2J\nkey", 1), "bad\\x1b[2J\\nkey: unknown key")
+    not_utf8 = yaml.safe_dump(base).encode().replace(b"interval:", b"# caf\xe9\ninterval:", 1)
+    cases.append(Case("not-utf8", folder / "not-utf8.yaml", False,
+                      f"not UTF-8: byte 0xe9 at offset {not_utf8.index(0xE9)} (line "))
+    cases[-1].path.write_bytes(not_utf8)
+
     # -- bad: pooler options (what an adapter would refuse at run time) ---------------------
     bad("haproxy-name", _set(base, "clusters.0.pooler", {**kinds["haproxy"], "backend": "pg ro"}),
         "clusters[0].pooler.backend: 'pg ro' is not an HAProxy name")
@@ -189,7 +202,17 @@ def build(folder: Path, listen_port: int, dsn: str = "host=127.0.0.1 port=1 user
     bad("command-unclosed", _set(base, "clusters.0.pooler", {**kinds["command"], "template": "{hosts"}),
         "clusters[0].pooler.template: not a valid format string")
     bad("pgbouncer-newline", _set(base, "clusters.0.pooler", {**kinds["pgbouncer"], "database": "ro\nx = y"}),
-        "clusters[0].pooler.database: must be one line")
+        "clusters[0].pooler.database: 'ro\\nx = y' is not a PgBouncer database name")
+    bad("pgbouncer-options-host", _set(base, "clusters.0.pooler", {**kinds["pgbouncer"],
+                                                                   "options": "host=evil port=1"}),
+        "clusters[0].pooler.options: PgBouncer database entries do not take host (lagwatch writes host= itself)")
+    bad("pgbouncer-options-unknown", _set(base, "clusters.0.pooler", {**kinds["pgbouncer"],
+                                                                      "options": "port=1 admin_users=mallory"}),
+        "clusters[0].pooler.options: PgBouncer database entries do not take admin_users")
+    bad("pooled-host-injection", _set(_set(base, "clusters.0.pooler", kinds["pgbouncer"]), "clusters.0.replicas.1.dsn",
+                                      "host='127.0.0.3\n[pgbouncer]\nadmin_users = mallory' port=1"),
+        "replicas[1].dsn: host '127.0.0.3\\n[pgbouncer]\\nadmin_users = mallory' cannot be written "
+        "into a pooler config")
     bad("pgbouncer-when-empty", _set(base, "clusters.0.pooler", {**kinds["pgbouncer"], "when_empty": "nothing"}),
         "clusters[0].pooler.when_empty:")
     bad("pooler-kind", _set(base, "clusters.0.pooler", {"kind": "odyssey"}), "clusters[0].pooler:")
@@ -215,10 +238,13 @@ def build(folder: Path, listen_port: int, dsn: str = "host=127.0.0.1 port=1 user
         "web-bcrypt-cost-99": "basic_auth_users: {prometheus: '$2b$99$" + "a" * 53 + "'}\n",
         "web-missing-cert": f"tls_server_config: {{cert_file: {missing}, key_file: {missing}}}\n",
         "web-bad-header": "http_server_config: {headers: {X-Powered-By: me}}\n",
+        "web-header-not-ascii": "http_server_config: {headers: {Content-Security-Policy: \"default-src caf\u00e9\"}}\n",
+        "web-bcrypt-cost-17": "basic_auth_users: {prometheus: '$2b$17$" + "a" * 53 + "'}\n",
+        "web-not-utf8": "basic_auth_users: {}\n# \udcff\n",
     }
     for name, text in webs.items():
         path = folder / f"{name}.yml"
-        path.write_text(text)
+        path.write_bytes(text.encode(errors="surrogateescape"))
         bad(name, _set(base, "web_config_file", str(path)), f"web_config_file ({path}):")
     return cases
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -93,6 +94,17 @@ class LagwatchHttp:
         labels.setdefault("cluster", "main")
         return self.samples().get((name, frozenset(labels.items())))
 
+    def expect(self, name: str, expected: float, timeout: float = 5, **labels: str) -> None:
+        """Wait until a metric reads ``expected``. The pooler is told of a change before the
+        cycle that decided it publishes its metrics, so a test that has just seen the pooler
+        change must give /metrics that moment to catch up."""
+        last: list[float | None] = []
+        try:
+            self.wait_for(f"{name}{labels} == {expected}",
+                          lambda: last.append(self.value(name, **labels)) or last[-1] == expected, timeout)
+        except AssertionError:
+            raise AssertionError(f"{name}{labels} is {last[-1] if last else None}, not {expected}") from None
+
     def daemon_value(self, name: str) -> float | None:
         """A metric about the daemon itself (no labels)."""
         return self.samples().get((name, frozenset()))
@@ -117,7 +129,8 @@ class LagwatchHttp:
 class Lagwatch(LagwatchHttp):
     """One `lagwatch run` process with its config file and log."""
 
-    def __init__(self, workdir: Path, config: dict[str, Any], env: dict[str, str] | None = None) -> None:
+    def __init__(self, workdir: Path, config: dict[str, Any], env: dict[str, str] | None = None,
+                 max_descriptors: int | None = None) -> None:
         super().__init__(int(config["listen"].rsplit(":", 1)[1]))
         self.workdir = workdir
         self.config_path = workdir / "lagwatch.yaml"
@@ -127,7 +140,9 @@ class Lagwatch(LagwatchHttp):
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "lagwatch.cli", "--log-level", "debug", "run", "-c", str(self.config_path)],
             stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT / "daemon"), **(env or {})})
+            env={**os.environ, "PYTHONPATH": str(ROOT / "daemon"), **(env or {})},
+            preexec_fn=None if max_descriptors is None else lambda: resource.setrlimit(
+                resource.RLIMIT_NOFILE, (max_descriptors, max_descriptors)))
 
     @classmethod
     def for_cluster(cls, workdir: Path, cluster: ChaosCluster, **kwargs: Any) -> Lagwatch:

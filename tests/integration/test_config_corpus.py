@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from chaoscluster import ChaosCluster
-from config_corpus import Case, build
+from config_corpus import SECRET, Case, build
 from harness import Lagwatch, cluster_config, run_cli
 from lagwatch.cli import main
 from lagwatch.localcluster import free_port
@@ -31,6 +31,7 @@ def _verdict(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
     code = main(list(argv))
     out = capsys.readouterr()
     assert "Traceback" not in out.out + out.err, out
+    assert SECRET not in out.out + out.err, out
     return code, out.err
 
 
@@ -75,7 +76,7 @@ def test_a_running_daemon_reloads_exactly_the_good_files(pg_cluster: ChaosCluste
         auth_in_force = False
         for case in corpus:
             before = len(reload_lines(lw))
-            lw.config_path.write_text(case.path.read_text())
+            lw.config_path.write_bytes(case.path.read_bytes())
             lw.signal(signal.SIGHUP)
             lw.wait_for(f"the reload of {case.name}", lambda before=before: len(reload_lines(lw)) > before,
                         timeout=10)
@@ -87,7 +88,7 @@ def test_a_running_daemon_reloads_exactly_the_good_files(pg_cluster: ChaosCluste
             else:
                 assert "reload rejected" in last and case.needle in last, (case.name, last)
             assert lw.get("/healthz")[0] == (401 if auth_in_force else 200), case.name
-        assert "Traceback" not in lw.log_text()
+        assert "Traceback" not in lw.log_text() and SECRET not in lw.log_text()
         # Back to the cluster: it polls it again.
         lw.write_config(cluster_config(pg_cluster, int(listen.rsplit(":", 1)[1])))
         lw.signal(signal.SIGHUP)

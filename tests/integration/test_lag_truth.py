@@ -387,6 +387,7 @@ def test_unanswering_node_is_down_alone(pg_cluster: ChaosCluster, watchers: dict
     """A stopped or hung replica is down within two intervals; the other nodes keep their
     cadence at both intervals (the 100 ms watcher: about 10 answered polls a second)."""
     replica2 = pg_cluster.replicas[1]
+    logged = {name: len(lw.log_text()) for name, lw in watchers.items()}
     if how == "stopped":
         replica2.stop()
     else:
@@ -416,6 +417,15 @@ def test_unanswering_node_is_down_alone(pg_cluster: ChaosCluster, watchers: dict
         replica2.thaw()
     for lw in watchers.values():
         lw.wait_for("replica2 back up", lambda lw=lw: lw.value("lagwatch_up", node="replica2") == 1, timeout=15)
+    # lagwatch's own lines, one when it went down (with why) and one when it came back;
+    # none of psycopg's (which names no node).
+    for name, lw in watchers.items():
+        log = lw.log_text()[logged[name]:]
+        down = [line for line in log.splitlines() if "main/replica2: down: " in line]
+        up = [line for line in log.splitlines() if "main/replica2: up again after " in line]
+        assert down and all("WARNING lagwatch.tracker" in line for line in down), (name, down)
+        assert len(up) == len(down) and all("INFO lagwatch.tracker" in line for line in up), (name, down, up)
+        assert " psycopg" not in log and "AsyncPipeline" not in log, name
 
 
 def test_status_api_and_health(watchers: dict[str, Lagwatch]) -> None:

@@ -1,5 +1,6 @@
-"""lagwatch as the role from deploy/sql/ (pg_monitor, not a superuser) exports every
-metric of issue 1/4 except what is documented as needing more (pg_walinspect's FPI stats)."""
+"""lagwatch as the role from deploy/sql/ (pg_read_all_stats and EXECUTE on pg_ls_waldir(),
+not pg_monitor) exports every metric of issue 1/4 except what is documented as needing
+more (pg_walinspect's FPI stats); `check --grants` says what a role lacks."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from chaoscluster import ChaosCluster
-from harness import ROOT, Lagwatch, Writer, cluster_config
+import yaml
+from chaoscluster import ChaosCluster, ChaosServer
+from harness import ROOT, Lagwatch, Writer, cluster_config, run_cli
 from lagwatch.localcluster import free_port
 
 ROLE_SQL = ROOT / "deploy" / "sql" / "lagwatch-role.sql"
@@ -25,13 +27,21 @@ REQUIRED = [
 NEEDS_MORE = ["lagwatch_wal_inspected_bytes_total", "lagwatch_wal_inspected_fpi_bytes_total"]
 
 
+def drop_role(primary: ChaosServer) -> None:
+    """The role and its grants (EXECUTE on pg_ls_waldir() would keep DROP ROLE from working)."""
+    primary.execute("DO $$ BEGIN IF EXISTS (SELECT FROM pg_roles WHERE rolname = 'lagwatch') THEN "
+                    "EXECUTE 'DROP OWNED BY lagwatch'; EXECUTE 'DROP ROLE lagwatch'; END IF; END $$")
+
+
 def test_monitoring_role_is_enough(pg_cluster: ChaosCluster, tmp_path: Path) -> None:
     primary = pg_cluster.primary
-    primary.execute("DROP ROLE IF EXISTS lagwatch")
+    drop_role(primary)
     psql = str(pg_cluster.binaries.tool("psql"))
     subprocess.run([psql, "-X", "-v", "ON_ERROR_STOP=1", "-h", primary.host, "-p", str(primary.port), "-U", "postgres",
                     "-d", "postgres", "-f", str(ROLE_SQL)], check=True, capture_output=True, timeout=60)
     assert primary.execute("SELECT rolsuper FROM pg_roles WHERE rolname = 'lagwatch'") == [(False,)]
+    # Narrowed: no pg_monitor, so no pg_read_all_settings (primary_conninfo's password).
+    assert primary.scalar("SELECT pg_has_role('lagwatch', 'pg_read_all_settings', 'USAGE')") is False
     pg_cluster.wait_replayed()
 
     config = cluster_config(pg_cluster, free_port(["127.0.0.1"]))
@@ -53,11 +63,18 @@ def test_monitoring_role_is_enough(pg_cluster: ChaosCluster, tmp_path: Path) -> 
         lag_bytes = lw.value("lagwatch_replica_lag_bytes", replica="replica1", stage="replay")
         assert lag_bytes is not None  # pg_read_all_stats shows the LSNs
         log = lw.log_text()
-        assert log.count("not reading walinspect") == 1 and "pg_read_server_files" in log
-        assert "wal_dir" not in log  # pg_monitor may read pg_ls_waldir()
+        assert log.count("not reading walinspect") == 1
+        assert "pg_get_wal_stats(pg_lsn, pg_lsn, boolean) TO lagwatch" in log
+        assert "wal_dir" not in log and "wal_receiver" not in log
+        grants = run_cli("check", "--grants", "-c", str(lw.config_path))
+        assert grants.returncode == 0, grants.stdout + grants.stderr
+        lines = grants.stdout.splitlines()
+        for node in ("primary", "replica1", "replica2"):
+            assert f"main/{node}: ok as lagwatch (every view lagwatch reads each cycle)" in lines, lines
+        assert not any("MISSING" in line or "more than needed" in line for line in lines), lines
     finally:
         lw.stop()
-        primary.execute("DROP ROLE IF EXISTS lagwatch")
+        drop_role(primary)
 
 
 def test_a_view_denied_at_run_time_leaves_the_node_up(pg_cluster: ChaosCluster, tmp_path: Path) -> None:
@@ -65,7 +82,7 @@ def test_a_view_denied_at_run_time_leaves_the_node_up(pg_cluster: ChaosCluster, 
     read 0 in lagwatch_view_up, with one warning naming the grant; the node stays up and
     its lag is still measured."""
     primary = pg_cluster.primary
-    primary.execute("DROP ROLE IF EXISTS lagwatch")
+    drop_role(primary)
     primary.execute("CREATE ROLE lagwatch LOGIN; GRANT pg_monitor, pg_read_server_files TO lagwatch")
     pg_cluster.wait_replayed()
     config = cluster_config(pg_cluster, free_port(["127.0.0.1"]))
@@ -93,9 +110,47 @@ def test_a_view_denied_at_run_time_leaves_the_node_up(pg_cluster: ChaosCluster, 
         assert (lw.value("lagwatch_view_errors_total", node="primary", view="wal_dir") or 0) >= 1
         log = lw.log_text()
         # Said once per node that reads it (the revoke replicates to the replicas).
-        assert log.count("cannot read wal_dir") == 3 and "pg_ls_waldir() needs pg_monitor" in log
-        assert log.count("cannot read walinspect") == 1 and "pg_read_server_files" in log
+        assert log.count("cannot read wal_dir") == 3
+        assert "pg_ls_waldir() needs GRANT EXECUTE ON FUNCTION pg_ls_waldir() TO lagwatch" in log
+        assert log.count("cannot read walinspect") == 1 and "pg_get_wal_stats" in log
     finally:
         lw.stop()
         primary.execute("GRANT EXECUTE ON FUNCTION pg_ls_waldir() TO pg_monitor")
-        primary.execute("DROP ROLE IF EXISTS lagwatch")
+        drop_role(primary)
+
+
+def test_a_role_without_grants_is_told_what_it_lacks(pg_cluster: ChaosCluster, tmp_path: Path) -> None:
+    """No grants at all: healthy replicas read "cannot see pg_stat_wal_receiver: grant
+    pg_read_all_stats" (UNKNOWN), not "not streaming" (CRITICAL); `check --grants` names
+    each missing grant per node and view; pg_monitor's extra privilege is pointed out."""
+    primary = pg_cluster.primary
+    drop_role(primary)
+    primary.execute("CREATE ROLE lagwatch LOGIN")
+    pg_cluster.wait_replayed()
+    config = cluster_config(pg_cluster, free_port(["127.0.0.1"]))
+    cluster = config["clusters"][0]
+    for node in [cluster["primary"], *cluster["replicas"]]:
+        node["dsn"] = node["dsn"].replace("user=postgres", "user=lagwatch")
+    config_path = tmp_path / "lagwatch.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    try:
+        checked = run_cli("check", "-c", str(config_path))
+        assert checked.returncode == 3, checked.stdout + checked.stderr  # UNKNOWN, not CRITICAL
+        assert "not streaming" not in checked.stdout, checked.stdout
+        for replica in ("replica1", "replica2"):
+            assert f"main/{replica}: UNKNOWN cannot see pg_stat_wal_receiver: grant pg_read_all_stats" in \
+                checked.stdout, checked.stdout
+        grants = run_cli("check", "--grants", "-c", str(config_path))
+        assert grants.returncode == 2, grants.stdout + grants.stderr
+        lines = grants.stdout.splitlines()
+        assert "main/primary: MISSING for replication: GRANT pg_read_all_stats TO lagwatch" in lines, lines
+        assert "main/primary: MISSING for wal_dir: GRANT EXECUTE ON FUNCTION pg_ls_waldir() TO lagwatch" in lines
+        for replica in ("replica1", "replica2"):
+            assert f"main/{replica}: MISSING for wal_receiver: GRANT pg_read_all_stats TO lagwatch" in lines, lines
+        primary.execute("GRANT pg_monitor TO lagwatch")
+        pg_cluster.wait_replayed()
+        grants = run_cli("check", "--grants", "-c", str(config_path))
+        assert grants.returncode == 0, grants.stdout
+        assert grants.stdout.count("more than needed: pg_read_all_settings") == 3, grants.stdout
+    finally:
+        drop_role(primary)

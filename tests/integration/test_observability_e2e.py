@@ -233,3 +233,54 @@ def test_paused_replica_pages_then_resolves_idle_cluster_stays_silent(stack: Sta
         assert stack.lagwatch.value("lagwatch_pool_member", cluster="idle", replica=replica) == 1
         assert stack.lagwatch.value("lagwatch_pool_changes_total", cluster="idle", replica=replica,
                                     action="eject") in (None, 0)
+
+
+def test_a_stranger_holding_the_leader_lock_is_named_and_alerted(stack: Stack) -> None:
+    """An ordinary login (no grants at all) takes cluster idle's leader lock the moment
+    lagwatch's lock session goes away: lagwatch says who holds it (metric, log, /status),
+    the shipped alert's expression holds on the real Prometheus, and decisions are logged
+    as not applied. When the stranger lets go, lagwatch leads again."""
+    import psycopg
+    from lagwatch.leader import lock_key
+
+    primary = stack.idle_cluster.primary
+    lw = stack.lagwatch
+    wait("lagwatch leads idle", lambda: lw.value("lagwatch_leader", cluster="idle") == 1, timeout=20)
+    primary.execute("DROP ROLE IF EXISTS mallory")
+    primary.execute("CREATE ROLE mallory LOGIN")
+    stranger = psycopg.connect(primary.dsn(user="mallory") + " application_name=psql", autocommit=True)
+    try:
+        taken = False
+        deadline = time.monotonic() + 15
+        while not taken and time.monotonic() < deadline:
+            primary.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                            "WHERE application_name = 'lagwatch-leader'")
+            for _ in range(200):  # before lagwatch's next cycle takes it back
+                row = stranger.execute("SELECT pg_try_advisory_lock(%s, %s)", lock_key("idle")).fetchone()
+                if row and row[0]:
+                    taken = True
+                    break
+                time.sleep(0.002)
+        assert taken, "the stranger never got the lock"
+        pid = stranger.info.backend_pid
+        holder = {"cluster": "idle", "pid": str(pid), "application_name": "psql", "user": "mallory",
+                  "lagwatch": "false"}
+        wait("lagwatch names the stranger", lambda: lw.value("lagwatch_leader_holder_info", **holder) == 1,
+             timeout=20)
+        assert lw.value("lagwatch_leader", cluster="idle") == 0
+        states = AlertStates(stack.prometheus)
+        wait("LagwatchPoolControlNotApplied for idle on Prometheus",
+             lambda: ("idle", "LagwatchPoolControlNotApplied", "", "pending") in states.of("idle")
+             or ("idle", "LagwatchPoolControlNotApplied", "", "firing") in states.of("idle"),
+             timeout=30, meanwhile=states.sample)
+        pool = next(c for c in lw.status()["clusters"] if c["name"] == "idle")["pool"]
+        assert pool["leader_holder"]["pid"] == pid and pool["leader_holder"]["lagwatch"] is False, pool
+        page = lw.get("/status")[1]
+        assert f"leader lock held by pid {pid}" in page and "not lagwatch, no instance applies pool changes" in page
+        warnings = [line for line in lw.log_text().splitlines() if "held by a session that is not lagwatch" in line]
+        assert len(warnings) == 1 and f"pid {pid}" in warnings[0] and "'mallory'" in warnings[0], warnings
+    finally:
+        stranger.close()
+    wait("lagwatch leads idle again", lambda: lw.value("lagwatch_leader", cluster="idle") == 1, timeout=20)
+    assert lw.value("lagwatch_leader_holder_info", cluster="idle", pid=str(pid), application_name="psql",
+                    user="mallory", lagwatch="false") is None

@@ -34,6 +34,7 @@ def replica(**kw: object) -> ReplicaState:
 CASES = [
     ("down", {"node_up": False, "streaming": False}, CRITICAL),
     ("not_streaming", {"streaming": False}, CRITICAL),
+    ("cannot_see", {"streaming": None}, UNKNOWN),
     ("paused", {"replay_pause_state": "paused", "staleness": 9.0}, WARNING),
     ("unknown", {"staleness": None}, UNKNOWN),
     ("behind", {"staleness": 3.0}, OK),  # check's thresholds are its own (5s / 30s)

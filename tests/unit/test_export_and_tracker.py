@@ -198,3 +198,24 @@ def test_unconfigured_walsender_named_like_a_configured_replica_gets_its_own_lab
                            replica("replica1", 0, 100)], now=0)
     assert [(r.name, r.configured) for r in snap.replicas] == [("replica1", True),
                                                                ("replica1 (not configured)", False)]
+
+
+def test_the_commit_interval_follows_a_stream_that_starts_after_an_idle_spell() -> None:
+    """25 s with only lagwatch's own poll transactions (1 a second), then 200 commits a
+    second, counted in pg_stat_database in one-second lumps: within 3 s of the stream the
+    interval is that of the stream, not the 30-s mean (which would be ~14 ms and, taken off
+    the commit estimate, read a 20 ms lag as 6 ms)."""
+    config = parse_config({"clusters": [{"name": "main", "primary": {"dsn": "host=a"}}]}).clusters[0]
+    tracker = ClusterTracker(config, 0.1, 10.0)
+    t, total = 0.0, 0.0
+    while t < 25.0:
+        t += 0.1
+        total = float(int(t))  # one poll transaction a second, flushed each second
+        tracker._note_xacts(t, total)
+    assert 0.5 <= tracker._commit_interval() <= 1.0  # lumps make it read short, never long
+    start_total = total
+    while t < 28.0:
+        t += 0.1
+        total = start_total + 200.0 * int(t - 25.0)  # the stream's commits, in 1-s lumps
+        tracker._note_xacts(t, total)
+    assert tracker._commit_interval() <= 1.5 / 200, tracker._commit_interval()

@@ -15,7 +15,7 @@ from lagwatch.config import ClusterConfig, parse_config
 from lagwatch.holds import HoldStore
 from lagwatch.poolcontrol import PoolController
 from lagwatch.poolers.base import PoolerError
-from lagwatch.snapshot import ClusterSnapshot, NodeObservation
+from lagwatch.snapshot import ClusterSnapshot, LockHolder, NodeObservation
 from lagwatch.tracker import ClusterTracker
 from lagwatch.views.server import ServerPosition
 from lagwatch.views.wal_receiver import WalReceiver
@@ -60,11 +60,15 @@ class StubLeader:
         self.is_leader = False
         self.refreshed = 0
         self.released = 0
+        self.holder: LockHolder | None = None  # None: this instance may take the lock
+        self.ours = LockHolder(101, "lagwatch-leader", "lagwatch", "", True)
 
     async def refresh(self) -> bool:
         self.refreshed += 1
-        self.is_leader = True
-        return True
+        self.is_leader = self.holder is None or self.holder.is_us
+        if self.is_leader:
+            self.holder = self.ours
+        return self.is_leader
 
     def release(self) -> None:
         self.released += 1
@@ -169,6 +173,28 @@ def test_dry_run_never_leads_nor_applies(tmp_path: Path, dry_run: bool) -> None:
     else:
         assert h.leader.refreshed == 6 and snap.pool.leader
         assert h.pooler.applied == [frozenset({"replica2"})]
+
+
+def test_a_decision_a_stranger_keeps_from_being_applied_is_logged_as_not_applied(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from lagwatch.export import SnapshotCollector
+    from lagwatch.snapshot import Snapshot
+
+    h = Harness(tmp_path, {"replica1", "replica2"})
+    h.leader.holder = LockHolder(4242, "psql", "mallory", "127.0.0.9", False)
+    for _ in range(6):
+        snap = h.cycle(lag1=10)
+    assert snap.pool is not None and not snap.pool.leader and h.pooler.applied == []
+    lines = [r.getMessage() for r in caplog.records if "pool change" in r.getMessage()]
+    assert lines and all("(NOT APPLIED: the leader lock is held by a session that is not lagwatch: pid 4242, "
+                         "application_name 'psql', user 'mallory', from 127.0.0.9)" in line for line in lines), lines
+    families = {f.name: f for f in SnapshotCollector(lambda: Snapshot(0.0, 1.0, 1, 0, (snap,))).collect()}
+    [sample] = families["lagwatch_leader_holder_info"].samples
+    assert sample.labels == {"cluster": "main", "pid": "4242", "application_name": "psql", "user": "mallory",
+                             "lagwatch": "false"} and sample.value == 1.0
+    h.leader.holder = None  # the stranger lets go: this instance leads and applies at once
+    h.cycle(lag1=10)
+    assert h.pooler.applied == [frozenset({"replica2"})]
 
 
 def test_removed_fallback_primary_reads_zero_not_absent(tmp_path: Path) -> None:

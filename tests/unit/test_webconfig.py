@@ -345,3 +345,37 @@ def test_client_without_an_allowed_san_is_refused(pki: Pki, server: int) -> None
     with pytest.raises((http.client.HTTPException, ConnectionError, ssl.SSLError)):
         request(pki, server, None, auth=header("prometheus", "s3cret"))
     assert request(pki, server, pki.prometheus, auth=header("prometheus", "s3cret")).status == 200
+
+
+def test_unknown_users_cost_what_some_real_user_costs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With users of different costs, an unknown name is checked at the cost of one real
+    user (the same one each time), so a fast answer does not single out the cheap user."""
+    auth = BasicAuth({"cheap": hashed("a", rounds=4), "dear": hashed("b", rounds=6)})
+    costs: list[bytes] = []
+    real = bcrypt.checkpw
+
+    def spy(password: bytes, hashed_password: bytes) -> bool:
+        costs.append(hashed_password[4:6])
+        return real(password, hashed_password)
+
+    monkeypatch.setattr(webconfig.bcrypt, "checkpw", spy)
+    for i in range(40):
+        assert not auth.allows(header(f"nobody{i}", "x"))
+    assert set(costs) == {b"04", b"06"}, costs  # both costs are used for unknown names
+    first = costs[:]
+    costs.clear()
+    for i in range(40):
+        auth.allows(header(f"nobody{i}", "y"))
+    assert costs == first  # and each name always gets the same one
+
+
+def test_no_bcrypt_work_before_the_first_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A high cost must not spin the CPU before the server listens: decoys are made on use."""
+    cost16 = hashed("a", rounds=4).replace("$04$", "$16$", 1)  # never checked: its cost is what counts
+    made: list[int] = []
+    gensalt = bcrypt.gensalt
+    monkeypatch.setattr(webconfig.bcrypt, "gensalt", lambda rounds=12: made.append(rounds) or gensalt(4))
+    auth = BasicAuth({"p": cost16})
+    assert made == []
+    assert not auth.allows(header("nobody", "x"))
+    assert made == [16]

@@ -52,11 +52,17 @@ def entry_hosts_and_port(members: frozenset[str], backends: Mapping[str, Backend
     return sorted(backends[m].host for m in members), ports.pop() if ports else fallback
 
 
+_SAFE_HOST = re.compile(r"[A-Za-z0-9._:%-]+|/[A-Za-z0-9._/-]+")
+
+
 def render(database: str, members: frozenset[str], backends: Mapping[str, Backend], options: str) -> str:
     """The include file for ``members`` (pure)."""
     if not members:
         raise PoolerError("refusing to write an empty host list (it would mean the Unix socket)")
     hosts, port = entry_hosts_and_port(members, backends, options)
+    unsafe = [h for h in hosts if not _SAFE_HOST.fullmatch(h)]
+    if unsafe:  # the config refuses these; never write one even so
+        raise PoolerError(f"refusing to write host {unsafe[0]!r} into PgBouncer's config")
     rest = _PORT.sub("", options).strip()
     parts = [f"host={','.join(hosts)}"] + ([f"port={port}"] if port else []) + ([rest] if rest else [])
     return f"{HEADER}{database} = {' '.join(parts)}\n"

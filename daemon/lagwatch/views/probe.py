@@ -9,13 +9,22 @@ from lagwatch.views.base import Row
 
 _STATS_FN = "to_regprocedure('pg_get_wal_stats(pg_lsn,pg_lsn,boolean)')"
 
+# The grant each view needs, as deploy/sql/lagwatch-role.sql gives them (ROLE: the login).
+GRANTS = {
+    "replication": "GRANT pg_read_all_stats TO ROLE",
+    "wal_receiver": "GRANT pg_read_all_stats TO ROLE",
+    "wal_dir": "GRANT EXECUTE ON FUNCTION pg_ls_waldir() TO ROLE",
+    "walinspect": "GRANT EXECUTE ON FUNCTION pg_get_wal_stats(pg_lsn, pg_lsn, boolean) TO ROLE (optional)",
+}
+
 SQL = f"""SELECT current_setting('server_version_num')::int AS version_num,
     pg_is_in_recovery() AS in_recovery,
     has_function_privilege('pg_ls_waldir()', 'EXECUTE') AS can_ls_waldir,
     {_STATS_FN} IS NOT NULL AS has_walinspect,
     CASE WHEN {_STATS_FN} IS NOT NULL
          THEN has_function_privilege({_STATS_FN}, 'EXECUTE') END AS can_walinspect,
-    pg_has_role('pg_read_all_stats', 'USAGE') AS can_read_all_stats"""
+    pg_has_role('pg_read_all_stats', 'USAGE') AS can_read_all_stats,
+    pg_has_role('pg_read_all_settings', 'USAGE') AS can_read_all_settings"""
 
 
 @dataclass(frozen=True)
@@ -26,6 +35,7 @@ class Capabilities:
     has_walinspect: bool
     can_walinspect: bool
     can_read_all_stats: bool
+    can_read_all_settings: bool = False  # more than lagwatch needs: primary_conninfo shows passwords
 
     @property
     def major(self) -> int:
@@ -35,11 +45,11 @@ class Capabilities:
         """What this connection cannot read, and why: said once in the log."""
         out = {}
         if not self.can_ls_waldir:
-            out["wal_dir"] = "no EXECUTE on pg_ls_waldir() (grant pg_monitor)"
+            out["wal_dir"] = f"no EXECUTE on pg_ls_waldir() ({GRANTS['wal_dir']})"
         if not self.can_read_all_stats:
-            out["replication"] = "not a member of pg_read_all_stats: LSN columns are hidden (grant pg_monitor)"
+            out["replication"] = f"not a member of pg_read_all_stats: LSN columns are hidden ({GRANTS['replication']})"
         if self.has_walinspect and not self.can_walinspect and not self.in_recovery:  # used on the primary only
-            out["walinspect"] = "no EXECUTE on pg_get_wal_stats (grant pg_read_server_files)"
+            out["walinspect"] = f"no EXECUTE on pg_get_wal_stats ({GRANTS['walinspect']})"
         return out
 
 
@@ -52,4 +62,5 @@ def parse(rows: Sequence[Row]) -> Capabilities:
         has_walinspect=bool(row["has_walinspect"]),
         can_walinspect=bool(row["can_walinspect"]),
         can_read_all_stats=bool(row["can_read_all_stats"]),
+        can_read_all_settings=bool(row.get("can_read_all_settings")),
     )

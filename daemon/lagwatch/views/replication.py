@@ -69,6 +69,8 @@ class WalSender:
 def parse(rows: Sequence[Row]) -> tuple[WalSender, ...]:
     senders: dict[str, WalSender] = {}
     for row in rows:
+        if row["application_name"] is None and row["state"] is None:
+            continue  # without pg_read_all_stats a walsender shows its pid only: nothing to tell
         name = row["application_name"] or ""
         if name in senders:  # two walsenders with one name: keep the first (ordered by pid)
             continue

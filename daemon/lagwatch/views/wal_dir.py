@@ -1,4 +1,4 @@
-"""Size of pg_wal (pg_ls_waldir needs pg_monitor or superuser; probed at connect)."""
+"""Size of pg_wal (pg_ls_waldir() needs EXECUTE on it; probed at connect)."""
 
 from __future__ import annotations
 

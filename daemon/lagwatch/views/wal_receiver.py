@@ -8,13 +8,15 @@ from dataclasses import dataclass
 from lagwatch.views.base import Row, View
 
 QUERIES = {
-    130000: "SELECT status FROM pg_stat_wal_receiver",
+    # pid is shown to every role; the other columns only with pg_read_all_stats.
+    130000: "SELECT status, pid FROM pg_stat_wal_receiver",
 }
 
 
 @dataclass(frozen=True)
 class WalReceiver:
-    status: str | None  # None: no WAL receiver running (cut off, or restarting)
+    status: str | None  # None: no WAL receiver running (cut off, or restarting), or hidden
+    hidden: bool = False  # a receiver runs, but this role may not see its columns
 
     @property
     def streaming(self) -> bool:
@@ -22,7 +24,10 @@ class WalReceiver:
 
 
 def parse(rows: Sequence[Row]) -> WalReceiver:
-    return WalReceiver(status=rows[0]["status"] if rows else None)
+    if not rows:
+        return WalReceiver(status=None)
+    row = rows[0]
+    return WalReceiver(status=row["status"], hidden=row["status"] is None and row.get("pid") is not None)
 
 
 VIEW = View("wal_receiver", frozenset({"replica"}), QUERIES, parse)

@@ -1,0 +1,426 @@
+"""The HTTP/1.1 server under lagwatch's endpoints, built to stay up under hostile clients.
+
+Why hand-built connection handling: Python's http.server spends a thread per connection
+before any auth, has no deadline for a whole request and a listen backlog of 5; aiohttp and
+uvicorn cap neither the time to read a request's headers (slowloris) nor the connections
+in a way that lets a scraper in while slow clients hold every slot. HTTP parsing itself is
+h11's (python-hyper, maintained); this module only decides who gets a connection and for
+how long:
+
+- a connection cap below the process's descriptor limit; above it, the connection that has
+  waited longest without sending a complete request is closed to make room, and only
+  when every connection is busy being answered is the newcomer refused (503, at once);
+- a deadline for each request, from accepting (or from its first byte on a kept-alive
+  connection) to its last header byte, TLS handshake included; an idle keep-alive wait of
+  its own; a deadline to write the response to a client that does not read;
+- a listen backlog of 1,024, and accepting on an event loop of its own (a thread), so
+  neither scrapes nor floods delay a poll cycle;
+- handlers run on a few worker threads (bcrypt and rendering must not stall the loop);
+- one log line per failed handshake or reset, never a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import email.utils
+import logging
+import resource
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import h11
+
+from lagwatch.errors import one_line
+
+log = logging.getLogger("lagwatch.http")
+
+BACKLOG = 1024
+MAX_HEADER_BYTES = 16 * 1024
+MAX_BODY_BYTES = 64 * 1024  # lagwatch's endpoints take no body; a small one is read and dropped
+
+
+class HttpLimits(Protocol):
+    """What the config's ``http`` section gives (read for each connection: a reload applies)."""
+
+    @property
+    def max_connections(self) -> int: ...
+    @property
+    def request_timeout(self) -> float: ...  # accept (or a request's first byte) to its last header byte
+    @property
+    def idle_timeout(self) -> float: ...  # a kept-alive connection waiting for its next request
+
+
+@dataclass(frozen=True)
+class DefaultLimits:
+    max_connections: int = 512
+    request_timeout: float = 10.0
+    idle_timeout: float = 60.0
+
+
+WORKERS = 4  # handler threads: bcrypt and rendering run here, never on the event loop
+
+
+@dataclass(frozen=True)
+class Request:
+    method: str
+    target: str
+    headers: dict[str, str]  # lower-case names
+    peer: str
+    tls_peer_cert: dict[str, Any] | None = None
+
+    @property
+    def path(self) -> str:
+        return self.target.split("?", 1)[0]
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int
+    body: bytes
+    content_type: str = "text/plain; charset=utf-8"
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+Handler = Callable[[Request], Response]
+
+
+@dataclass(eq=False)
+class _Connection:
+    sock: socket.socket
+    since: float  # when it began waiting for the request it has not completed
+    waiting: bool = True  # waiting for a request rather than being answered
+    reading: bool = False  # blocked until more of its request arrives
+    task: asyncio.Task[None] | None = None
+    transport: asyncio.Transport | None = None
+
+    def evictable(self, now: float) -> bool:
+        """A connection still owing its request, that has had its chance to send it: one
+        just accepted whose request may already be in the buffer is left alone a moment."""
+        return self.waiting and (self.reading or now - self.since > 1.0)
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+        else:
+            self.sock.close()
+
+
+class HttpServer:
+    """Listens at once (so a bad address fails the caller), serves after ``start``.
+
+    ``handle`` answers a request (on a worker thread); ``tls_context`` gives the TLS context
+    for a new connection (None: plain HTTP), so a reload applies to the next connection;
+    ``extra_headers`` go on every response, error responses included; ``accept_client``
+    may refuse a TLS client after its handshake (client_allowed_sans)."""
+
+    def __init__(self, host: str, port: int, handle: Handler, *,
+                 limits: Callable[[], HttpLimits] = DefaultLimits,
+                 tls_context: Callable[[], ssl.SSLContext | None] = lambda: None,
+                 extra_headers: Callable[[], dict[str, str]] = dict,
+                 accept_client: Callable[[dict[str, Any] | None], bool] = lambda cert: True,
+                 reserved_descriptors: int = 64) -> None:
+        self._handle = handle
+        self._limits = limits
+        self._tls_context = tls_context
+        self._extra_headers = extra_headers
+        self._accept_client = accept_client
+        self._reserved = reserved_descriptors
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+        self._socket = socket.create_server((host, port), family=family, backlog=BACKLOG)
+        self._socket.setblocking(False)
+        self._connections: set[_Connection] = set()
+        self.closed: collections.Counter[str] = collections.Counter()  # why connections ended early
+        self._loop = asyncio.new_event_loop()
+        self._loop.set_exception_handler(_one_line_exceptions)
+        self._workers = ThreadPoolExecutor(WORKERS, thread_name_prefix="lagwatch-http")
+        self._thread = threading.Thread(target=self._run, name="lagwatch-http", daemon=True)
+        self._accepting: asyncio.Task[None] | None = None
+
+    @property
+    def port(self) -> int:
+        return int(self._socket.getsockname()[1])
+
+    @property
+    def open_connections(self) -> int:
+        return len(self._connections)
+
+    def connection_cap(self) -> int:
+        """The configured cap, kept below the descriptor limit: a server out of descriptors
+        cannot even accept a scrape (and the pollers need theirs)."""
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        room = soft - self._reserved if soft != resource.RLIM_INFINITY else self._limits().max_connections
+        return max(1, min(self._limits().max_connections, room))
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._shutdown)
+            self._thread.join(10)
+        self._socket.close()
+        self._workers.shutdown(wait=False, cancel_futures=True)
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._accepting = self._loop.create_task(self._accept_forever())
+        try:
+            self._loop.run_forever()
+        finally:
+            # Finish every connection's task before closing: a pending task destroyed
+            # later would be reported as an error.
+            pending = asyncio.all_tasks(self._loop)
+            for task in pending:
+                task.cancel()
+            self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            self._loop.close()
+
+    def _shutdown(self) -> None:
+        if self._accepting is not None:
+            self._accepting.cancel()
+        for connection in list(self._connections):
+            connection.close()
+        self._loop.stop()
+
+    async def _accept_forever(self) -> None:
+        while True:
+            try:
+                sock, address = await self._loop.sock_accept(self._socket)
+            except OSError as exc:
+                # Out of descriptors despite the cap (something else holds them): wait a
+                # moment rather than spin; the backlog keeps the newcomers meanwhile.
+                log.warning("cannot accept a connection: %s", exc.strerror or exc)
+                await asyncio.sleep(0.1)
+                continue
+            connection = _Connection(sock, time.monotonic())
+            if not self._admit(connection):
+                self.closed["refused"] += 1
+                _refuse(sock)
+                continue
+            connection.task = self._loop.create_task(self._serve(_peer(address), connection))
+            await asyncio.sleep(0)  # let accepted connections read their requests between accepts
+
+    def _admit(self, newcomer: _Connection) -> bool:
+        if len(self._connections) >= self.connection_cap():
+            now = time.monotonic()
+            idle = [c for c in self._connections if c.evictable(now)]
+            if not idle:
+                return False
+            oldest = min(idle, key=lambda c: c.since)
+            self._connections.discard(oldest)
+            oldest.close()  # at once: a task cancelled before it ever ran runs no finally
+            if oldest.task is not None:
+                oldest.task.cancel()
+            self.closed["evicted"] += 1
+        self._connections.add(newcomer)
+        return True
+
+    async def _serve(self, peer: str, connection: _Connection) -> None:
+        limits = self._limits()
+        deadline = connection.since + limits.request_timeout
+        try:
+            context = self._tls_context()
+            reader = asyncio.StreamReader(limit=MAX_HEADER_BYTES, loop=self._loop)
+            protocol = asyncio.StreamReaderProtocol(reader, loop=self._loop)
+            try:
+                # The handshake happens here, under the request's deadline.
+                async with asyncio.timeout_at(self._at(deadline)):
+                    transport, _ = await self._loop.connect_accepted_socket(
+                        lambda: protocol, connection.sock, ssl=context,
+                        ssl_handshake_timeout=limits.request_timeout if context else None)
+            except TimeoutError:
+                self.closed["deadline"] += 1
+                log.debug("%s: no TLS handshake within %.0fs: closed", peer, limits.request_timeout)
+                return
+            except (OSError, ssl.SSLError) as exc:
+                self.closed["handshake"] += 1
+                log.info("%s: TLS handshake failed: %s", peer, _reason(exc))
+                return
+            connection.transport = transport
+            writer = asyncio.StreamWriter(transport, protocol, reader, self._loop)
+            cert = transport.get_extra_info("peercert") if context else None
+            if context is not None and not self._accept_client(cert):
+                self.closed["client_cert"] += 1
+                return
+            await self._converse(reader, writer, peer, connection, cert, deadline)
+        except (ConnectionError, ssl.SSLError) as exc:
+            self.closed["reset"] += 1
+            log.info("%s: connection lost: %s", peer, _reason(exc))
+        except asyncio.CancelledError:
+            pass  # evicted to make room, or the server stops
+        finally:
+            self._connections.discard(connection)
+            connection.close()
+
+    async def _converse(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str,
+                        connection: _Connection, cert: dict[str, Any] | None, deadline: float) -> None:
+        http = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEADER_BYTES)
+        first = True
+        while True:
+            connection.waiting = True
+            request = await self._read_request(http, reader, writer, peer, connection, deadline if first else None)
+            if request is None:
+                return
+            connection.waiting = False
+            request = dataclasses.replace(request, tls_peer_cert=cert)
+            response = await self._loop.run_in_executor(self._workers, self._answer, request)
+            if not await self._send(http, writer, request, response):
+                return
+            if http.our_state is h11.MUST_CLOSE or http.their_state is h11.MUST_CLOSE:
+                return
+            try:
+                http.start_next_cycle()
+            except h11.ProtocolError:
+                return
+            first = False
+            connection.since = time.monotonic()
+
+    async def _read_request(self, http: h11.Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                            peer: str, connection: _Connection, deadline: float | None) -> Request | None:
+        limits = self._limits()
+        request: h11.Request | None = None
+        body = 0
+        while True:
+            try:
+                event = http.next_event()
+            except h11.RemoteProtocolError as exc:
+                self.closed["bad_request"] += 1
+                log.debug("%s: bad request: %s", peer, one_line(str(exc)))
+                status = exc.error_status_hint
+                await self._send_raw(writer, status, b"bad request\n")
+                return None
+            if event is h11.NEED_DATA:
+                connection.reading = True
+                if deadline is None:  # kept alive: idle until its next request's first byte
+                    try:
+                        async with asyncio.timeout(limits.idle_timeout):
+                            data = await reader.read(8192)
+                    except TimeoutError:
+                        return None
+                    deadline = time.monotonic() + limits.request_timeout
+                else:
+                    try:
+                        async with asyncio.timeout_at(self._at(deadline)):
+                            data = await reader.read(8192)
+                    except TimeoutError:
+                        self.closed["deadline"] += 1
+                        log.debug("%s: request not complete within %.0fs: closed", peer, limits.request_timeout)
+                        if request is not None or _partial_request(http):
+                            await self._send_raw(writer, 408, b"request timeout\n")
+                        return None
+                connection.reading = False
+                http.receive_data(data)
+                continue
+            if isinstance(event, h11.Request):
+                request = event
+                continue
+            if isinstance(event, h11.Data):
+                body += len(event.data)
+                if body > MAX_BODY_BYTES:
+                    await self._send_raw(writer, 413, b"request body too large\n")
+                    return None
+                continue
+            if isinstance(event, h11.EndOfMessage) and request is not None:
+                headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in request.headers}
+                return Request(request.method.decode("ascii"), request.target.decode("latin-1"), headers, peer)
+            return None  # ConnectionClosed, or PAUSED
+
+    def _answer(self, request: Request) -> Response:
+        try:
+            if request.method not in ("GET", "HEAD"):
+                return Response(405, b"method not allowed\n", headers={"Allow": "GET, HEAD"})
+            return self._handle(request)
+        except Exception as exc:  # one request's failure must not end the server
+            log.error("%s %s: %s: %s", request.method, one_line(request.target), type(exc).__name__, exc)
+            return Response(500, b"internal error (see lagwatch's log)\n")
+
+    async def _send(self, http: h11.Connection, writer: asyncio.StreamWriter, request: Request,
+                    response: Response) -> bool:
+        headers = self._headers(response.status, response.content_type, len(response.body), response.headers)
+        log.debug("%s \"%s %s\" %d", request.peer, request.method, one_line(request.target, 200), response.status)
+        try:
+            data = http.send(h11.Response(status_code=response.status, headers=headers))
+            if request.method != "HEAD":
+                data += http.send(h11.Data(data=response.body))
+            data += http.send(h11.EndOfMessage())
+        except h11.LocalProtocolError as exc:
+            log.error("cannot send a response to %s: %s", request.peer, exc)
+            return False
+        return await self._write(writer, data or b"")
+
+    async def _send_raw(self, writer: asyncio.StreamWriter, status: int, body: bytes) -> None:
+        """An error response outside h11's state machine (it refuses to answer a request it
+        could not parse), then the connection is closed."""
+        headers = self._headers(status, "text/plain; charset=utf-8", len(body), {"Connection": "close"})
+        reason = {400: "Bad Request", 408: "Request Timeout", 413: "Content Too Large",
+                  431: "Request Header Fields Too Large"}.get(status, "Error")
+        head = f"HTTP/1.1 {status} {reason}\r\n" + "".join(f"{n}: {v}\r\n" for n, v in headers) + "\r\n"
+        await self._write(writer, head.encode("latin-1") + body)
+
+    async def _write(self, writer: asyncio.StreamWriter, data: bytes) -> bool:
+        writer.write(data)
+        try:
+            async with asyncio.timeout(self._limits().request_timeout):
+                await writer.drain()  # a client that never reads must not hold its slot forever
+        except TimeoutError:
+            self.closed["slow_reader"] += 1
+            return False
+        return True
+
+    def _headers(self, status: int, content_type: str, length: int,
+                 extra: dict[str, str]) -> list[tuple[str, str]]:
+        headers = {"Server": "lagwatch", "Date": email.utils.formatdate(usegmt=True),
+                   "Content-Type": content_type, "Content-Length": str(length), **extra}
+        headers.update(self._extra_headers())  # the web config's headers (e.g. HSTS), on every response
+        return list(headers.items())
+
+    def _at(self, monotonic_deadline: float) -> float:
+        return self._loop.time() + (monotonic_deadline - time.monotonic())
+
+
+def _partial_request(http: h11.Connection) -> bool:
+    """Whether a partial request is buffered (a slow client, not an idle one)."""
+    return bool(getattr(http, "trailing_data", (b"", False))[0])
+
+
+def _refuse(sock: socket.socket) -> None:
+    """Above the cap with every connection busy: say so at once and close (plain HTTP; a
+    TLS client just sees the connection closed)."""
+    with contextlib.suppress(OSError):
+        sock.setblocking(False)
+        sock.send(b"HTTP/1.1 503 Service Unavailable\r\nServer: lagwatch\r\nContent-Length: 0\r\n"
+                  b"Connection: close\r\nRetry-After: 1\r\n\r\n")
+    sock.close()
+
+
+def _peer(address: Any) -> str:
+    if isinstance(address, tuple) and len(address) >= 2:
+        host = str(address[0])
+        return f"[{host}]:{address[1]}" if ":" in host else f"{host}:{address[1]}"
+    return str(address)
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, ssl.SSLError):
+        reason = exc.reason or exc.strerror or str(exc)
+        if reason in ("WRONG_VERSION_NUMBER", "HTTP_REQUEST"):
+            return f"{reason} (plain HTTP to the TLS port?)"
+        return one_line(str(reason))
+    return one_line(exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or type(exc).__name__)
+
+
+def _one_line_exceptions(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """asyncio's default handler prints a traceback per failed connection; one line instead."""
+    exc = context.get("exception")
+    log.info("http: %s%s", context.get("message", "error"), f": {_reason(exc)}" if exc else "")
