@@ -78,8 +78,8 @@ def test_eject_readmit_and_reapply_after_restart(pg_cluster: ChaosCluster, hapro
             assert lw.log_text().count("HAProxy server pg_ro/r1 (replica1) set to maint") == 2
         r1.resume_replay()
         wait_rotation(haproxy, {"r1", "r2"}, timeout=15)
-        assert lw.value("lagwatch_pool_changes_total", replica="replica1", action="eject") == 1
-        assert lw.value("lagwatch_pool_changes_total", replica="replica1", action="readmit") == 1
-        assert lw.value("lagwatch_pool_pooler_member", replica="replica1") == 1
+        lw.expect("lagwatch_pool_changes_total", 1, replica="replica1", action="eject")
+        lw.expect("lagwatch_pool_changes_total", 1, replica="replica1", action="readmit")
+        lw.expect("lagwatch_pool_pooler_member", 1, replica="replica1")
     finally:
         lw.stop()

@@ -131,8 +131,8 @@ def test_eject_and_readmit_under_pgbench(pg_cluster: ChaosCluster, pgbouncer: Pg
             left = wait_hosts(pgbouncer, lambda hosts: r1.host not in hosts, timeout=15)
             assert left - crossed <= (2 + 1) * INTERVAL + 0.5, left - crossed
             assert read_addrs(pgbouncer) == {r2.host}
-            assert lw.value("lagwatch_pool_member", replica="replica1") == 0
-            assert lw.value("lagwatch_pool_changes_total", replica="replica1", action="eject") == 1
+            lw.expect("lagwatch_pool_member", 0, replica="replica1")
+            lw.expect("lagwatch_pool_changes_total", 1, replica="replica1", action="eject")
         r1.resume_replay()
         resumed = time.monotonic()
         back = wait_hosts(pgbouncer, lambda hosts: r1.host in hosts, timeout=20)
@@ -183,8 +183,8 @@ def test_millisecond_sla_ejects_and_readmits(pg_cluster: ChaosCluster, pgbouncer
             assert back - recovered <= 3.0, back - recovered
             time.sleep(2.0)
             assert app_ro_hosts(pgbouncer) == sorted([r1.host, r2.host])
-        assert lw.value("lagwatch_pool_changes_total", replica="replica1", action="eject") == 1
-        assert lw.value("lagwatch_pool_changes_total", replica="replica1", action="readmit") == 1
+        lw.expect("lagwatch_pool_changes_total", 1, replica="replica1", action="eject")
+        lw.expect("lagwatch_pool_changes_total", 1, replica="replica1", action="readmit")
         assert not lw.value("lagwatch_pool_changes_total", replica="replica2", action="eject")
         event = lw.status()["clusters"][0]["pool"]["events"][-1]
         assert event["action"] == "eject" and "max_lag 50ms" in event["reason"], event
@@ -297,10 +297,10 @@ def test_both_paused_fallback_to_primary(pg_cluster: ChaosCluster, pgbouncer: Pg
         with Writer(pg_cluster):
             pause_both_until_the_primary_serves(pg_cluster, pgbouncer)
             assert read_addrs(pgbouncer, 3) == {pg_cluster.primary.host}
-            assert lw.value("lagwatch_pool_member", replica="primary") == 1
+            lw.expect("lagwatch_pool_member", 1, replica="primary")
         resume_both_until_both_serve(pg_cluster, pgbouncer)
-        assert lw.value("lagwatch_pool_changes_total", replica="primary", action="remove") == 1
-        assert lw.value("lagwatch_pool_member", replica="primary") == 0  # out again, not absent
+        lw.expect("lagwatch_pool_changes_total", 1, replica="primary", action="remove")
+        lw.expect("lagwatch_pool_member", 0, replica="primary")  # out again, not absent
     finally:
         lw.stop()
 
@@ -380,13 +380,15 @@ def test_apply_delay_near_threshold_does_not_flap(pg_cluster: ChaosCluster, pgbo
     lw = Lagwatch(tmp_path, pool_config(pg_cluster, pgbouncer, tmp_path))
     try:
         lw.wait_ready()
-        # A commit every 0.5 s, each applied 2.25 s late: the oldest unreplayed commit is
-        # between 1.75 s and 2.25 s old, so staleness is on both sides of max_lag (2s) from
-        # one cycle to the next.
-        r1.set_apply_delay(2.25)
+        # A steady stream of commits (20/s), applied 1.8 s and 2.2 s late by turns, 3 s
+        # each: staleness crosses max_lag (2s) one way and back every few cycles. (A
+        # sparse stream against fixed delay would not do: its phase can lock to the polls
+        # and sit on one side.)
         readings = []
-        with Writer(pg_cluster, every=0.5, max_seconds=40):
-            for _ in range(30):
+        with Writer(pg_cluster, every=0.05, max_seconds=40):
+            for second in range(30):
+                if second % 3 == 0:
+                    r1.set_apply_delay(2.2 if second % 6 == 0 else 1.8)
                 time.sleep(1.0)
                 readings.append(lw.value("lagwatch_replica_lag_seconds", replica="replica1"))
         changes = sum(v for (name, labels), v in lw.samples().items()
