@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 
 import psycopg.conninfo
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -31,6 +32,15 @@ from lagwatch.webconfig import WebConfig, load_web_config
 from lagwatch.yamlfile import load_yaml
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+
+def _greater_than_zero(value: float) -> float:
+    if value <= 0:
+        raise ValueError("must be greater than 0")
+    return value
+
+
+PositiveDuration = Annotated[float, BeforeValidator(parse_duration), AfterValidator(_greater_than_zero)]
 
 
 class PasswordUnavailableError(Exception):
@@ -407,20 +417,13 @@ class HttpConfig(_Strict):
     """The HTTP server's limits against slow or numerous clients (see httpserver.py)."""
 
     max_connections: int = Field(default=512, ge=1, le=100_000)  # also kept below the descriptor limit
-    request_timeout: Duration = 10.0  # to read a whole request's headers, TLS handshake included
-    idle_timeout: Duration = 60.0  # a kept-alive connection between two requests
-
-    @field_validator("request_timeout", "idle_timeout")
-    @classmethod
-    def _positive(cls, value: float) -> float:
-        if value <= 0:
-            raise ValueError("must be greater than 0")
-        return value
+    request_timeout: PositiveDuration = 10.0  # to read a whole request's headers, TLS handshake included
+    idle_timeout: PositiveDuration = 60.0  # a kept-alive connection between two requests
 
 
 class Config(_Strict):
-    interval: Duration = 1.0
-    window: Duration = 300.0
+    interval: PositiveDuration = 1.0
+    window: PositiveDuration = 300.0
     listen: str = "127.0.0.1:9847"
     # Per-node budget for connecting and for one poll round trip; defaults from interval.
     connect_timeout: Duration | None = None
@@ -436,13 +439,6 @@ class Config(_Strict):
     @property
     def web(self) -> WebConfig | None:
         return self._web
-
-    @field_validator("interval", "window")
-    @classmethod
-    def _positive(cls, value: float) -> float:
-        if value <= 0:
-            raise ValueError("must be greater than 0")
-        return value
 
     @field_validator("clusters")
     @classmethod

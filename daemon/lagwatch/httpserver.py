@@ -35,10 +35,11 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import h11
 
+from lagwatch.config import HttpConfig
 from lagwatch.errors import one_line
 
 log = logging.getLogger("lagwatch.http")
@@ -46,24 +47,6 @@ log = logging.getLogger("lagwatch.http")
 BACKLOG = 1024
 MAX_HEADER_BYTES = 16 * 1024
 MAX_BODY_BYTES = 64 * 1024  # lagwatch's endpoints take no body; a small one is read and dropped
-
-
-class HttpLimits(Protocol):
-    """What the config's ``http`` section gives (read for each connection: a reload applies)."""
-
-    @property
-    def max_connections(self) -> int: ...
-    @property
-    def request_timeout(self) -> float: ...  # accept (or a request's first byte) to its last header byte
-    @property
-    def idle_timeout(self) -> float: ...  # a kept-alive connection waiting for its next request
-
-
-@dataclass(frozen=True)
-class DefaultLimits:
-    max_connections: int = 512
-    request_timeout: float = 10.0
-    idle_timeout: float = 60.0
 
 
 WORKERS = 4  # handler threads: bcrypt and rendering run here, never on the event loop
@@ -123,7 +106,7 @@ class HttpServer:
     may refuse a TLS client after its handshake (client_allowed_sans)."""
 
     def __init__(self, host: str, port: int, handle: Handler, *,
-                 limits: Callable[[], HttpLimits] = DefaultLimits,
+                 limits: Callable[[], HttpConfig] = HttpConfig,
                  tls_context: Callable[[], ssl.SSLContext | None] = lambda: None,
                  extra_headers: Callable[[], dict[str, str]] = dict,
                  accept_client: Callable[[dict[str, Any] | None], bool] = lambda cert: True,
@@ -134,6 +117,8 @@ class HttpServer:
         self._extra_headers = extra_headers
         self._accept_client = accept_client
         self._reserved = reserved_descriptors
+        # The soft descriptor limit, read once: nothing in lagwatch changes it while running.
+        self._descriptors = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
         self._socket = socket.create_server((host, port), family=family, backlog=BACKLOG)
         self._socket.setblocking(False)
@@ -156,9 +141,9 @@ class HttpServer:
     def connection_cap(self) -> int:
         """The configured cap, kept below the descriptor limit: a server out of descriptors
         cannot even accept a scrape (and the pollers need theirs)."""
-        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-        room = soft - self._reserved if soft != resource.RLIM_INFINITY else self._limits().max_connections
-        return max(1, min(self._limits().max_connections, room))
+        room = self._descriptors - self._reserved if self._descriptors != resource.RLIM_INFINITY else None
+        wanted = self._limits().max_connections
+        return max(1, wanted if room is None else min(wanted, room))
 
     def start(self) -> None:
         self._thread.start()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 from chaoscluster import ChaosCluster, ChaosServer
@@ -33,6 +34,15 @@ def drop_role(primary: ChaosServer) -> None:
                     "EXECUTE 'DROP OWNED BY lagwatch'; EXECUTE 'DROP ROLE lagwatch'; END IF; END $$")
 
 
+def config_as_lagwatch(pg_cluster: ChaosCluster) -> dict[str, Any]:
+    """The usual test config, every node logged in to as the role ``lagwatch``."""
+    config = cluster_config(pg_cluster, free_port(["127.0.0.1"]))
+    cluster = config["clusters"][0]
+    for node in [cluster["primary"], *cluster["replicas"]]:
+        node["dsn"] = node["dsn"].replace("user=postgres", "user=lagwatch")
+    return config
+
+
 def test_monitoring_role_is_enough(pg_cluster: ChaosCluster, tmp_path: Path) -> None:
     primary = pg_cluster.primary
     drop_role(primary)
@@ -44,10 +54,7 @@ def test_monitoring_role_is_enough(pg_cluster: ChaosCluster, tmp_path: Path) -> 
     assert primary.scalar("SELECT pg_has_role('lagwatch', 'pg_read_all_settings', 'USAGE')") is False
     pg_cluster.wait_replayed()
 
-    config = cluster_config(pg_cluster, free_port(["127.0.0.1"]))
-    cluster = config["clusters"][0]
-    for node in [cluster["primary"], *cluster["replicas"]]:
-        node["dsn"] = node["dsn"].replace("user=postgres", "user=lagwatch")
+    config = config_as_lagwatch(pg_cluster)
     lw = Lagwatch(tmp_path, config)
     try:
         lw.wait_ready()
@@ -85,10 +92,7 @@ def test_a_view_denied_at_run_time_leaves_the_node_up(pg_cluster: ChaosCluster, 
     drop_role(primary)
     primary.execute("CREATE ROLE lagwatch LOGIN; GRANT pg_monitor, pg_read_server_files TO lagwatch")
     pg_cluster.wait_replayed()
-    config = cluster_config(pg_cluster, free_port(["127.0.0.1"]))
-    cluster = config["clusters"][0]
-    for node in [cluster["primary"], *cluster["replicas"]]:
-        node["dsn"] = node["dsn"].replace("user=postgres", "user=lagwatch")
+    config = config_as_lagwatch(pg_cluster)
     lw = Lagwatch(tmp_path, config)
     try:
         lw.wait_ready()
@@ -127,10 +131,7 @@ def test_a_role_without_grants_is_told_what_it_lacks(pg_cluster: ChaosCluster, t
     drop_role(primary)
     primary.execute("CREATE ROLE lagwatch LOGIN")
     pg_cluster.wait_replayed()
-    config = cluster_config(pg_cluster, free_port(["127.0.0.1"]))
-    cluster = config["clusters"][0]
-    for node in [cluster["primary"], *cluster["replicas"]]:
-        node["dsn"] = node["dsn"].replace("user=postgres", "user=lagwatch")
+    config = config_as_lagwatch(pg_cluster)
     config_path = tmp_path / "lagwatch.yaml"
     config_path.write_text(yaml.safe_dump(config))
     try:

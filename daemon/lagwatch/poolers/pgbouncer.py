@@ -26,7 +26,7 @@ from typing import Any
 import psycopg
 import psycopg.conninfo
 
-from lagwatch.config import PgBouncerPoolerConfig
+from lagwatch.config import POOLED_HOST, PgBouncerPoolerConfig
 from lagwatch.files import write_atomically
 from lagwatch.poolers.base import PRIMARY, Backend, PoolerError
 from lagwatch.redact import redact_text
@@ -52,15 +52,12 @@ def entry_hosts_and_port(members: frozenset[str], backends: Mapping[str, Backend
     return sorted(backends[m].host for m in members), ports.pop() if ports else fallback
 
 
-_SAFE_HOST = re.compile(r"[A-Za-z0-9._:%-]+|/[A-Za-z0-9._/-]+")
-
-
 def render(database: str, members: frozenset[str], backends: Mapping[str, Backend], options: str) -> str:
     """The include file for ``members`` (pure)."""
     if not members:
         raise PoolerError("refusing to write an empty host list (it would mean the Unix socket)")
     hosts, port = entry_hosts_and_port(members, backends, options)
-    unsafe = [h for h in hosts if not _SAFE_HOST.fullmatch(h)]
+    unsafe = [h for h in hosts if not POOLED_HOST.fullmatch(h)]
     if unsafe:  # the config refuses these; never write one even so
         raise PoolerError(f"refusing to write host {unsafe[0]!r} into PgBouncer's config")
     rest = _PORT.sub("", options).strip()
