@@ -365,23 +365,30 @@ class ClusterConfig(_Strict):
     # the lock first; every instance of an HA pair needs the same value.
     leader_lock_key: str | None = Field(default=None, min_length=8)
 
+    @property
+    def primary_may_be_pooled(self) -> bool:
+        return self.sla.fallback_to_primary or (isinstance(self.pooler, HAProxyPoolerConfig)
+                                                and "primary" in self.pooler.servers)
+
     def replica_sla(self, name: str) -> ReplicaSla:
         replica = next(r for r in self.replicas if r.name == name)
         return self.sla.for_replica(replica.sla)
 
     @model_validator(mode="after")
     def _pooled_nodes_have_one_address(self) -> ClusterConfig:
-        """A pooler routes to one host and port per node: a multi-host DSN cannot be one."""
+        """A pooler routes to one host and port per node: a multi-host DSN cannot be one.
+        The primary's DSN may find the writer among several hosts unless the pool may route
+        to it (fallback_to_primary, or a 'primary' HAProxy server)."""
         if self.pooler is None:
             return self
-        nodes: list[tuple[str, NodeConfig]] = [("primary", self.primary)]
+        nodes: list[tuple[str, NodeConfig]] = [("primary", self.primary)] if self.primary_may_be_pooled else []
         nodes += [(f"replicas[{i}]", r) for i, r in enumerate(self.replicas)]
         for where, node in nodes:
             params = psycopg.conninfo.conninfo_to_dict(node.dsn)
             for key in ("host", "hostaddr", "port"):
                 if "," in str(params.get(key) or ""):
-                    raise ValueError(f"{where}.dsn: with a pooler each node needs one {key}, "
-                                     f"got {str(params[key])!r}")
+                    raise ValueError(f"{where}.dsn: with a pooler each node the pool may route to needs "
+                                     f"one {key}, got {str(params[key])!r}")
             for key in ("host", "hostaddr"):
                 value = str(params.get(key) or "")
                 if value and not POOLED_HOST.fullmatch(value):

@@ -17,11 +17,11 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from lagwatch.snapshot import ClusterSnapshot, Snapshot
+from lagwatch.snapshot import OBSERVED_ROLES, ClusterSnapshot, Snapshot
 from lagwatch.views.replication import STAGES
 
 AS_OF = " (as of last poll)"
-ERROR_KINDS = ("connect", "timeout", "query", "role")
+ERROR_KINDS = ("connect", "timeout", "query")
 WAL_STATUSES = ("reserved", "extended", "unreserved", "lost")
 
 
@@ -75,10 +75,30 @@ def _daemon_metrics(snapshot: Snapshot) -> Iterator[Metric]:
 
 def _cluster_metrics(c: ClusterSnapshot) -> Iterator[Metric]:
     yield from _node_metrics(c)
+    yield from _role_metrics(c)
     yield from _replica_metrics(c)
     yield from _slot_metrics(c)
     yield from _wal_metrics(c)
     yield from _pool_metrics(c)
+
+
+def _role_metrics(c: ClusterSnapshot) -> Iterator[Metric]:
+    role = _gauge("lagwatch_node_role", "1 for the node's role as observed in the last poll (primary: accepts "
+                  "writes; unknown: no answer), 0 for the others", ["cluster", "node", "role"])
+    timeline = _gauge("lagwatch_node_timeline", "The timeline a primary writes on, or a replica's WAL receiver "
+                      "last received on", ["cluster", "node"])
+    for n in c.nodes:
+        for name in OBSERVED_ROLES:
+            role.add_metric([c.name, n.name, name], 1.0 if n.observed_role == name else 0.0)
+        if n.timeline is not None:
+            timeline.add_metric([c.name, n.name], n.timeline)
+    primaries = _gauge("lagwatch_cluster_primaries", "Distinct servers of the cluster that accept writes "
+                       "(2 or more: split brain; one server reached under two names counts once)", ["cluster"])
+    primaries.add_metric([c.name], c.primaries)
+    changes = CounterMetricFamily("lagwatch_cluster_role_changes", "Nodes seen to change role (replica to "
+                                  "primary or back) since lagwatch started", labels=["cluster"])
+    changes.add_metric([c.name], c.role_changes_total)
+    yield from (role, timeline, primaries, changes)
 
 
 def _node_metrics(c: ClusterSnapshot) -> Iterator[Metric]:
@@ -86,12 +106,12 @@ def _node_metrics(c: ClusterSnapshot) -> Iterator[Metric]:
     duration = _gauge("lagwatch_poll_duration_seconds", "Time spent polling the node", ["cluster", "node"])
     polls = CounterMetricFamily("lagwatch_polls", "Polls attempted per node", labels=["cluster", "node"])
     errors = CounterMetricFamily("lagwatch_poll_errors", "Failed polls per node by kind "
-                                 "(connect, timeout, query, role)", labels=["cluster", "node", "kind"])
+                                 "(connect, timeout, query)", labels=["cluster", "node", "kind"])
     view_up = _gauge("lagwatch_view_up", "1 if the view was read from the node in the last poll; 0 if it failed, "
                      "rests after a failure, or the role may not read it", ["cluster", "node", "view"])
     view_errors = CounterMetricFamily("lagwatch_view_errors", "Failed reads of a view, per node",
                                       labels=["cluster", "node", "view"])
-    info = InfoMetricFamily("lagwatch_node", "Role and server version of each node" + AS_OF,
+    info = InfoMetricFamily("lagwatch_node", "Observed role and server version of each node" + AS_OF,
                             labels=["cluster", "node", "role", "server_version_num"])
     for n in c.nodes:
         up.add_metric([c.name, n.name], 1.0 if n.up else 0.0)
@@ -99,7 +119,7 @@ def _node_metrics(c: ClusterSnapshot) -> Iterator[Metric]:
         polls.add_metric([c.name, n.name], n.polls_total)
         for kind in ERROR_KINDS:
             errors.add_metric([c.name, n.name, kind], n.errors_total.get(kind, 0))
-        info.add_metric([c.name, n.name, n.role, str(n.version_num or "")], {})
+        info.add_metric([c.name, n.name, n.observed_role, str(n.version_num or "")], {})
         for view, ok in sorted(n.views.items()):
             view_up.add_metric([c.name, n.name, view], 1.0 if ok else 0.0)
         for view, count in sorted(n.view_errors_total.items()):
@@ -126,6 +146,8 @@ def _replica_metrics(c: ClusterSnapshot) -> Iterator[Metric]:
                   "on the replica", labels)
     ts_age = _gauge("lagwatch_replica_last_replay_timestamp_age_seconds", "now() - pg_last_xact_replay_timestamp() "
                 "on the replica. NOT lag: it grows on an idle primary", labels)
+    follows = _gauge("lagwatch_replica_follows_primary", "1 if the replica replicates from the current primary "
+                     "(the primary streams to it, or it receives on the primary's timeline), else 0", labels)
     configured = _gauge("lagwatch_replica_configured", "1 if the replica is in lagwatch's config, 0 if only "
                     "seen in pg_stat_replication", labels)
     info = InfoMetricFamily("lagwatch_replica", "State of the replica" + AS_OF,
@@ -134,6 +156,8 @@ def _replica_metrics(c: ClusterSnapshot) -> Iterator[Metric]:
     for r in c.replicas:
         key = [c.name, r.name]
         configured.add_metric(key, 1.0 if r.configured else 0.0)
+        if r.follows_primary is not None:
+            follows.add_metric(key, 1.0 if r.follows_primary else 0.0)
         if r.streaming is not None:  # absent while this role may not see it
             streaming.add_metric(key, 1.0 if r.streaming else 0.0)
         if r.staleness is not None:
@@ -165,7 +189,7 @@ def _replica_metrics(c: ClusterSnapshot) -> Iterator[Metric]:
                                r.wal_receiver_status or "", r.staleness_source or "",
                                r.staleness_evidence or ""], {})
     yield from (lag, window, samples, hist, lag_bytes, ws_lag, paused, streaming, rr_bytes, ts_age,
-                configured, info)
+                configured, follows, info)
     sla_lag = _gauge("lagwatch_replica_sla_max_lag_seconds", "The replica's SLA max_lag from the config", labels)
     sla_p95 = _gauge("lagwatch_replica_sla_p95_seconds", "The replica's SLA p95 from the config (absent if unset)",
                      labels)

@@ -131,6 +131,14 @@ class LsnClock:
         self._last = [self._last[j] for j in kept]
         self._repeated = [self._repeated[j] for j in kept]
 
+    def truncate(self, lsn: int) -> None:
+        """Forget the points past ``lsn``: the primary's WAL went back there (a failover to a
+        replica that had not received all of it). What came before is shared history and
+        keeps its times; what came after was never on the new timeline."""
+        keep = bisect.bisect_right(self._lsns, lsn)
+        for points in (self._lsns, self._first, self._last, self._repeated, self._steady):
+            del points[keep:]
+
     @property
     def latest_lsn(self) -> int | None:
         return self._lsns[-1] if self._lsns else None

@@ -12,6 +12,7 @@ Rules (hysteresis, so nothing flaps):
   streaming and below ``readmit_below`` (and at or below ``p95`` where that is set, or a
   replica steadily between the two would be ejected again as soon as its p95 fills);
   "unknown" never counts as good;
+- a replica that was promoted (it accepts writes) leaves at once;
 - an operator hold (in/out) beats all of the above;
 - the pool never shrinks below ``min_replicas``: the least-behind ejected replicas stay
   (reachable and streaming ones first; one already kept stays unless another is less behind
@@ -48,6 +49,7 @@ class ReplicaHealth:
     reachable: bool
     streaming: bool
     samples: tuple[tuple[float, float], ...] = ()  # (monotonic time, staleness) over the window
+    promoted: bool = False  # it accepts writes now: a primary, not a replica to read from
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,10 @@ def p95_since(samples: Sequence[tuple[float, float]], since: float) -> float | N
 
 
 def _judge(health: ReplicaHealth, sla: ReplicaSla, prev: ReplicaPolicyState, now: float) -> ReplicaPolicyState:
+    if health.promoted:
+        # Out at once, not after eject_after cycles: it is no replica now. Should it be
+        # demoted and follow again, it earns its way back like any ejected replica.
+        return ReplicaPolicyState(eligible=False, reason="promoted: it accepts writes now")
     if not health.reachable:
         problem = "unreachable"
     elif not health.streaming:
@@ -171,7 +177,8 @@ def decide(replicas: Sequence[ReplicaHealth], slas: Mapping[str, ReplicaSla], ru
                     lag = min(lag - slas[name].max_lag, lag / 2)
                 return (not usable, lag, name)
 
-            candidates = sorted((n for n in judged if n not in pool and holds.get(n) != "out"), key=keep_order)
+            candidates = sorted((n for n in judged if n not in pool and holds.get(n) != "out"
+                                 and not by_health[n].promoted), key=keep_order)
             for name in candidates[: rules.min_replicas - healthy]:
                 pool.add(name)
                 reasons[name] = f"kept to honour min_replicas {rules.min_replicas} ({reasons[name]})"

@@ -119,7 +119,7 @@ class NodePoller:
     def _failed(self, error: NodeError, started: float) -> NodeObservation:
         kind = error.kind
         message = redact_text(str(error), [self._password_for_redaction()])
-        if kind != "role" and not error.backing_off:
+        if not error.backing_off:
             self._last_error = message
             self._failures += 1
             # Retry at once after the first failure, then back off up to backoff_max.
@@ -154,10 +154,9 @@ class NodePoller:
         fields["asked_at"] = asked_at
         position = fields["position"]
         if position.in_recovery != self._caps.in_recovery:
-            self._caps = None  # role changed under us: choose the queries again next cycle
-        if position.in_recovery != (self.role == "replica"):
-            actual = "a replica (in recovery)" if position.in_recovery else "a primary (not in recovery)"
-            raise NodeError("role", f"configured as the {self.role} but the server is {actual}")
+            # Promoted or demoted under us: an answer like any other (the tracker follows
+            # roles as observed); the next cycle chooses the queries for the new role.
+            self._caps = None
         return fields
 
     async def _connection(self) -> psycopg.AsyncConnection[dict[str, Any]]:
@@ -319,10 +318,10 @@ class NodePoller:
 
     async def _inspect_wal(self, conn: psycopg.AsyncConnection[dict[str, Any]], caps: Capabilities,
                            current: int | None) -> WalInspection | None:
-        """FPI statistics of the WAL since the last cycle: a second round trip, only when
-        pg_walinspect is usable and the primary has written something. Its failures are
+        """FPI statistics of the WAL since the last cycle: a second round trip, only on the
+        primary's DSN, when pg_walinspect is usable and the primary has written something. Its failures are
         its own: they never mark the node down."""
-        if self.cluster.walinspect == "off" or caps.in_recovery or not caps.has_walinspect:
+        if self.cluster.walinspect == "off" or caps.in_recovery or not caps.has_walinspect or self.role != "primary":
             self._walinspect_state = None  # not a view of this node
             return None
         if not caps.can_walinspect or self._resting.get("walinspect", 0.0) > time.monotonic():

@@ -211,10 +211,13 @@ class PoolController:
 
     def _health(self, snapshot: ClusterSnapshot) -> list[ReplicaHealth]:
         by_name = {r.name: r for r in snapshot.replicas}
+        writers = {n.name for n in snapshot.nodes if n.observed_role == "primary"}
         out = []
         for name in self._names:
             r = by_name.get(name)
-            if r is None:
+            if name in writers:
+                out.append(ReplicaHealth(name, None, True, False, promoted=True))
+            elif r is None:
                 out.append(ReplicaHealth(name, None, False, False))
             else:
                 out.append(ReplicaHealth(name, r.staleness, bool(r.node_up), r.streaming is not False, r.samples))

@@ -21,8 +21,12 @@ from lagwatch.views.wal_dir import WalDir
 from lagwatch.views.wal_receiver import WalReceiver
 from lagwatch.views.walinspect import WalInspection
 
-Role = Literal["primary", "replica"]
-ErrorKind = Literal["connect", "timeout", "query", "role"]
+Role = Literal["primary", "replica"]  # the slot a node is configured in: only a name
+# What a node is, as observed each cycle: a primary accepts writes (not in recovery);
+# standby_leader (a Patroni standby cluster's leader) comes from Patroni; unknown: no answer.
+ObservedRole = Literal["primary", "replica", "standby_leader", "unknown"]
+OBSERVED_ROLES: tuple[ObservedRole, ...] = ("primary", "replica", "standby_leader", "unknown")
+ErrorKind = Literal["connect", "timeout", "query"]
 
 
 @dataclass(frozen=True)
@@ -31,7 +35,7 @@ class NodeObservation:
 
     cluster: str
     node: str
-    role: Role  # configured role
+    role: Role  # the configured slot ("primary": the DSN that finds the writer), not what it is
     observed_at: float  # monotonic time the answer arrived
     duration: float  # seconds spent on this node this cycle
     # Monotonic time the query was sent: what it read was true at some moment between this
@@ -57,6 +61,25 @@ class NodeObservation:
     def ok(self) -> bool:
         return self.error_kind is None
 
+    @property
+    def observed_role(self) -> ObservedRole:
+        if not self.ok or self.position is None:
+            return "unknown"
+        return "replica" if self.position.in_recovery else "primary"
+
+    @property
+    def timeline(self) -> int | None:
+        """The timeline a primary writes on, or a replica's WAL receiver last received on."""
+        if not self.ok or self.position is None:
+            return None
+        if not self.position.in_recovery:
+            return self.position.timeline
+        return self.receiver.timeline if self.receiver is not None else None
+
+    @property
+    def server_id(self) -> str | None:
+        return self.position.server_id if self.ok and self.position is not None else None
+
 
 @dataclass(frozen=True)
 class ReplicaState:
@@ -80,6 +103,9 @@ class ReplicaState:
     samples: tuple[tuple[float, float], ...] = ()  # (monotonic time, staleness) over the window
     staleness_evidence: str | None = None  # what dated it (lag.Evidence): interpolated, commit_timestamp, ...
     staleness_at: float | None = None  # monotonic time the reading is for (when the replay LSN was read)
+    # Whether it replicates from the current primary: that primary has a walsender for it,
+    # or its WAL receiver is on the primary's timeline. None: cannot tell (no primary).
+    follows_primary: bool | None = None
 
     @property
     def replay_paused(self) -> bool | None:
@@ -121,7 +147,7 @@ def replica_condition(replica: ReplicaState, sla: ReplicaSla | None) -> Conditio
 @dataclass(frozen=True)
 class NodeHealth:
     name: str
-    role: Role
+    role: Role  # configured slot
     up: bool
     version_num: int | None
     poll_duration: float
@@ -131,6 +157,8 @@ class NodeHealth:
     skipped: dict[str, str]  # view -> why it is not read on this connection
     views: dict[str, bool] = field(default_factory=dict)  # view -> read this cycle
     view_errors_total: dict[str, int] = field(default_factory=dict)
+    observed_role: ObservedRole = "unknown"
+    timeline: int | None = None
 
 
 @dataclass(frozen=True)
@@ -209,6 +237,10 @@ class ClusterSnapshot:
     slas: dict[str, ReplicaSla] = field(default_factory=dict)  # configured replicas' SLAs
     min_replicas: int = 0
     pool: PoolStatus | None = None
+    primaries: int = 0  # distinct servers that accept writes (2 or more: split brain)
+    primary_node: str | None = None  # the node whose answers dated the LSN clock this cycle
+    timeline: int | None = None  # the current primary's
+    role_changes_total: int = 0  # nodes seen to change role (replica <-> primary) since start
 
 
 @dataclass(frozen=True)

@@ -129,9 +129,17 @@ def _replica_row(c: ClusterSnapshot, r: ReplicaState) -> str:
     )
 
 
+def _node_role(role: str, timeline: int | None) -> str:
+    return role + (f" (timeline {timeline})" if timeline is not None else "")
+
+
 def _cluster(c: ClusterSnapshot) -> str:
-    nodes = ", ".join(f'<span class="{"ok" if n.up else "bad"}">{_e(n.name)} {"up" if n.up else "down"}</span>'
-                      for n in c.nodes)
+    nodes = ", ".join(f'<span class="{"ok" if n.up else "bad"}">{_e(n.name)} '
+                      f'{_e(_node_role(n.observed_role, n.timeline)) if n.up else "down"}</span>' for n in c.nodes)
+    if c.primaries >= 2:
+        nodes += f' — <span class="bad">split brain: {c.primaries} servers accept writes</span>'
+    elif c.primaries == 0:
+        nodes += ' — <span class="bad">no primary answers</span>'
     pool = c.pool
     pool_line = ""
     if pool is not None:

@@ -18,6 +18,7 @@ from lagwatch.config import ClusterConfig
 from lagwatch.durations import format_duration
 from lagwatch.lag import Commits, HistogramCounts, LagHistogram, LagWindow, LsnClock, Staleness, WindowStats
 from lagwatch.lsn import format_lsn
+from lagwatch.roles import Fork, RoleTracker, RoleView
 from lagwatch.snapshot import (
     ClusterSnapshot,
     NodeHealth,
@@ -85,6 +86,19 @@ def _last_commit_at(obs: NodeObservation | None, primary_clock: _PrimaryClock | 
     return None if epoch is None else primary_clock.monotonic(epoch)
 
 
+def _follows_primary(sender: WalSender | None, obs: NodeObservation | None, roles: RoleView) -> bool | None:
+    """Whether a replica replicates from the current primary: the primary streams to it, or
+    (cascaded, or the primary's view hidden) its WAL receiver is on the primary's timeline."""
+    if roles.primary is None:
+        return None
+    if sender is not None:
+        return True
+    timeline = obs.timeline if obs is not None else None
+    if timeline is not None and roles.timeline is not None:
+        return timeline >= roles.timeline
+    return False
+
+
 @dataclass(frozen=True)
 class _ReplayPosition:
     lsn: int
@@ -109,19 +123,25 @@ class ClusterTracker:
         self._rate: deque[tuple[float, int]] = deque(maxlen=math.ceil(_RATE_HORIZON_SECONDS / interval) + 1)
         self._xacts: deque[tuple[float, float]] = deque()
         self._inspect = [0, 0, 0, 0]  # inspected, skipped, fpi, record bytes
+        self.roles = RoleTracker(cluster.name)
 
     def update(self, observations: Sequence[NodeObservation], now: float) -> ClusterSnapshot:
         by_node = {o.node: o for o in observations}
-        primary = by_node.get("primary")
-        primary_ok = primary is not None and primary.ok and primary.position is not None
+        roles = self.roles.observe(observations)
+        primary = roles.primary
+        primary_ok = primary is not None and primary.position is not None
         primary_lsn = None
+        if roles.changed:
+            # Another server's counters: rates over both would mean nothing.
+            self._rate.clear()
+            self._xacts.clear()
         if primary_ok:
             assert primary is not None and primary.position is not None
             primary_lsn = primary.position.current_lsn
             if primary_lsn is not None:
                 latest = self.clock.latest_lsn
                 if latest is not None and primary_lsn < latest:
-                    self._forget_history(primary_lsn, latest)
+                    self._went_back(primary_lsn, latest, roles.fork)
                 self.clock.record(primary_lsn, primary.observed_at, primary.asked_at)
                 self._rate.append((primary.observed_at, primary_lsn))
             self._note_xacts(primary.observed_at, primary.position.xacts_total)
@@ -134,9 +154,11 @@ class ClusterTracker:
         newest_commit = max(known) if known else None
         interval = self._commit_interval()
 
+        # A configured replica that now accepts writes is a primary, not a replica that lags.
         replicas = [self._configured_replica(r.name, r.walsender_name, by_node.get(r.name), senders, senders_at,
-                                             Commits(commit_times[r.name], newest_commit, interval), now)
-                    for r in self.cluster.replicas]
+                                             Commits(commit_times[r.name], newest_commit, interval), now, roles)
+                    for r in self.cluster.replicas if by_node.get(r.name) is None
+                    or by_node[r.name].observed_role != "primary"]
         configured_names = {r.walsender_name for r in self.cluster.replicas}
         configured_labels = {r.name for r in self.cluster.replicas}
         for name in sorted(set(senders) - configured_names):
@@ -159,13 +181,17 @@ class ClusterTracker:
             nodes=tuple(self._health(o) for o in observations),
             slas={r.name: self.cluster.replica_sla(r.name) for r in self.cluster.replicas},
             min_replicas=self.cluster.sla.min_replicas,
+            primaries=roles.primaries,
+            primary_node=primary.node if primary is not None else None,
+            timeline=roles.timeline,
+            role_changes_total=roles.role_changes_total,
         )
 
     # -- replicas -------------------------------------------------------------------------
 
     def _configured_replica(self, name: str, walsender_name: str, obs: NodeObservation | None,
                             senders: dict[str, WalSender], senders_at: float, commits: Commits,
-                            now: float) -> ReplicaState:
+                            now: float, roles: RoleView) -> ReplicaState:
         sender = senders.get(walsender_name)
         own = obs.position if obs is not None and obs.ok and obs.position is not None else None
         if own is not None and own.in_recovery and own.replay_lsn is not None:
@@ -174,6 +200,11 @@ class ClusterTracker:
                                                              "replica", commits)
         else:
             replay = self._replay_from_sender(name, sender, senders_at)
+        follows = _follows_primary(sender, obs, roles)
+        if replay is not None and follows is False and roles.fork is not None and replay.lsn > roles.fork.lsn:
+            # Left on the old timeline after a promotion: what it replayed past the fork is
+            # not the new primary's WAL. It lacks everything since, and that keeps growing.
+            replay = _ReplayPosition(roles.fork.lsn, replay.at, replay.source)
         receiver = obs.receiver if obs is not None and obs.ok else None
         streaming: bool | None
         if receiver is not None:
@@ -196,6 +227,7 @@ class ClusterTracker:
             replay_pause_state=own.replay_pause_state if own else None,
             last_replay_age_seconds=own.last_replay_age_seconds if own else None,
             wal_receiver_status=receiver.status if receiver else None,
+            follows_primary=follows,
             **self._lag_fields(name, replay, sender, now),
         )
 
@@ -251,14 +283,17 @@ class ClusterTracker:
             "samples": window.samples(now),
         }
 
-    def _forget_history(self, now_lsn: int, before_lsn: int) -> None:
-        """The primary's LSN went backwards: a failover to a replica that was behind, a
-        restore, or a config pointing at another server. Times recorded for the old
-        timeline's LSNs would make caught-up replicas look stale forever: start afresh."""
+    def _went_back(self, now_lsn: int, before_lsn: int, fork: Fork | None) -> None:
+        """The primary's LSN went backwards: a failover to a replica that had not received
+        everything, or a restore. The history up to the new position (or the fork, where a
+        promotion was seen) is shared and keeps its times; past it, it was never this
+        primary's, and keeping it would make caught-up replicas look stale."""
+        cut = min(now_lsn, fork.lsn) if fork is not None else now_lsn
         log.warning("%s: the primary's WAL position went back from %s to %s (failover or restore?); "
-                    "restarting the LSN clock", self.cluster.name, format_lsn(before_lsn), format_lsn(now_lsn))
-        self.clock = LsnClock(self.clock.max_points)
-        self._last_replay.clear()
+                    "forgetting the LSN history past %s", self.cluster.name, format_lsn(before_lsn),
+                    format_lsn(now_lsn), format_lsn(cut))
+        self.clock.truncate(cut)
+        self._last_replay = {name: min(lsn, cut) for name, lsn in self._last_replay.items()}
         self._rate.clear()
         self._xacts.clear()
 
@@ -359,4 +394,6 @@ class ClusterTracker:
             skipped=caps.skipped() if caps else {},
             views=dict(obs.views),
             view_errors_total=dict(obs.view_errors_total),
+            observed_role=obs.observed_role,
+            timeline=obs.timeline,
         )

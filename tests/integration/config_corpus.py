@@ -219,7 +219,8 @@ def build(folder: Path, listen_port: int, dsn: str = "host=127.0.0.1 port=1 user
     bad("toml-command", _set(base, "clusters.0.pooler", {**kinds["pgcat"], "reload_command": "kill -HUP 1"}),
         "clusters[0].pooler.reload_command:")
     bad("pooled-multi-host", _set(_set(base, "clusters.0.pooler", kinds["haproxy"]), "clusters.0.replicas.1.dsn",
-                                  "host=127.0.0.3,127.0.0.4 port=1"), "with a pooler each node needs one host")
+                                  "host=127.0.0.3,127.0.0.4 port=1"),
+        "with a pooler each node the pool may route to needs one host")
 
     # -- bad: files ---------------------------------------------------------------------------
     missing = str(folder / "no-such-file")

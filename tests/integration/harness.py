@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 from chaoscluster import ChaosCluster
-from lagwatch.localcluster import free_port
+from lagwatch.localcluster import LocalServer, free_port
 from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -225,7 +225,8 @@ class Readings:
 class Writer:
     """Writes on the primary in a background thread (bounded: stops by itself)."""
 
-    def __init__(self, cluster: ChaosCluster, every: float = 0.1, max_seconds: float = 120) -> None:
+    def __init__(self, cluster: ChaosCluster, every: float = 0.1, max_seconds: float = 120,
+                 on: LocalServer | None = None) -> None:
         import threading
 
         self.cluster = cluster
@@ -234,13 +235,14 @@ class Writer:
         self._stop = threading.Event()
         self.first_write_at: float | None = None
         self._thread = threading.Thread(target=self._run, daemon=True)
-        cluster.primary.execute("CREATE TABLE IF NOT EXISTS lw_test (id bigserial PRIMARY KEY, v text)")
+        self.server = on or cluster.primary  # where to write: the primary, or the one promoted
+        self.server.execute("CREATE TABLE IF NOT EXISTS lw_test (id bigserial PRIMARY KEY, v text)")
 
     def _run(self) -> None:
         started = time.monotonic()
         while not self._stop.is_set() and time.monotonic() - started < self.max_seconds:
             before = time.monotonic()
-            self.cluster.primary.execute("INSERT INTO lw_test (v) SELECT md5(g::text) FROM generate_series(1, 50) g")
+            self.server.execute("INSERT INTO lw_test (v) SELECT md5(g::text) FROM generate_series(1, 50) g")
             if self.first_write_at is None:
                 self.first_write_at = before
             self._stop.wait(self.every)

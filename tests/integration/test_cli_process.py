@@ -127,18 +127,21 @@ def test_no_password_anywhere(pg_cluster: ChaosCluster, tmp_path: Path) -> None:
         assert SECRET not in text
 
 
-def test_wrong_role_is_reported(pg_cluster: ChaosCluster, tmp_path: Path) -> None:
-    # A "primary" DSN that points at a replica is an error on that node, said plainly.
+def test_a_primary_dsn_that_reaches_a_replica_is_a_replica(pg_cluster: ChaosCluster, tmp_path: Path) -> None:
+    # Roles are observed, not configured: a "primary" DSN that points at a replica reaches
+    # a replica (up, not an error), and the cluster has no primary, said plainly.
     port = free_port(["127.0.0.1"])
     config = cluster_config(pg_cluster, port)
     config["clusters"][0]["primary"]["dsn"] = pg_cluster.replicas[0].dsn()
     lw = Lagwatch(tmp_path, config)
     try:
         lw.wait_ready()
-        lw.wait_for("primary flagged", lambda: lw.value("lagwatch_poll_errors_total", node="primary",
-                                                        kind="role") not in (None, 0.0), timeout=10)
-        assert lw.value("lagwatch_up", node="primary") == 0
-        assert "configured as the primary but the server is a replica" in lw.log_text()
+        lw.wait_for("roles observed", lambda: lw.value("lagwatch_node_role", node="primary", role="replica") == 1,
+                    timeout=10)
+        assert lw.value("lagwatch_up", node="primary") == 1
+        assert lw.value("lagwatch_node_role", node="primary", role="primary") == 0
+        assert lw.value("lagwatch_cluster_primaries") == 0
+        assert "main: no node accepts writes" in lw.log_text()
     finally:
         lw.stop()
 

@@ -287,7 +287,8 @@ def test_restart_while_paused_reads_a_growing_lower_bound(pg_cluster: ChaosClust
             seen = readings.of("replica1")
             assert len(seen) >= 3, (interval, seen)
             assert not _over_reads(seen, log), _over_reads(seen, log)
-            assert all(r.seconds >= 3.0 for r in seen), (interval, seen)
+            low = [r for r in seen if r.seconds < 3.0]
+            assert not low, (interval, f"{len(low)} of {len(seen)} below 3 s", low[:5])
             grew = seen[-1].seconds - seen[0].seconds
             assert grew >= 0.9 * (seen[-1].at - seen[0].at), (interval, seen[0], seen[-1])
             assert {r.evidence for r in seen} <= {"history_start", "walsender"}, seen

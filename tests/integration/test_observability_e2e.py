@@ -284,3 +284,32 @@ def test_a_stranger_holding_the_leader_lock_is_named_and_alerted(stack: Stack) -
     wait("lagwatch leads idle again", lambda: lw.value("lagwatch_leader", cluster="idle") == 1, timeout=20)
     assert lw.value("lagwatch_leader_holder_info", cluster="idle", pid=str(pid), application_name="psql",
                     user="mallory", lagwatch="false") is None
+
+
+def test_a_replica_promoted_beside_a_running_primary_pages_as_split_brain(stack: Stack) -> None:
+    """replica2 of cluster idle promoted while its primary runs: two writers. lagwatch counts
+    them, the shipped LagwatchSplitBrain rule fires on the real Prometheus and the page
+    reaches the pager receiver through Alertmanager; the role change goes to chat."""
+    lw = stack.lagwatch
+    replica2 = stack.idle_cluster.replicas[1]
+    try:
+        replica2.promote()
+        lw.wait_for("two primaries", lambda: lw.value("lagwatch_cluster_primaries", cluster="idle") == 2, timeout=10)
+        states = AlertStates(stack.prometheus)
+        wait("LagwatchSplitBrain firing for idle", lambda: ("idle", "LagwatchSplitBrain", "", "firing") in states.seen,
+             timeout=60, meanwhile=states.sample)
+
+        def sent(receiver: str, alertname: str) -> list[dict[str, Any]]:
+            return [a for n in stack.webhook.notifications(receiver) if n["status"] == "firing"
+                    for a in n["alerts"] if a["labels"].get("alertname") == alertname
+                    and a["labels"].get("cluster") == "idle"]
+
+        wait("the split-brain page", lambda: sent("/pager", "LagwatchSplitBrain"), timeout=60)
+        page = sent("/pager", "LagwatchSplitBrain")[0]
+        assert page["labels"]["severity"] == "page"
+        assert page["annotations"]["summary"] == "Split brain: 2 servers of cluster idle accept writes"
+        wait("the role change, for the record", lambda: sent("/chat", "LagwatchRoleChanged"), timeout=60)
+        # The main cluster saw none of it.
+        assert not [s for s in states.of("main") if s[1] in ("LagwatchSplitBrain", "LagwatchRoleChanged")]
+    finally:
+        stack.idle_cluster.heal()  # re-clones the promoted replica

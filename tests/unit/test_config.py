@@ -2,6 +2,7 @@
 
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 from lagwatch.cli import main
@@ -278,5 +279,20 @@ def test_a_pooled_node_needs_one_host_and_port(tmp_path: Path) -> None:
         "    pooler: {kind: haproxy, socket: /s, backend: b, servers: {replica1: r1}}\n")
     with pytest.raises(ConfigError) as info:
         load_config(write(tmp_path, text))
-    assert any("replicas[1].dsn: with a pooler each node needs one host" in p for p in info.value.problems)
+    assert any("replicas[1].dsn: with a pooler each node the pool may route to needs one host" in p
+               for p in info.value.problems)
     load_config(write(tmp_path, ISSUE_EXAMPLE.replace('host=127.0.0.3 port', 'host=127.0.0.3,127.0.0.4 port')))
+
+
+def test_a_multi_host_primary_dsn_goes_with_a_pooler_unless_the_pool_may_route_to_the_primary() -> None:
+    def config(sla: dict[str, Any]) -> dict[str, Any]:
+        return {"clusters": [{"name": "c", "sla": sla,
+                              "primary": {"dsn": "host=a,b,c port=5432,5432,5433 target_session_attrs=read-write"},
+                              "replicas": [{"name": "r1", "dsn": "host=b"}, {"name": "r2", "dsn": "host=c port=5433"}],
+                              "pooler": {"kind": "pgbouncer", "admin_dsn": "host=pgb port=6432 user=pgbouncer",
+                                         "include_file": "/etc/pgbouncer/ro.ini", "database": "app_ro"}}]}
+    parse_config(config({}))  # the writer is found among three hosts; reads go to r1 and r2
+    with pytest.raises(ConfigError) as info:
+        parse_config(config({"fallback_to_primary": True}))
+    assert any("primary.dsn: with a pooler each node the pool may route to needs one host" in p
+               for p in info.value.problems), info.value.problems

@@ -53,7 +53,9 @@ class Pooler(Protocol):
 def backends_from_cluster(cluster: ClusterConfig) -> dict[str, Backend]:
     """Host and port of every member the pool may hold, from the nodes' DSNs."""
     out = {}
-    nodes: list[tuple[str, NodeConfig]] = [(PRIMARY, cluster.primary)]
+    # A primary DSN that finds the writer among several hosts is never routed to (the
+    # config allows one only when the pool may not hold the primary).
+    nodes: list[tuple[str, NodeConfig]] = [(PRIMARY, cluster.primary)] if cluster.primary_may_be_pooled else []
     nodes += [(r.name, r) for r in cluster.replicas]
     for name, node in nodes:
         params = psycopg.conninfo.conninfo_to_dict(node.dsn)

@@ -1,4 +1,5 @@
-"""The server's own position: role, current/receive/replay LSN, replay pause, replay timestamp.
+"""The server's own position: role, timeline, current/receive/replay LSN, replay pause,
+replay timestamp, and which server answered.
 
 Read on every node. The LSN functions that only make sense in one role are guarded by
 ``pg_is_in_recovery()`` so one statement serves both roles (and a failover shows as a
@@ -11,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from lagwatch.lsn import parse_lsn
-from lagwatch.views.base import Row, View, opt_float
+from lagwatch.views.base import Row, View, opt_float, opt_int
 
 _COMMON = """
     pg_is_in_recovery() AS in_recovery,
@@ -22,7 +23,15 @@ _COMMON = """
         AS last_replay_age_seconds,
     extract(epoch FROM pg_last_xact_replay_timestamp())::float8 AS last_replay_epoch,
     extract(epoch FROM clock_timestamp())::float8 AS clock_epoch,
-    (SELECT sum(xact_commit + xact_rollback) FROM pg_stat_database)::float8 AS xacts_total"""
+    (SELECT sum(xact_commit + xact_rollback) FROM pg_stat_database)::float8 AS xacts_total,
+    -- The timeline a primary writes on: the first 8 hex digits of its current WAL file's
+    -- name (pg_walfile_name() refuses to run in recovery; a replica's comes from its WAL
+    -- receiver). Needs no privilege, unlike pg_control_checkpoint().
+    CASE WHEN NOT pg_is_in_recovery() THEN
+        ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int8 END AS timeline,
+    -- Which server answered: two names for one server (a multi-host primary DSN that now
+    -- lands on a promoted replica) must not count as two primaries.
+    extract(epoch FROM pg_postmaster_start_time())::text || '/' || current_setting('port') AS server_id"""
 
 QUERIES = {
     # pg_is_wal_replay_paused() cannot tell "pause requested" from "paused" before 14.
@@ -51,6 +60,8 @@ class ServerPosition:
     # Transactions ended on this server since its stats were reset (pg_stat_database):
     # on the primary, how often it commits, so how long a stream waits between changes.
     xacts_total: float | None = None
+    timeline: int | None = None  # a primary's current timeline (a replica's is its WAL receiver's)
+    server_id: str | None = None  # postmaster start time and port: one value per running server
 
     @property
     def replay_paused(self) -> bool | None:
@@ -77,6 +88,8 @@ def parse(rows: Sequence[Row]) -> ServerPosition:
         last_replay_epoch=opt_float(row["last_replay_epoch"]),
         clock_epoch=opt_float(row["clock_epoch"]),
         xacts_total=opt_float(row["xacts_total"]),
+        timeline=opt_int(row.get("timeline")),
+        server_id=row.get("server_id"),
     )
 
 

@@ -1,15 +1,15 @@
-"""pg_stat_wal_receiver on a replica: is its WAL receiver streaming."""
+"""pg_stat_wal_receiver on a replica: is its WAL receiver streaming, and on which timeline."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from lagwatch.views.base import Row, View
+from lagwatch.views.base import Row, View, opt_int
 
 QUERIES = {
     # pid is shown to every role; the other columns only with pg_read_all_stats.
-    130000: "SELECT status, pid FROM pg_stat_wal_receiver",
+    130000: "SELECT status, pid, received_tli FROM pg_stat_wal_receiver",
 }
 
 
@@ -17,6 +17,7 @@ QUERIES = {
 class WalReceiver:
     status: str | None  # None: no WAL receiver running (cut off, or restarting), or hidden
     hidden: bool = False  # a receiver runs, but this role may not see its columns
+    timeline: int | None = None  # the timeline it last received WAL on
 
     @property
     def streaming(self) -> bool:
@@ -27,7 +28,8 @@ def parse(rows: Sequence[Row]) -> WalReceiver:
     if not rows:
         return WalReceiver(status=None)
     row = rows[0]
-    return WalReceiver(status=row["status"], hidden=row["status"] is None and row.get("pid") is not None)
+    return WalReceiver(status=row["status"], hidden=row["status"] is None and row.get("pid") is not None,
+                       timeline=opt_int(row.get("received_tli")))
 
 
 VIEW = View("wal_receiver", frozenset({"replica"}), QUERIES, parse)

@@ -1,0 +1,118 @@
+"""Who is the primary now: roles as observed each cycle, never as configured.
+
+A node's role is what it says (``pg_is_in_recovery()``); the configured ``primary`` is only
+the DSN that finds the writer (often multi-host with ``target_session_attrs=read-write``).
+One server may answer under two names (that DSN lands on a promoted replica): servers are
+told apart by ``server_id`` (postmaster start time and port), so one server is never two
+primaries. Pure: observations in, a ``RoleView`` out; the only state is what the last
+cycles showed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from lagwatch.lsn import format_lsn
+from lagwatch.snapshot import NodeObservation, ObservedRole
+
+log = logging.getLogger("lagwatch.roles")
+
+
+@dataclass(frozen=True)
+class Fork:
+    """Where the current primary's timeline left the previous primary's WAL: a replica
+    still on an older timeline has nothing of the new primary's past ``lsn``."""
+
+    timeline: int
+    lsn: int
+
+
+@dataclass(frozen=True)
+class RoleView:
+    primary: NodeObservation | None  # the answer that dates the LSN clock this cycle
+    primaries: int  # distinct servers accepting writes
+    timeline: int | None  # the primary's
+    fork: Fork | None  # the last promotion seen, while replicas may still be on the old timeline
+    changed: bool  # the primary is another server than last cycle's (the LSN history must follow)
+    role_changes_total: int
+
+
+class RoleTracker:
+    def __init__(self, cluster: str) -> None:
+        self.cluster = cluster
+        self._roles: dict[str, ObservedRole] = {}  # node -> last known role (never "unknown")
+        self._primary_server: str | None = None
+        self._primary_timeline: int | None = None
+        self._replica_replay: dict[str, int] = {}  # server_id -> replay LSN, last cycle
+        self._fork: Fork | None = None
+        self._changes = 0
+        self._said_primaries: int | None = None
+
+    def observe(self, observations: Sequence[NodeObservation]) -> RoleView:
+        for obs in observations:
+            self._note_role(obs)
+        writers = [o for o in observations if o.observed_role == "primary"]
+        primaries = len({o.server_id or f"node {o.node}" for o in writers})
+        self._say_primaries(writers, primaries)
+        # The configured primary DSN is where applications write: with two writers it is
+        # the one that counts. Otherwise the writer on the newest timeline.
+        primary = next((o for o in writers if o.role == "primary"), None)
+        if primary is None and writers:
+            primary = max(writers, key=lambda o: o.timeline or 0)
+        changed = False
+        if primary is not None:
+            server = primary.server_id
+            changed = self._primary_server is not None and server != self._primary_server
+            if changed:
+                self._note_new_primary(primary, observations)
+            self._primary_server = server
+            self._primary_timeline = primary.timeline
+        self._replica_replay = {o.server_id: o.position.replay_lsn for o in observations
+                                if o.observed_role == "replica" and o.server_id and o.position is not None
+                                and o.position.replay_lsn is not None}
+        return RoleView(primary=primary, primaries=primaries, timeline=primary.timeline if primary else None,
+                        fork=self._fork, changed=changed, role_changes_total=self._changes)
+
+    def _note_role(self, obs: NodeObservation) -> None:
+        role = obs.observed_role
+        if role == "unknown":
+            return  # down says nothing about its role: it keeps the last one known
+        before = self._roles.get(obs.node)
+        self._roles[obs.node] = role
+        if before is not None and before != role:
+            self._changes += 1
+            timeline = f" on timeline {obs.timeline}" if obs.timeline is not None else ""
+            log.warning("%s/%s: role changed: was a %s, now a %s%s", self.cluster, obs.node, before, role, timeline)
+
+    def _note_new_primary(self, primary: NodeObservation, observations: Sequence[NodeObservation]) -> None:
+        names = sorted({o.node for o in observations if o.server_id is not None and o.server_id == primary.server_id})
+        timeline = primary.timeline
+        promoted = (timeline is not None and self._primary_timeline is not None and timeline > self._primary_timeline)
+        log.warning("%s: the primary is now another server (%s)%s", self.cluster, " = ".join(names),
+                    f", on timeline {timeline} (was {self._primary_timeline})" if promoted else "")
+        if not promoted or timeline is None:
+            return
+        # The promoted server replayed at least this much of the old timeline before it
+        # switched: a floor for the fork point, so a replica left on the old timeline is
+        # never credited with WAL the new primary does not have.
+        replayed = self._replica_replay.get(primary.server_id or "")
+        current = primary.position.current_lsn if primary.position is not None else None
+        lsn = replayed if replayed is not None else current
+        if lsn is not None:
+            self._fork = Fork(timeline, lsn)
+            log.info("%s: replicas on a timeline before %d count as replayed up to %s at most",
+                     self.cluster, timeline, format_lsn(lsn))
+
+    def _say_primaries(self, writers: Sequence[NodeObservation], primaries: int) -> None:
+        if primaries == self._said_primaries:
+            return
+        if primaries >= 2:
+            log.error("%s: split brain: %d servers accept writes (%s)", self.cluster, primaries,
+                      ", ".join(sorted(o.node for o in writers)))
+        elif primaries == 0:
+            log.warning("%s: no node accepts writes (no primary answers)", self.cluster)
+        elif self._said_primaries is not None:
+            log.info("%s: one primary again (%s)", self.cluster, ", ".join(sorted(o.node for o in writers)))
+        self._said_primaries = primaries

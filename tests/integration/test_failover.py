@@ -1,0 +1,213 @@
+"""Roles change under a running lagwatch, on real servers: a failover with the old primary
+stopped (multi-host primary DSN, PgBouncer pool, pgbench -S through it), and a replica
+promoted while the old primary still runs (split brain).
+
+Roles do not depend on the server version: one version runs these."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from chaoscluster import ChaosCluster
+from harness import Lagwatch, Writer, cluster_config
+from lagwatch.localcluster import free_port
+from pgbouncer_server import PgBouncerServer, readable_by_servers
+
+pytestmark = pytest.mark.one_pg_version
+
+INTERVAL = 0.5
+
+
+@pytest.fixture(scope="module")
+def pgbouncer(pg_cluster: ChaosCluster) -> Iterator[PgBouncerServer]:
+    server = PgBouncerServer(primary_dsn_entry=f"host=127.0.0.1 port={pg_cluster.primary.port} dbname=postgres")
+    r1, r2 = pg_cluster.replicas
+    server.include_file.write_text(f"app_ro = host={r1.host},{r2.host} port={r1.port} dbname=postgres\n")
+    readable_by_servers(server.include_file)
+    with server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def pgbench_tables(pg_cluster: ChaosCluster) -> None:
+    tool = str(pg_cluster.binaries.tool("pgbench"))
+    subprocess.run([tool, "-i", "-s", "1", "-q", "-h", pg_cluster.primary.host, "-p", str(pg_cluster.primary.port),
+                    "-U", "postgres", "postgres"], check=True, capture_output=True, timeout=120)
+    pg_cluster.wait_replayed()
+
+
+def failover_config(cluster: ChaosCluster, pgbouncer: PgBouncerServer, workdir: Path) -> dict[str, Any]:
+    """The primary found among all three hosts, as an operator with no failover tool sets it."""
+    servers = [cluster.primary, *cluster.replicas]
+    config = cluster_config(cluster, free_port(["127.0.0.1"]), interval=f"{int(INTERVAL * 1000)}ms", window="1m",
+                            state_dir=str(workdir / "state"))
+    entry = config["clusters"][0]
+    hosts, ports = ",".join(s.host for s in servers), ",".join(str(s.port) for s in servers)
+    entry["primary"]["dsn"] = (f"host={hosts} port={ports} user=postgres dbname=postgres "
+                               "target_session_attrs=read-write")
+    entry["sla"] = {"max_lag": "2s", "eject_after": 2, "readmit_below": "1s", "readmit_after": 3, "min_replicas": 1}
+    entry["pooler"] = {"kind": "pgbouncer", "admin_dsn": pgbouncer.admin_dsn,
+                       "include_file": str(pgbouncer.include_file), "database": "app_ro",
+                       "options": f"port={cluster.replicas[0].port} dbname=postgres"}
+    return config
+
+
+def app_ro_hosts(pgbouncer: PgBouncerServer) -> list[str]:
+    return str(pgbouncer.show_databases()["app_ro"]["host"]).split(",")
+
+
+class PoolWatcher:
+    """Samples PgBouncer's app_ro hosts every 50 ms: the pool must never be empty."""
+
+    def __init__(self, pgbouncer: PgBouncerServer) -> None:
+        self.pgbouncer = pgbouncer
+        self.seen: list[list[str]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            self.seen.append(app_ro_hosts(self.pgbouncer))
+
+    def __enter__(self) -> PoolWatcher:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+def replayed(server: Any) -> int:
+    return int(server.scalar("SELECT pg_wal_lsn_diff(pg_last_wal_replay_lsn(), '0/0')"))
+
+
+def caught_up(lw: Lagwatch, replica: str) -> bool:
+    lag = lw.value("lagwatch_replica_lag_seconds", replica=replica)
+    return lag is not None and lag < 0.1
+
+
+def cycles(lw: Lagwatch) -> float:
+    return lw.daemon_value("lagwatch_cycles_total") or 0.0
+
+
+def test_failover_with_the_old_primary_stopped(pg_cluster: ChaosCluster, pgbouncer: PgBouncerServer,
+                                               pgbench_tables: None, tmp_path: Path) -> None:
+    old, (r1, r2) = pg_cluster.primary, pg_cluster.replicas
+    lw = Lagwatch(tmp_path, failover_config(pg_cluster, pgbouncer, tmp_path))
+    bench_log = tmp_path / "pgbench.log"
+    pgbench = str(pg_cluster.binaries.tool("pgbench"))
+    bench = None
+    try:
+        lw.wait_ready()
+        lw.wait_for("leadership", lambda: lw.value("lagwatch_leader") == 1, timeout=10)
+        assert lw.value("lagwatch_node_role", node="replica1", role="replica") == 1
+        assert lw.value("lagwatch_cluster_primaries") == 1
+        with Writer(pg_cluster, every=0.05, max_seconds=10):
+            time.sleep(1.0)
+        pg_cluster.wait_replayed()
+        bench = subprocess.Popen([pgbench, "-h", "127.0.0.1", "-p", str(pgbouncer.port), "-U", "postgres", "-n", "-S",
+                                  "-c", "2", "-R", "40", "-T", "25", "--max-tries=1", "app_ro"],
+                                 stdout=bench_log.open("w"), stderr=subprocess.STDOUT, text=True)
+        with PoolWatcher(pgbouncer) as pool:
+            old.stop()
+            lw.wait_for("no primary", lambda: lw.value("lagwatch_cluster_primaries") == 0, timeout=10)
+            r2_at_stop = replayed(r2)
+            r1.promote()
+            promoted_cycle = cycles(lw)
+            with Writer(pg_cluster, every=0.05, max_seconds=30, on=r1):
+                lw.wait_for("the promoted node seen as the primary",
+                            lambda: lw.value("lagwatch_node_role", node="replica1", role="primary") == 1
+                            and lw.value("lagwatch_cluster_primaries") == 1, timeout=10)
+                # Within 3 intervals (counted in cycles, not seconds, on a shared machine).
+                assert cycles(lw) - promoted_cycle <= 3, cycles(lw) - promoted_cycle
+                # The multi-host primary DSN finds it too, once its reconnect backoff allows.
+                lw.wait_for("the primary DSN on the new primary",
+                            lambda: lw.value("lagwatch_node_role", node="primary", role="primary") == 1, timeout=10)
+                assert lw.value("lagwatch_cluster_primaries") == 1  # one server under two names
+                assert lw.value("lagwatch_node_timeline", node="replica1") == 2
+                assert lw.value("lagwatch_cluster_role_changes_total") == 1
+                # The promoted node is no lagging or down replica.
+                assert lw.value("lagwatch_replica_lag_seconds", replica="replica1") is None
+                names = [r["name"] for r in lw.status()["clusters"][0]["replicas"]]
+                assert "replica1" not in names, names
+                # replica2 still points at the stopped primary: it follows nobody and its
+                # staleness against the new primary grows with wall time.
+                time.sleep(3 * INTERVAL)
+                first = lw.value("lagwatch_replica_lag_seconds", replica="replica2")
+                time.sleep(2.0)
+                second = lw.value("lagwatch_replica_lag_seconds", replica="replica2")
+                assert first is not None and second is not None
+                assert 1.0 <= second - first <= 3.0, (first, second)
+                assert lw.value("lagwatch_replica_follows_primary", replica="replica2") == 0
+                lw.expect("lagwatch_pool_member", 0, replica="replica1")
+                # Re-pointed at the new primary (with the slot it uses), it follows and catches up.
+                r1.execute("SELECT pg_create_physical_replication_slot(%s)", (r2.slot_name,))
+                r2.set_primary_conninfo(f"host={r1.host} port={r1.port} user=postgres "
+                                        f"application_name={r2.application_name}")
+                lw.wait_for("replica2 follows the new primary",
+                            lambda: lw.value("lagwatch_replica_follows_primary", replica="replica2") == 1, timeout=20)
+                lw.wait_for("replica2 caught up", lambda: caught_up(lw, "replica2"), timeout=20)
+                assert replayed(r2) > r2_at_stop
+                lw.wait_for("replica2 in the pool", lambda: app_ro_hosts(pgbouncer) == [r2.host], timeout=20)
+        bench.wait(60)  # its errors are counted and printed below
+        assert pool.seen and all(hosts and hosts != [""] for hosts in pool.seen), pool.seen  # never empty
+        assert pool.seen[-1] == [r2.host]  # the new primary left the read pool
+        assert old.host not in {h for hosts in pool.seen for h in hosts}
+        output = bench_log.read_text()
+        processed = re.search(r"number of transactions actually processed: (\d+)", output)
+        failed = re.search(r"number of failed transactions: (\d+)", output)
+        errors = [line for line in output.splitlines() if "error" in line.lower() and "client" in line.lower()]
+        print(f"pgbench -S through PgBouncer during the failover: {processed.group(1) if processed else '?'} "
+              f"transactions, {failed.group(1) if failed else 0} failed; errors: {errors}")
+        assert processed and int(processed.group(1)) > 300, output
+        # The stopped node was never in the read pool, and the pool never emptied: no read
+        # through it failed.
+        assert not errors and (failed is None or failed.group(1) == "0"), output
+        log = lw.log_text()
+        assert "main/replica1: role changed: was a replica, now a primary on timeline 2" in log
+        assert re.search(r"main: the primary is now another server \((primary = )?replica1\), on timeline 2 \(was 1\)",
+                         log), log
+        assert "action=eject reason='promoted: it accepts writes now'" in log
+    finally:
+        if bench is not None and bench.poll() is None:
+            bench.kill()
+        lw.stop()
+        # Back to the module's shape: the old primary, and both replicas re-cloned from it.
+        old.start()
+        for replica in (r1, r2):
+            pg_cluster.rebuild_replica(replica)
+        pg_cluster.wait_streaming()
+
+
+def test_a_replica_promoted_while_the_primary_runs_is_a_split_brain(pg_cluster: ChaosCluster,
+                                                                     pgbouncer: PgBouncerServer,
+                                                                     tmp_path: Path) -> None:
+    r2 = pg_cluster.replicas[1]
+    lw = Lagwatch(tmp_path, failover_config(pg_cluster, pgbouncer, tmp_path))
+    try:
+        lw.wait_ready()
+        assert lw.value("lagwatch_cluster_primaries") == 1
+        r2.promote()
+        promoted_cycle = cycles(lw)
+        lw.wait_for("two primaries", lambda: lw.value("lagwatch_cluster_primaries") == 2, timeout=10)
+        assert cycles(lw) - promoted_cycle <= 2, cycles(lw) - promoted_cycle
+        assert lw.value("lagwatch_node_role", node="replica2", role="primary") == 1
+        # The primary DSN keeps finding the old primary first: it stays the one that counts.
+        assert lw.value("lagwatch_node_timeline", node="primary") == 1
+        assert lw.status()["clusters"][0]["primaries"] == 2
+        assert "split brain: 2 servers accept writes" in lw.get("/status")[1]
+        assert "main: split brain: 2 servers accept writes (primary, replica2)" in lw.log_text()
+        lw.expect("lagwatch_pool_member", 0, replica="replica2")
+        with psycopg.connect(r2.dsn(), autocommit=True) as conn:  # it really takes writes
+            conn.execute("CREATE TABLE IF NOT EXISTS split_brain_probe (id int)")
+    finally:
+        lw.stop()

@@ -1,0 +1,137 @@
+"""Roles as observed: a promotion, a split brain, one server under two names (pure, no I/O)."""
+
+from __future__ import annotations
+
+from lagwatch.config import ReplicaSla, parse_config
+from lagwatch.lag import LsnClock
+from lagwatch.policy import PolicyState, PoolRules, ReplicaHealth, decide
+from lagwatch.snapshot import ClusterSnapshot, NodeObservation
+from lagwatch.tracker import ClusterTracker
+from lagwatch.views.replication import WalSender
+from lagwatch.views.server import ServerPosition
+from lagwatch.views.wal_receiver import WalReceiver
+
+CONFIG = parse_config({"interval": "1s", "window": "1m", "clusters": [{
+    "name": "main", "primary": {"dsn": "host=a,b,c target_session_attrs=read-write"},
+    "replicas": [{"name": "replica1", "dsn": "host=b"}, {"name": "replica2", "dsn": "host=c"}]}]})
+
+
+def sender(name: str, lsn: int, replay: int) -> WalSender:
+    return WalSender(application_name=name, client_addr=None, state="streaming", sync_state="async", slot_name=name,
+                     current_lsn=lsn, sent_lsn=lsn, write_lsn=lsn, flush_lsn=lsn, replay_lsn=replay,
+                     write_lag=None, flush_lag=None, replay_lag=None)
+
+
+def writer(node: str, server: str, at: float, lsn: int, timeline: int,
+           senders: tuple[WalSender, ...] = ()) -> NodeObservation:
+    return NodeObservation(cluster="main", node=node, role="primary" if node == "primary" else "replica",
+                           observed_at=at, duration=0.001, walsenders=senders,
+                           position=ServerPosition(False, lsn, None, None, None, None, timeline=timeline,
+                                                   server_id=server))
+
+
+def follower(node: str, server: str, at: float, replay: int, timeline: int | None) -> NodeObservation:
+    receiver = WalReceiver("streaming", timeline=timeline) if timeline is not None else WalReceiver(None)
+    return NodeObservation(cluster="main", node=node, role="replica", observed_at=at, duration=0.001,
+                           position=ServerPosition(True, None, replay, replay, "not paused", None, server_id=server),
+                           receiver=receiver)
+
+
+def down(node: str, at: float) -> NodeObservation:
+    return NodeObservation(cluster="main", node=node, role="primary" if node == "primary" else "replica",
+                           observed_at=at, duration=0.5, error_kind="connect", error="refused")
+
+
+def role_of(snap: ClusterSnapshot, node: str) -> str:
+    return next(n.observed_role for n in snap.nodes if n.name == node)
+
+
+def replica(snap: ClusterSnapshot, name: str):  # type: ignore[no-untyped-def]
+    return next(r for r in snap.replicas if r.name == name)
+
+
+def test_failover_follows_the_new_primary_and_a_replica_left_behind_reads_growing_lag() -> None:
+    tracker = ClusterTracker(CONFIG.clusters[0], 1.0, 60.0)
+    # t=0..9: A writes 100 bytes a second; replica2 keeps up, replica1 stops at 1500 (t=5).
+    for t in range(10):
+        lsn = 1000 + 100 * t
+        r1 = min(lsn, 1500)
+        snap = tracker.update([writer("primary", "A", t, lsn, 1, (sender("replica1", lsn, r1),
+                                                                    sender("replica2", lsn, lsn))),
+                               follower("replica1", "B", t, r1, 1), follower("replica2", "C", t, lsn, 1)], now=t)
+    assert snap.primaries == 1 and snap.primary_node == "primary" and snap.timeline == 1
+    # t=10: A stops.
+    snap = tracker.update([down("primary", 10), follower("replica1", "B", 10, 1500, None),
+                           follower("replica2", "C", 10, 1900, None)], now=10)
+    assert snap.primaries == 0 and role_of(snap, "primary") == "unknown"
+    # t=11..20: replica1 promoted (timeline 2, writing from 1500 on); the multi-host DSN
+    # finds it too. replica2 stays where it is, on timeline 1: its 1501..1900 is A's WAL,
+    # which the new primary never had.
+    for t in range(11, 21):
+        lsn = 1500 + 100 * (t - 10)
+        snap = tracker.update([writer("primary", "B", t, lsn, 2), writer("replica1", "B", t, lsn, 2),
+                               follower("replica2", "C", t, 1900, None)], now=t)
+        assert snap.primaries == 1, t  # one server under two names
+        r2 = replica(snap, "replica2")
+        # B wrote its first bytes after the promotion (t=10..11): replica2 lacks them all,
+        # and that grows by a second a second. Never "caught up" while B is short of 1900.
+        assert r2.follows_primary is False and r2.staleness == t - 11, (t, r2.staleness)
+    assert role_of(snap, "replica1") == "primary" and snap.timeline == 2
+    assert snap.role_changes_total == 1
+    assert [r.name for r in snap.replicas] == ["replica2"]  # replica1 is no lagging replica
+    # t=21..25: replica2 re-pointed at B (rewound), streams and catches up.
+    for t in range(21, 26):
+        lsn = 1500 + 100 * (t - 10)
+        snap = tracker.update([writer("primary", "B", t, lsn, 2, (sender("replica2", lsn, lsn),)),
+                               writer("replica1", "B", t, lsn, 2), follower("replica2", "C", t, lsn, 2)], now=t)
+    r2 = replica(snap, "replica2")
+    assert r2.follows_primary is True and r2.staleness == 0.0
+    assert snap.role_changes_total == 1
+
+
+def test_two_servers_accepting_writes_are_a_split_brain_and_the_configured_dsn_keeps_the_clock() -> None:
+    tracker = ClusterTracker(CONFIG.clusters[0], 1.0, 60.0)
+    for t in range(5):
+        lsn = 1000 + 100 * t
+        snap = tracker.update([writer("primary", "A", t, lsn, 1, (sender("replica2", lsn, lsn),)),
+                               writer("replica1", "B", t, 900 + 10 * t, 2), follower("replica2", "C", t, lsn, 1)],
+                              now=t)
+    assert snap.primaries == 2
+    assert snap.primary_node == "primary" and snap.timeline == 1
+    assert role_of(snap, "replica1") == "primary"
+    assert replica(snap, "replica2").staleness == 0.0 and replica(snap, "replica2").follows_primary is True
+
+
+def test_a_down_node_keeps_its_last_role_and_a_demoted_one_counts_as_a_change() -> None:
+    tracker = ClusterTracker(CONFIG.clusters[0], 1.0, 60.0)
+    tracker.update([writer("primary", "A", 0, 1000, 1), follower("replica1", "B", 0, 1000, 1)], now=0)
+    tracker.update([writer("primary", "A", 1, 1000, 1), down("replica1", 1)], now=1)
+    snap = tracker.update([writer("primary", "A", 2, 1000, 1), follower("replica1", "B", 2, 1000, 1)], now=2)
+    assert snap.role_changes_total == 0  # down and back as a replica: no change
+    snap = tracker.update([writer("primary", "A", 3, 1000, 1), writer("replica1", "B", 3, 1000, 2)], now=3)
+    snap = tracker.update([writer("primary", "A", 4, 1000, 1), follower("replica1", "B", 4, 1000, 1)], now=4)
+    assert snap.role_changes_total == 2
+
+
+def test_the_lsn_clock_keeps_shared_history_when_the_new_primary_is_behind() -> None:
+    clock = LsnClock(64)
+    for t, lsn in enumerate((100, 200, 300, 400)):
+        clock.record(lsn, float(t))
+    clock.truncate(250)
+    assert clock.latest_lsn == 200
+    clock.record(260, 10.0)
+    # A replica at 150 lacks 200's bytes, first seen at t=1: 11 s at t=12, no spike.
+    reading = clock.estimate(150, 12.0)
+    assert reading is not None and reading.seconds == 11.0
+
+
+def test_a_promoted_replica_leaves_the_pool_at_once_and_is_not_kept_for_min_replicas() -> None:
+    sla = ReplicaSla(max_lag=1.0, p95=None, eject_after=3, readmit_below=0.5, readmit_after=3)
+    state = PolicyState.from_pool(frozenset({"replica1", "replica2"}), ["replica1", "replica2"], 0.0)
+    health = [ReplicaHealth("replica1", None, True, False, promoted=True),
+              ReplicaHealth("replica2", 30.0, True, False)]
+    decision = decide(health, {"replica1": sla, "replica2": sla}, PoolRules(min_replicas=1, fallback_to_primary=False),
+                      state, {}, now=1.0)
+    assert "replica1" not in decision.pool
+    assert decision.reasons["replica1"] == "promoted: it accepts writes now"
+    assert decision.pool == {"replica2"}  # kept for min_replicas: the replica, not the new primary
