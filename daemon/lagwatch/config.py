@@ -367,8 +367,15 @@ class ClusterConfig(_Strict):
 
     @property
     def primary_may_be_pooled(self) -> bool:
-        return self.sla.fallback_to_primary or (isinstance(self.pooler, HAProxyPoolerConfig)
-                                                and "primary" in self.pooler.servers)
+        """Whether the pooler may be told to route reads to the primary: the fallback, a
+        'primary' HAProxy server, or PgBouncer pointing an emptied entry at the primary."""
+        if self.sla.fallback_to_primary:
+            return True
+        if isinstance(self.pooler, HAProxyPoolerConfig):
+            return "primary" in self.pooler.servers
+        if isinstance(self.pooler, PgBouncerPoolerConfig):
+            return self.pooler.when_empty == "primary" and self.sla.min_replicas == 0
+        return False
 
     def replica_sla(self, name: str) -> ReplicaSla:
         replica = next(r for r in self.replicas if r.name == name)

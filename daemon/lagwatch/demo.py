@@ -1,6 +1,9 @@
 """`lagwatch demo`: a real primary and two streaming replicas on loopback, a steady write
 load, replica1's replay paused now and then (seconds of lag) and replica2 applying 30 ms
-late (milliseconds of lag), and the daemon watching.
+late (milliseconds of lag), and the daemon watching, with pool control over a read pool:
+a ``command`` pooler that writes the pool's backends to a file, so a newcomer watches
+replica1 leave the pool while it lags and rejoin when it has caught up (on /status, in the
+log and in the file) without installing a pooler.
 
 Everything it starts (servers, data directories, the config file) is removed on Ctrl-C,
 SIGTERM, or when ``duration`` runs out.
@@ -23,8 +26,10 @@ from lagwatch.localcluster import LocalCluster, find_binaries, free_port, port_f
 
 log = logging.getLogger("lagwatch.demo")
 
-# replica1 replays normally for this long, then pauses for PAUSE_SECONDS.
+# replica1 replays normally for this long, then pauses for PAUSE_SECONDS (the first pause
+# comes sooner: a newcomer should not wait to see the pool change).
 RUN_SECONDS = 20.0
+FIRST_PAUSE_AFTER = 8.0
 PAUSE_SECONDS = 15.0
 # replica2 applies each commit this late (recovery_min_apply_delay): lag a 50 ms SLA sees.
 REPLICA2_APPLY_DELAY = 0.03
@@ -32,15 +37,30 @@ REPLICA2_APPLY_DELAY = 0.03
 COMMITS_PER_SECOND = 200
 
 
-def demo_config(cluster: LocalCluster, listen: str) -> dict[str, object]:
+def writer_dsn(cluster: LocalCluster) -> str:
+    """Every server, the writable one wins: what survives a switchover (libpq's own
+    multi-host failover), for the load and for lagwatch's primary alike."""
+    servers = [cluster.primary, *cluster.replicas]
+    return (f"host={','.join(s.host for s in servers)} port={','.join(str(s.port) for s in servers)} "
+            "user=postgres dbname=postgres target_session_attrs=read-write")
+
+
+def demo_config(cluster: LocalCluster, listen: str, workdir: Path) -> dict[str, object]:
     return {
         "interval": "1s",
         "window": "5m",
         "listen": listen,
+        "state_dir": str(workdir / "state"),
         "clusters": [{
             "name": "demo",
-            "primary": {"dsn": cluster.primary.dsn()},
+            "primary": {"dsn": writer_dsn(cluster)},
             "replicas": [{"name": r.name, "dsn": r.dsn()} for r in cluster.replicas],
+            # replica1's pauses break this; replica2's 30 ms never does.
+            "sla": {"max_lag": "2s", "eject_after": 2, "readmit_below": "500ms", "readmit_after": 3,
+                    "min_replicas": 1},
+            # The read pool as a file: what a pooler's include file would hold.
+            "pooler": {"kind": "command", "template": "# lagwatch demo read pool\n{backends}\n",
+                       "output_file": str(workdir / "read-pool.txt"), "reload_command": ["true"]},
         }],
     }
 
@@ -48,11 +68,14 @@ def demo_config(cluster: LocalCluster, listen: str) -> dict[str, object]:
 class DemoLoad:
     """Commits small rows at a steady rate and pauses replica1's replay on a cycle."""
 
-    def __init__(self, cluster: LocalCluster) -> None:
+    def __init__(self, cluster: LocalCluster, switchover_after: float | None = None) -> None:
         self.cluster = cluster
+        self.switchover_after = switchover_after
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._writes, name="demo-writes", daemon=True),
                          threading.Thread(target=self._pauses, name="demo-pauses", daemon=True)]
+        if switchover_after is not None:
+            self._threads.append(threading.Thread(target=self._switchover, name="demo-switchover", daemon=True))
 
     def start(self) -> None:
         self.cluster.primary.execute("CREATE TABLE IF NOT EXISTS lagwatch_demo (id bigserial PRIMARY KEY, "
@@ -71,7 +94,7 @@ class DemoLoad:
         period = 1.0 / COMMITS_PER_SECOND
         while not self._stop.is_set():
             try:
-                with psycopg.connect(self.cluster.primary.dsn(), autocommit=True) as conn:
+                with psycopg.connect(writer_dsn(self.cluster), autocommit=True, connect_timeout=2) as conn:
                     next_at = time.monotonic()
                     while not self._stop.is_set():
                         conn.execute("INSERT INTO lagwatch_demo (payload) VALUES (md5(random()::text))")
@@ -82,9 +105,31 @@ class DemoLoad:
                 log.debug("demo write failed: %s", exc)
                 self._stop.wait(1.0)
 
+    def _switchover(self) -> None:
+        """What an operator without a failover tool does: stop the primary, promote the
+        replica that is not lagging, point the other one at it (with the slot it uses)."""
+        assert self.switchover_after is not None
+        if self._stop.wait(self.switchover_after):
+            return
+        old, (lagging, chosen) = self.cluster.primary, self.cluster.replicas
+        try:
+            log.warning("demo: switchover: stopping the primary, promoting %s", chosen.name)
+            old.stop()
+            chosen.execute("SELECT pg_promote(true, 30)")
+            chosen.execute("SELECT pg_create_physical_replication_slot(%s)", (lagging.slot_name,))
+            lagging.alter_system("primary_conninfo", f"host={chosen.host} port={chosen.port} user=postgres "
+                                                     f"application_name={lagging.application_name}")
+            lagging.reload()
+            log.warning("demo: switchover done: %s is the primary, %s follows it, the old primary is stopped",
+                        chosen.name, lagging.name)
+        except Exception as exc:  # the demo goes on; the log says what did not happen
+            log.error("demo: switchover failed: %s", exc)
+
     def _pauses(self) -> None:
         replica = self.cluster.replicas[0]
-        while not self._stop.wait(RUN_SECONDS):
+        wait = FIRST_PAUSE_AFTER
+        while not self._stop.wait(wait):
+            wait = RUN_SECONDS
             log.info("demo: pausing %s's replay for %.0fs (watch its lag grow)", replica.name, PAUSE_SECONDS)
             replica.pause_replay()
             stopped = self._stop.wait(PAUSE_SECONDS)
@@ -105,7 +150,8 @@ def demo_listen() -> str:
     return f"{host}:{port}"
 
 
-def run_demo(listen: str | None = None, pg_major: int | None = None, duration: float | None = None) -> int:
+def run_demo(listen: str | None = None, pg_major: int | None = None, duration: float | None = None,
+             switchover_after: float | None = None) -> int:
     from lagwatch.runner import run_daemon
 
     listen = listen or demo_listen()
@@ -119,9 +165,9 @@ def run_demo(listen: str | None = None, pg_major: int | None = None, duration: f
         cluster.start()
         cluster.replicas[1].set_apply_delay(REPLICA2_APPLY_DELAY)
         config_path = Path(tmp) / "lagwatch.yaml"
-        config_path.write_text(yaml.safe_dump(demo_config(cluster, listen), sort_keys=False))
+        config_path.write_text(yaml.safe_dump(demo_config(cluster, listen, Path(tmp)), sort_keys=False))
         config = load_config(config_path)
-        load = DemoLoad(cluster)
+        load = DemoLoad(cluster, switchover_after)
         load.start()
         host, port = config.listen_address
         print(f"""
@@ -131,9 +177,11 @@ lagwatch demo is running (PostgreSQL {binaries.major}):
   status    http://{host}:{port}/status  (JSON: /api/status)
   metrics   http://{host}:{port}/metrics
   config    {config_path}
+  read pool {Path(tmp) / "read-pool.txt"}  (replica1 leaves it while over its 2s SLA)
   data      {cluster.base_dir}
-{COMMITS_PER_SECOND} small commits/s; replica1's replay pauses for {PAUSE_SECONDS:.0f}s every \
-{RUN_SECONDS + PAUSE_SECONDS:.0f}s; replica2 applies {REPLICA2_APPLY_DELAY * 1000:.0f} ms late. Ctrl-C stops everything.
+{COMMITS_PER_SECOND} small commits/s; replica1's replay pauses for {PAUSE_SECONDS:.0f}s after \
+{FIRST_PAUSE_AFTER:.0f}s, then every {RUN_SECONDS + PAUSE_SECONDS:.0f}s; replica2 applies \
+{REPLICA2_APPLY_DELAY * 1000:.0f} ms late.{_switchover_line(switchover_after)} Ctrl-C stops everything.
 """, flush=True)
         if duration is not None:
             _stop_after(duration)
@@ -142,6 +190,13 @@ lagwatch demo is running (PostgreSQL {binaries.major}):
         finally:
             load.stop()
             log.info("demo: stopping servers and removing their data")
+
+
+def _switchover_line(after: float | None) -> str:
+    if after is None:
+        return ""
+    return (f"\nAfter {after:.0f}s: switchover (the primary stops, replica2 is promoted, replica1 follows it);"
+            " lagwatch's primary DSN finds the new primary.")
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:

@@ -195,3 +195,13 @@ def decide(replicas: Sequence[ReplicaHealth], slas: Mapping[str, ReplicaSla], ru
 
 def _lag_key(staleness: float | None) -> float:
     return math.inf if staleness is None else staleness
+
+
+def route_to_current_primary(pool: frozenset[str], primary_node: str | None,
+                             replicas: Sequence[str]) -> frozenset[str]:
+    """The pool as the pooler must route it. ``primary`` in the pool (the fallback) means
+    whichever node accepts writes now: after a failover to a configured replica, that
+    replica's address, not the configured primary's (down, or a replica itself by now)."""
+    if PRIMARY not in pool or primary_node is None or primary_node not in replicas:
+        return pool
+    return (pool - {PRIMARY}) | {primary_node}

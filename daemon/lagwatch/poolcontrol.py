@@ -23,7 +23,7 @@ from lagwatch.config import ClusterConfig, PasswordUnavailableError
 from lagwatch.durations import format_duration
 from lagwatch.holds import Hold, HoldsError, HoldStore
 from lagwatch.leader import LeaderLock
-from lagwatch.policy import Decision, PolicyState, PoolRules, ReplicaHealth, decide
+from lagwatch.policy import Decision, PolicyState, PoolRules, ReplicaHealth, decide, route_to_current_primary
 from lagwatch.poolers import make_pooler
 from lagwatch.poolers.base import Pooler, PoolerError
 from lagwatch.snapshot import ClusterSnapshot, PoolEvent, PoolStatus
@@ -149,9 +149,10 @@ class PoolController:
         self._state = decision.state
         self._record(decision, snapshot, is_leader)
         if is_leader and not self.cluster.dry_run:
-            target = self.pooler.routes_for(decision.pool, self._pooler_view)
+            routed = route_to_current_primary(decision.pool, snapshot.primary_node, self._names)
+            target = self.pooler.routes_for(routed, self._pooler_view)
             if self._needs_apply(target):
-                await self._apply(decision.pool, target)
+                await self._apply(routed, target)
         return self._status(is_leader, decision, holds)
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:

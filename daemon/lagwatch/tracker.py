@@ -124,6 +124,8 @@ class ClusterTracker:
         self._xacts: deque[tuple[float, float]] = deque()
         self._inspect = [0, 0, 0, 0]  # inspected, skipped, fpi, record bytes
         self.roles = RoleTracker(cluster.name)
+        self._fork: Fork | None = None  # the promotion the set below is about
+        self._followed_since_fork: set[str] = set()  # replicas seen following the new primary since
 
     def update(self, observations: Sequence[NodeObservation], now: float) -> ClusterSnapshot:
         by_node = {o.node: o for o in observations}
@@ -201,9 +203,16 @@ class ClusterTracker:
         else:
             replay = self._replay_from_sender(name, sender, senders_at)
         follows = _follows_primary(sender, obs, roles)
-        if replay is not None and follows is False and roles.fork is not None and replay.lsn > roles.fork.lsn:
-            # Left on the old timeline after a promotion: what it replayed past the fork is
-            # not the new primary's WAL. It lacks everything since, and that keeps growing.
+        if roles.fork != self._fork:
+            self._fork, self._followed_since_fork = roles.fork, set()
+        if follows:
+            self._followed_since_fork.add(name)
+        if (replay is not None and roles.fork is not None and name not in self._followed_since_fork
+                and replay.lsn > roles.fork.lsn):
+            # Left on the old timeline after a promotion (it has not followed the new primary
+            # since): what it replayed past the fork is not the new primary's WAL. It lacks
+            # everything since, and that keeps growing. One that did follow and only lost its
+            # connection later is not held back to the fork.
             replay = _ReplayPosition(roles.fork.lsn, replay.at, replay.source)
         receiver = obs.receiver if obs is not None and obs.ok else None
         streaming: bool | None

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -262,3 +264,14 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
     """Run the `lagwatch` CLI as a subprocess from this checkout."""
     return subprocess.run([sys.executable, "-m", "lagwatch.cli", *args], capture_output=True, text=True,
                           timeout=60, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT / "daemon"), **(env or {})})
+
+
+def chromium(*args: str) -> subprocess.CompletedProcess[str]:
+    """Headless Chromium (Debian's), with a throwaway profile."""
+    binary = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert binary, "chromium is not installed (apt-get install chromium)"
+    with tempfile.TemporaryDirectory(prefix="lagwatch-chromium-") as profile:
+        return subprocess.run(
+            [binary, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={profile}", *args], capture_output=True, text=True, timeout=90)

@@ -1,5 +1,7 @@
-"""`lagwatch demo`: comes up with two streaming replicas, shows lag, and on SIGTERM
-removes every process and data directory it made."""
+"""`lagwatch demo --switchover`: comes up with two streaming replicas, shows lag and a read
+pool that replica1 leaves while its replay is paused (on /status, in headless Chromium, and
+in the pool file), then switches over (replica2 promoted) and shows roles and pool follow;
+on SIGTERM it removes every process and data directory it made."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from harness import ROOT, LagwatchHttp
+from harness import ROOT, LagwatchHttp, chromium
 from lagwatch.localcluster import free_port
 
 
@@ -31,7 +33,8 @@ def test_demo_runs_and_cleans_up(tmp_path: Path) -> None:
     port = free_port(["127.0.0.1"])
     log = open(tmp_path / "demo.log", "wb")
     proc = subprocess.Popen([sys.executable, "-m", "lagwatch.cli", "demo", "--listen", f"127.0.0.1:{port}",
-                             "--duration", "120"], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                             "--duration", "120", "--switchover", "20s"],
+                            stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
                             env={**os.environ, "PYTHONPATH": str(ROOT / "daemon")})
     try:
         deadline = time.monotonic() + 60
@@ -56,6 +59,34 @@ def test_demo_runs_and_cleans_up(tmp_path: Path) -> None:
             ("lagwatch_replica_lag_window_seconds",
              frozenset({"cluster": "demo", "replica": "replica2", "quantile": "0.5"}.items()))) or 0) <= 0.045,
             timeout=30)
+        # replica1's first pause (8 s in) takes it past its 2 s SLA: out of the read pool.
+        view.wait_for("replica1 out of the read pool", lambda: view.samples().get(
+            ("lagwatch_pool_member", frozenset({"cluster": "demo", "replica": "replica1"}.items()))) == 0,
+            timeout=40)
+        dom = chromium("--dump-dom", f"http://127.0.0.1:{port}/status").stdout
+        assert re.search(r"<b>eject</b> replica1: staleness .* &gt; max_lag 2s", dom), dom[-3000:]
+        pool_file = re.search(r"read pool\s+(\S+)", text)
+        assert pool_file, text
+        written = Path(pool_file.group(1)).read_text()
+        assert "replica2 " in written and "replica1" not in written, written
+
+        def value(name: str, **labels: str) -> float | None:
+            return view.samples().get((name, frozenset({"cluster": "demo", **labels}.items())))
+
+        # The switchover (20 s in): replica2 is the primary now, one primary, a role change;
+        # it leaves the read pool, which is never empty.
+        view.wait_for("replica2 promoted", lambda: value("lagwatch_node_role", node="replica2", role="primary") == 1,
+                      timeout=40)
+        view.wait_for("the primary DSN on the new primary",
+                      lambda: value("lagwatch_node_timeline", node="primary") == 2, timeout=20)
+        assert value("lagwatch_cluster_primaries") == 1
+        assert (value("lagwatch_cluster_role_changes_total") or 0) >= 1
+        view.wait_for("replica2 out of the pool", lambda: value("lagwatch_pool_member", replica="replica2") == 0,
+                      timeout=10)
+        dom = chromium("--dump-dom", f"http://127.0.0.1:{port}/status").stdout
+        assert "replica2 primary (timeline 2)" in dom, dom[-3000:]
+        assert re.search(r"<b>eject</b> replica2: promoted: it accepts writes now", dom), dom[-3000:]
+        assert Path(pool_file.group(1)).read_text().strip() != "# lagwatch demo read pool"  # never empty
     finally:
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(60)

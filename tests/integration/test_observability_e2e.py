@@ -12,10 +12,7 @@ at all for the same duration, and must not make a single replica alert even go p
 from __future__ import annotations
 
 import contextlib
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -25,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 from chaoscluster import ChaosCluster
-from harness import ROOT, Lagwatch, Writer, cluster_config
+from harness import ROOT, Lagwatch, Writer, chromium, cluster_config
 from lagwatch.localcluster import find_binaries, free_port
 from pgbouncer_server import PgBouncerServer, readable_by_servers
 from prom_stack import Alertmanager, Prometheus, WebhookReceiver
@@ -124,16 +121,6 @@ def wait(what: str, predicate: Any, timeout: float, every: float = 0.5,
             return
         time.sleep(every)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
-def chromium(*args: str) -> subprocess.CompletedProcess[str]:
-    binary = shutil.which("chromium") or shutil.which("chromium-browser")
-    assert binary, "chromium is not installed (apt-get install chromium)"
-    with tempfile.TemporaryDirectory(prefix="lagwatch-chromium-") as profile:
-        return subprocess.run(
-            [binary, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={profile}", *args], capture_output=True, text=True, timeout=90)
 
 
 def status_dom(stack: Stack) -> str:

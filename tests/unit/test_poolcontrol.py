@@ -211,3 +211,39 @@ def test_removed_fallback_primary_reads_zero_not_absent(tmp_path: Path) -> None:
     registry = CollectorRegistry()
     registry.register(SnapshotCollector(lambda: Snapshot(1.0, 0.01, 1, 0, (snap,))))
     assert registry.get_sample_value("lagwatch_pool_member", {"cluster": "main", "replica": "primary"}) == 0.0
+
+
+def test_the_fallback_primary_is_whichever_node_accepts_writes_now(tmp_path: Path) -> None:
+    """The configured primary is down and replica1 was promoted; replica2 is far behind and
+    out: the fallback routes reads to replica1's address (the primary now), not to the
+    configured primary's."""
+    config = parse_config({"interval": "1s", "clusters": [{
+        "name": "main", "primary": {"dsn": "host=p"},
+        "sla": {**SLA, "min_replicas": 1, "fallback_to_primary": True},
+        "replicas": [{"name": "replica1", "dsn": "host=r1"}, {"name": "replica2", "dsn": "host=r2"}],
+        "pooler": {"kind": "command", "template": "{hosts}\n", "output_file": str(tmp_path / "pool.txt"),
+                   "reload_command": ["true"]}}]}).clusters[0]
+    h = Harness(tmp_path, {"replica1", "replica2"})
+    h.controller = PoolController(config, 1.0, h.holds, 1.0)
+    h.controller.pooler = h.pooler  # type: ignore[assignment]
+    h.controller.leader = h.leader  # type: ignore[assignment]
+    h.tracker = ClusterTracker(config, 1.0, 60.0)
+    for t in range(1, 4):  # healthy
+        snap = h.tracker.update(observations(t, 0), t)
+        asyncio.run(h.controller.step(snap, t))
+    for t in range(4, 10):  # the primary gone, replica1 promoted, replica2 stuck at 3000
+        lsn = 4000 + 1000 * (t - 4)
+        obs = [NodeObservation(cluster="main", node="primary", role="primary", observed_at=t, duration=0.5,
+                               error_kind="connect", error="refused"),
+               NodeObservation(cluster="main", node="replica1", role="replica", observed_at=t, duration=0.001,
+                               position=ServerPosition(False, lsn, None, None, None, None, timeline=2,
+                                                       server_id="r1")),
+               NodeObservation(cluster="main", node="replica2", role="replica", observed_at=t, duration=0.001,
+                               position=ServerPosition(True, None, 3000, 3000, "not paused", 1.0),
+                               receiver=WalReceiver(None))]
+        snap = h.tracker.update(obs, t)
+        status = asyncio.run(h.controller.step(snap, t))
+    assert snap.primary_node == "replica1"
+    assert status.members == {"primary"}, status.reasons
+    assert h.pooler.applied[-1] == {"replica1"}
+    assert status.reasons["replica1"] == "promoted: it accepts writes now"

@@ -87,6 +87,14 @@ def test_failover_follows_the_new_primary_and_a_replica_left_behind_reads_growin
     r2 = replica(snap, "replica2")
     assert r2.follows_primary is True and r2.staleness == 0.0
     assert snap.role_changes_total == 1
+    # t=26..27: its WAL receiver restarts (no walsender, no timeline for a moment): it
+    # followed since the promotion, so it is not held back to the fork (no false hours).
+    for t in range(26, 28):
+        lsn = 1500 + 100 * (t - 10)
+        snap = tracker.update([writer("primary", "B", t, lsn, 2), writer("replica1", "B", t, lsn, 2),
+                               follower("replica2", "C", t, lsn, None)], now=t)
+    r2 = replica(snap, "replica2")
+    assert r2.follows_primary is False and r2.staleness == 0.0
 
 
 def test_two_servers_accepting_writes_are_a_split_brain_and_the_configured_dsn_keeps_the_clock() -> None:

@@ -53,13 +53,15 @@ class Pooler(Protocol):
 def backends_from_cluster(cluster: ClusterConfig) -> dict[str, Backend]:
     """Host and port of every member the pool may hold, from the nodes' DSNs."""
     out = {}
-    # A primary DSN that finds the writer among several hosts is never routed to (the
-    # config allows one only when the pool may not hold the primary).
-    nodes: list[tuple[str, NodeConfig]] = [(PRIMARY, cluster.primary)] if cluster.primary_may_be_pooled else []
+    nodes: list[tuple[str, NodeConfig]] = [(PRIMARY, cluster.primary)]
     nodes += [(r.name, r) for r in cluster.replicas]
     for name, node in nodes:
         params = psycopg.conninfo.conninfo_to_dict(node.dsn)
         host = str(params.get("host") or params.get("hostaddr") or "localhost")
         port = params.get("port")
+        if "," in host or "," in str(port or ""):
+            # A primary DSN that finds the writer among several hosts has no one address:
+            # never routed to (the config allows one only when the pool cannot hold it).
+            continue
         out[name] = Backend(name=name, host=host, port=int(str(port)) if port else None)
     return out
