@@ -161,6 +161,11 @@ class Lagwatch(LagwatchHttp):
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def wait_logged(self, text: str, count: int = 1, timeout: float = 5) -> None:
+        """Wait until ``text`` is in the log ``count`` times. The pooler shows a change the
+        moment it is made; the line that says so follows a moment later."""
+        self.wait_for(f"{count} x {text!r} in the log", lambda: self.log_text().count(text) >= count, timeout)
+
     def signal(self, sig: signal.Signals) -> None:
         self.proc.send_signal(sig)
 

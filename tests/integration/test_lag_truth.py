@@ -21,6 +21,7 @@ from oracle import LagOracle, OracleLog, nearest_rank, tolerance
 
 WINDOW = 10.0
 INTERVALS = {"1s": 1.0, "100ms": 0.1}
+SILENCE = 30.0  # how long the idle-primary test keeps the primary silent
 
 
 @pytest.fixture(scope="module")
@@ -88,15 +89,16 @@ def _within(value: float, low: float, high: float, absolute: float, relative: fl
 
 def test_steady_stream_reads_what_the_oracle_reads(pg_cluster: ChaosCluster, watchers: dict[str, Lagwatch],
                                                   tmp_path: Path) -> None:
-    """200 commits/s; replica1 applies 20 ms, 60 ms, 200 ms, then 2 s late, replica2 keeps
-    up. At both intervals, the window p95 and the median reading of replica1 are within
-    max(10 ms, 20 %) of the oracle's; replica2's p95 stays under 15 ms."""
+    """200 commits/s; replica1 applies 20 ms, 60 ms, then 200 ms late, replica2 keeps up.
+    At both intervals, the window p95 and the median reading of replica1 are within
+    max(10 ms, 20 %) of the oracle's; replica2's p95 stays under 15 ms. (Seconds of lag:
+    the paused-replay and pool tests.)"""
     replica1 = pg_cluster.replicas[0]
     report, failures = [], []
     with LagOracle(pg_cluster, tmp_path / "oracle") as oracle, \
             Readings(watchers["1s"]) as slow, Readings(watchers["100ms"]) as fast:
         collected = {"1s": slow, "100ms": fast}
-        for delay in (0.02, 0.06, 0.2, 2.0):
+        for delay in (0.02, 0.06, 0.2):
             replica1.set_apply_delay(delay)
             time.sleep(2.0 + 1.5 * delay)  # warm-up: the new delay is in force and has filled in
             time.sleep(WINDOW + 0.5)  # one whole window of readings under it
@@ -168,8 +170,8 @@ def test_bursts_are_seen_and_never_over_read(pg_cluster: ChaosCluster, watchers:
 
 
 def test_idle_primary_is_not_lag(pg_cluster: ChaosCluster, watchers: dict[str, Lagwatch], tmp_path: Path) -> None:
-    """Within 3 s of the last write every reading is at most 5 ms, and stays so for 60 s
-    of silence (where now() - pg_last_xact_replay_timestamp() climbs to a minute)."""
+    """Within 3 s of the last write every reading is at most 5 ms, and stays so for 30 s
+    of silence (where now() - pg_last_xact_replay_timestamp() climbs to half a minute)."""
     with LagOracle(pg_cluster, tmp_path / "oracle") as oracle:
         time.sleep(2.0)
         last_write = oracle.stop_writes()
@@ -182,7 +184,7 @@ def test_idle_primary_is_not_lag(pg_cluster: ChaosCluster, watchers: dict[str, L
         # What the timestamp-based exporters read meanwhile (any background commit, an
         # autovacuum's, resets it; its peak still shows the climb).
         naive: dict[str, float] = {}
-        while time.monotonic() - settled < 60.0:
+        while time.monotonic() - settled < SILENCE:
             for replica in ("replica1", "replica2"):
                 age = watchers["1s"].value("lagwatch_replica_last_replay_timestamp_age_seconds", replica=replica)
                 naive[replica] = max(naive.get(replica, 0.0), age or 0.0)
@@ -190,12 +192,12 @@ def test_idle_primary_is_not_lag(pg_cluster: ChaosCluster, watchers: dict[str, L
     for name, readings in (("1s", slow), ("100ms", fast)):
         for replica in ("replica1", "replica2"):
             seen = readings.of(replica, settled)
-            assert len(seen) >= 0.8 * 60 / INTERVALS[name], (name, replica, len(seen))
+            assert len(seen) >= 0.8 * SILENCE / INTERVALS[name], (name, replica, len(seen))
             worst = max(r.seconds for r in seen)
             assert worst <= 0.005, (name, replica, worst)
     lagwatch = watchers["1s"]
     for replica in ("replica1", "replica2"):
-        assert naive[replica] > 40, f"the timestamp signal should have climbed: {naive}"
+        assert naive[replica] > 0.7 * SILENCE, f"the timestamp signal should have climbed: {naive}"
         assert lagwatch.value("lagwatch_replica_streaming", replica=replica) == 1
         # The walsender's time lags are NULL while caught up and idle: exported as 0, not missing.
         for stage in ("write", "flush", "replay"):

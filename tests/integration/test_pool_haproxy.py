@@ -75,6 +75,7 @@ def test_eject_readmit_and_reapply_after_restart(pg_cluster: ChaosCluster, hapro
             wait_rotation(haproxy, {"r2"}, timeout=10)
             assert time.monotonic() - restarted <= 3 * INTERVAL + 1
             # It was lagwatch that put r1 back in maintenance: twice, once per HAProxy.
+            lw.wait_logged("HAProxy server pg_ro/r1 (replica1) set to maint", count=2)
             assert lw.log_text().count("HAProxy server pg_ro/r1 (replica1) set to maint") == 2
         r1.resume_replay()
         wait_rotation(haproxy, {"r1", "r2"}, timeout=15)
