@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 from lagwatch.config import CommandPoolerConfig, TomlPoolerConfig
+from lagwatch.poolers import pgcat, pgdog
 from lagwatch.poolers.base import Backend, PoolerError
 from lagwatch.poolers.command import CommandPooler
-from lagwatch.poolers.toml_pool import TomlPooler
+from lagwatch.poolers.toml_file import TomlFilePooler
 
 CHILD = r'''
 import json, signal, sys, time, tomllib
@@ -141,9 +142,9 @@ def toml_setup(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple
         reloader.stop()
 
 
-def toml_pooler(kind: str, config: Path, command: tuple[str, ...], timeout: float = 10.0) -> TomlPooler:
+def toml_pooler(kind: str, config: Path, command: tuple[str, ...], timeout: float = 10.0) -> TomlFilePooler:
     cfg = TomlPoolerConfig(kind=kind, config_file=config, pool="app", reload_command=command)
-    return TomlPooler(cfg, BACKENDS, timeout=timeout)
+    return {"pgcat": pgcat, "pgdog": pgdog}[kind].pooler(cfg, BACKENDS, timeout)
 
 
 def stat_key(path: Path) -> tuple[int, int]:
@@ -174,6 +175,117 @@ def test_toml_apply_rewrites_and_the_pooler_reloads(toml_setup: tuple[str, Path,
     original = PGCAT if kind == "pgcat" else PGDOG
     assert config.read_text() == original  # back to the same set: back to the same bytes
     assert [p.name for p in config.parent.iterdir() if p.name.startswith(".")] == []  # no temp files left
+
+
+# Files as operators write them: comments, inline tables, arrays of tables, non-ASCII text.
+RICH = {
+    "pgcat": """\
+# PgCat — «app» cluster, Zürich
+[general]
+host = "0.0.0.0"
+port = 6432 # [pgcat]
+tls = { certificate = "/etc/pgcat/cert.pem", private_key = "/etc/pgcat/key.pem" }
+
+[[plugins.prewarmer.queries]]
+query = "SELECT 'naïve'"
+
+[[plugins.prewarmer.queries]]
+query = "SELECT 2"  # 二
+
+[pools.app]
+default_role = "replica"  # reads → replicas
+
+[pools.app.users.0]
+username = "app"
+password = "pässwörd"
+
+[pools.app.shards.0]
+# [ host, port, role ]
+servers = [
+    [ "10.0.0.1", 5432, "primary" ], # the primary [writes]
+    [ "10.0.0.3", 5432, "replica" ], # zone b — Genève
+    [ "10.0.0.2", 5432, "replica" ], # zone a
+]
+database = "app, main"
+""",
+    "pgdog": """\
+# PgDog — «app» cluster, Zürich
+[general]
+port = 6432
+tls = { cert = "/etc/pgdog/cert.pem" }
+
+[[databases]]
+name = "app"
+host = "10.0.0.1"
+database_name = "app_main"  # the primary
+
+# zone b — Genève
+[[databases]]
+name = "app"
+host = "10.0.0.3"
+role = "replica"
+database_name = "app_main"
+
+# zone a
+[[databases]]
+name = "app"
+host = "10.0.0.2"
+port = 5432
+role = "replica"
+database_name = "app_main"
+
+# —— other databases ——
+
+[[databases]]
+name = "métriques"
+host = "10.5.0.1"
+
+[[users]]
+name = "app"
+password = "pässwörd"
+""",
+}
+
+
+def changed_lines(old: Path, new: Path) -> list[str]:
+    """The lines ``diff -u`` shows as removed or added."""
+    out = subprocess.run(["diff", "-u", str(old), str(new)], capture_output=True, text=True, check=False)
+    assert out.returncode in (0, 1), out.stderr
+    print(out.stdout)
+    return [line for line in out.stdout.splitlines()[2:] if line[:1] in "+-"]
+
+
+@pytest.mark.parametrize("kind", ["pgcat", "pgdog"])
+def test_eject_and_readmit_changes_only_the_replica_list(tmp_path: Path, kind: str) -> None:
+    original = tmp_path / "original.toml"
+    original.write_text(RICH[kind])
+    config = tmp_path / f"{kind}.toml"
+    config.write_text(RICH[kind])
+    ejected = tmp_path / "ejected.toml"
+    reloader = Reloader(tmp_path, kind, config)
+    try:
+        pooler = toml_pooler(kind, config, reloader.reload_command)
+        assert pooler.read_pool() == {"replica1", "replica2"}
+        pooler.apply_pool(frozenset({"replica1"}))
+        assert reloader.wait_reloads(1)[-1] == ["10.0.0.2"]
+        ejected.write_text(config.read_text())
+        pooler.apply_pool(frozenset({"replica1", "replica2"}))
+        assert sorted(reloader.wait_reloads(2)[-1]) == ["10.0.0.2", "10.0.0.3"]
+    finally:
+        reloader.stop()
+    if kind == "pgcat":
+        # one line out, one line in, both replica entries of pool app
+        assert changed_lines(original, ejected) == ['-    [ "10.0.0.3", 5432, "replica" ], # zone b — Genève']
+        assert changed_lines(ejected, config) == ['+    [ "10.0.0.3", 5432, "replica" ],']
+    else:
+        # replica2's table leaves with its comment; it comes back after the pool's last
+        # table, copied from replica1's (comments are not copied)
+        assert changed_lines(original, ejected) == [
+            "-# zone b — Genève", "-[[databases]]", '-name = "app"', '-host = "10.0.0.3"', '-role = "replica"',
+            '-database_name = "app_main"', "-"]
+        assert changed_lines(ejected, config) == [
+            "+[[databases]]", '+name = "app"', '+host = "10.0.0.3"', "+port = 5432", '+role = "replica"',
+            '+database_name = "app_main"', "+"]
 
 
 def test_toml_unchanged_pool_means_no_write_and_no_reload(toml_setup: tuple[str, Path, Reloader]) -> None:

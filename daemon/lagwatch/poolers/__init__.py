@@ -1,37 +1,32 @@
-"""Pooler adapters, one module each, chosen by the config's ``pooler.kind``."""
+"""Pooler adapters, one module each, chosen by the config's ``pooler.kind`` from ``KINDS``."""
 
 from __future__ import annotations
 
-from lagwatch.config import (
-    ClusterConfig,
-    CommandPoolerConfig,
-    HAProxyPoolerConfig,
-    PgBouncerPoolerConfig,
-    TomlPoolerConfig,
-)
-from lagwatch.poolers.base import Pooler, PoolerError, backends_from_cluster
+from collections.abc import Callable, Mapping
+from typing import Any
 
-__all__ = ["Pooler", "PoolerError", "make_pooler"]
+from lagwatch.config import ClusterConfig
+from lagwatch.poolers import pgcat, pgdog
+from lagwatch.poolers.base import Backend, Pooler, PoolerError, backends_from_cluster
+from lagwatch.poolers.command import CommandPooler
+from lagwatch.poolers.haproxy import HAProxyPooler
+from lagwatch.poolers.pgbouncer import PgBouncerPooler
+
+__all__ = ["KINDS", "Pooler", "PoolerError", "make_pooler"]
+
+# kind -> adapter(pooler config, the members' addresses); the config's schema has one
+# pooler config class per kind, checked when the config is loaded.
+KINDS: Mapping[str, Callable[[Any, Mapping[str, Backend]], Pooler]] = {
+    "pgbouncer": PgBouncerPooler,
+    "haproxy": lambda config, _backends: HAProxyPooler(config),  # maps members to its own server names
+    "pgcat": pgcat.pooler,
+    "pgdog": pgdog.pooler,
+    "command": CommandPooler,
+}
 
 
 def make_pooler(cluster: ClusterConfig) -> Pooler:
-    """The adapter for the cluster's ``pooler`` config (kinds are checked at config load)."""
-    config = cluster.pooler
-    backends = backends_from_cluster(cluster)
-    if isinstance(config, PgBouncerPoolerConfig):
-        from lagwatch.poolers.pgbouncer import PgBouncerPooler
-
-        return PgBouncerPooler(config, backends)
-    if isinstance(config, HAProxyPoolerConfig):
-        from lagwatch.poolers.haproxy import HAProxyPooler
-
-        return HAProxyPooler(config)
-    if isinstance(config, TomlPoolerConfig):
-        from lagwatch.poolers.toml_pool import TomlPooler
-
-        return TomlPooler(config, backends)
-    if isinstance(config, CommandPoolerConfig):
-        from lagwatch.poolers.command import CommandPooler
-
-        return CommandPooler(config, backends)
-    raise ValueError(f"cluster {cluster.name} has no pooler")
+    """The adapter for the cluster's ``pooler`` config."""
+    if cluster.pooler is None:
+        raise ValueError(f"cluster {cluster.name} has no pooler")
+    return KINDS[cluster.pooler.kind](cluster.pooler, backends_from_cluster(cluster))
