@@ -32,7 +32,8 @@ sys.path.insert(0, str(ROOT / "daemon"))
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
 
 from harness import Lagwatch  # noqa: E402
-from lagwatch.localcluster import LocalCluster, LocalServer, find_binaries  # noqa: E402
+from lagwatch.localcluster import LocalCluster, LocalServer  # noqa: E402
+from lagwatch.pgbinaries import find_binaries  # noqa: E402
 
 ARMS = ("none", "1s", "100ms")
 TICKS = os.sysconf("SC_CLK_TCK")

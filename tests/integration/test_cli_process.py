@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 from chaoscluster import ChaosCluster
 from harness import Lagwatch, Writer, cluster_config, run_cli
-from lagwatch.localcluster import free_port
+from lagwatch.ports import free_port
 
 SECRET = "Sup3r-Secret-Pw"
 

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from harness import ROOT, LagwatchHttp, chromium
-from lagwatch.localcluster import free_port
+from lagwatch.ports import free_port
 
 
 def _pids_under(folder: str) -> list[int]:

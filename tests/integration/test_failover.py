@@ -18,7 +18,7 @@ import psycopg
 import pytest
 from chaoscluster import ChaosCluster
 from harness import Lagwatch, Writer, cluster_config
-from lagwatch.localcluster import free_port
+from lagwatch.ports import free_port
 from pgbouncer_server import PgBouncerServer, readable_by_servers
 
 pytestmark = pytest.mark.one_pg_version

@@ -23,7 +23,8 @@ import pytest
 import yaml
 from chaoscluster import ChaosCluster
 from harness import ROOT, Lagwatch, Writer, chromium, cluster_config
-from lagwatch.localcluster import find_binaries, free_port
+from lagwatch.pgbinaries import find_binaries
+from lagwatch.ports import free_port
 from pgbouncer_server import PgBouncerServer, readable_by_servers
 from prom_stack import Alertmanager, Prometheus, WebhookReceiver
 

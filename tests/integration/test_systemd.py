@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from chaoscluster import ChaosCluster
 from harness import ROOT, Lagwatch, cluster_config
-from lagwatch.localcluster import free_port
+from lagwatch.ports import free_port
 
 UNITS = ROOT / "deploy" / "systemd"
 
