@@ -14,6 +14,8 @@ need=()
 command -v chromium >/dev/null || need+=(chromium)
 command -v systemd-analyze >/dev/null || need+=(systemd)
 command -v openssl >/dev/null || need+=(openssl)
+[ -x /usr/bin/etcd ] || need+=(etcd-server)  # the DCS of the tests' Patroni cluster
+/usr/bin/python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -q
@@ -26,3 +28,12 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 
 python3 -m pip install -q --disable-pip-version-check -e '.[test,embedded]'
+
+# Patroni starts PostgreSQL, so it runs as the unprivileged server user, who may not reach
+# this Python (pyenv under /root): it gets its own venv of the system's Python.
+patroni_venv=/opt/lagwatch-test/patroni
+if ! "$patroni_venv/bin/python" -c 'import patroni, psycopg, urllib3' 2>/dev/null; then
+  rm -rf "$patroni_venv"
+  /usr/bin/python3 -m venv "$patroni_venv"
+  "$patroni_venv/bin/pip" install -q --disable-pip-version-check 'patroni[etcd3,psycopg3]>=4,<5'
+fi

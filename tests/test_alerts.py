@@ -87,7 +87,7 @@ def test_one_group_and_the_alerts_we_promise() -> None:
         "LagwatchNodeDown": "warning", "LagwatchPoolerApplyErrors": "warning",
         "LagwatchConfigReloadFailed": "warning", "LagwatchPoolControlNotApplied": "page",
         "LagwatchSplitBrain": "page", "LagwatchNoPrimary": "page", "LagwatchReplicaNotFollowingPrimary": "warning",
-        "LagwatchRoleChanged": "info",
+        "LagwatchRoleChanged": "info", "LagwatchDiscoveryDown": "warning",
     }
     got = {rule["alert"]: rule["labels"]["severity"] for rule in alert_rules()}
     assert got == expected

@@ -89,6 +89,7 @@ def run_check(config: Config, *, warning: float, critical: float, out: TextIO) -
 
     async def two_polls() -> Snapshot:
         try:
+            await daemon.discover_now()  # Patroni's members, if any cluster is discovered
             await daemon.cycle()
             await asyncio.sleep(config.interval)
             return await daemon.cycle()

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lagwatch import __version__
-from lagwatch.config import ClusterConfig, Config, load_config
+from lagwatch.config import ClusterConfig, Config, PatroniClusterConfig, load_config
 from lagwatch.durations import parse_duration
 from lagwatch.errors import ConfigError
 
@@ -68,8 +68,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     config = _load(args.config, args.web_config_file)
     if config is None:
         return EXIT_CONFIG
-    replicas = sum(len(c.replicas) for c in config.clusters)
-    print(f"{args.config}: ok ({len(config.clusters)} cluster(s), {replicas} replica(s))")
+    replicas = sum(len(c.replicas) for c in config.clusters_with_nodes)
+    discovered = f", {len(config.patroni_clusters)} discovered through Patroni" if config.patroni_clusters else ""
+    print(f"{args.config}: ok ({len(config.clusters)} cluster(s), {replicas} replica(s){discovered})")
     return 0
 
 
@@ -128,7 +129,8 @@ def cmd_pool(args: argparse.Namespace) -> int:
             print("several clusters: say which with --cluster", file=sys.stderr)
             return EXIT_CONFIG
         cluster = clusters[0]
-        if args.replica not in {r.name for r in cluster.replicas}:
+        # A discovered cluster's members are Patroni's names: not known without asking it.
+        if isinstance(cluster, ClusterConfig) and args.replica not in {r.name for r in cluster.replicas}:
             print(f"{cluster.name} has no replica named {args.replica!r}", file=sys.stderr)
             return EXIT_CONFIG
         hold = args.state if args.action == "hold" else None
@@ -141,7 +143,7 @@ def cmd_pool(args: argparse.Namespace) -> int:
     return 0
 
 
-def _pool_show(store: HoldStore, clusters: list[ClusterConfig]) -> int:
+def _pool_show(store: HoldStore, clusters: list[ClusterConfig | PatroniClusterConfig]) -> int:
     from lagwatch.holds import HoldsError
     from lagwatch.poolers import PoolerError, make_pooler
 
@@ -151,7 +153,7 @@ def _pool_show(store: HoldStore, clusters: list[ClusterConfig]) -> int:
             line = f"{cluster.name}: holds {store.for_cluster(cluster.name) or 'none'}"
         except HoldsError as exc:
             line, code = f"{cluster.name}: holds unknown: {exc}", EXIT_CONFIG
-        if cluster.pooler is not None:
+        if isinstance(cluster, ClusterConfig) and cluster.pooler is not None:
             try:
                 members = make_pooler(cluster).read_pool()
                 line += f"; {cluster.pooler.kind} pool: {', '.join(sorted(members)) or '(empty)'}"

@@ -19,8 +19,10 @@ from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
+    Discriminator,
     Field,
     PrivateAttr,
+    Tag,
     ValidationError,
     field_validator,
     model_validator,
@@ -338,6 +340,7 @@ class ReplicaConfig(NodeConfig):
     # The replica's row in the primary's pg_stat_replication is found by this name.
     application_name: str | None = None
     sla: SlaOverride | None = None
+    read_pool: bool = True  # false: measured, never routed to (Patroni's noloadbalance tag)
 
     @field_validator("name")
     @classmethod
@@ -427,6 +430,92 @@ class ClusterConfig(_Strict):
         return self
 
 
+class PatroniDiscoveryConfig(_Strict):
+    """Where Patroni's REST API answers for this cluster; any one URL answering is enough."""
+
+    kind: Literal["patroni"]
+    urls: tuple[str, ...] = Field(min_length=1)
+    username: str | None = None  # basic auth (Patroni's restapi.authentication)
+    password_file: Path | None = None
+    ca_file: Path | None = None  # to verify Patroni's certificate; default: the system's
+    cert_file: Path | None = None  # a client certificate, when Patroni asks for one
+    key_file: Path | None = None
+    verify: bool = True
+    timeout: PositiveDuration | None = None  # per request; default: half the interval, at most 2 s
+
+    @field_validator("urls")
+    @classmethod
+    def _http_urls(cls, urls: tuple[str, ...]) -> tuple[str, ...]:
+        for url in urls:
+            if not re.fullmatch(r"https?://[^\s/?#@]+(:\d+)?/?", url):
+                raise ValueError(f"{url!r} is not an http:// or https:// URL of a Patroni REST API "
+                                 "(scheme, host and port only)")
+        return urls
+
+    @model_validator(mode="after")
+    def _files(self) -> PatroniDiscoveryConfig:
+        if (self.username is None) != (self.password_file is None):
+            raise ValueError("username and password_file go together (basic auth)")
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("cert_file and key_file go together (a client certificate)")
+        for key in ("password_file", "ca_file", "cert_file", "key_file"):
+            path = getattr(self, key)
+            if path is not None and not os.access(path, os.R_OK):
+                raise ValueError(f"{key} {str(path)!r} cannot be read")
+        return self
+
+
+class MemberTemplate(NodeConfig):
+    """How to reach each discovered member: a DSN without host or port (Patroni gives those)."""
+
+    @field_validator("dsn")
+    @classmethod
+    def _no_address(cls, dsn: str) -> str:
+        params = psycopg.conninfo.conninfo_to_dict(dsn)
+        given = sorted(k for k in ("host", "hostaddr", "port", "target_session_attrs") if k in params)
+        if given:
+            raise ValueError(f"must not set {', '.join(given)}: each member's host and port come from Patroni")
+        return dsn
+
+
+class PatroniClusterConfig(_Strict):
+    """A cluster whose members Patroni names: the same keys as a static cluster, with
+    ``discovery`` and ``members`` instead of ``primary`` and ``replicas``."""
+
+    name: str = Field(min_length=1)
+    discovery: PatroniDiscoveryConfig
+    members: MemberTemplate
+    walinspect: Literal["auto", "off"] = "auto"
+    walinspect_max_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
+    sla: SlaConfig = SlaConfig()
+    pooler: PoolerConfig | None = None
+    dry_run: bool = False
+    leader_lock_key: str | None = Field(default=None, min_length=8)
+
+    @model_validator(mode="after")
+    def _no_fallback(self) -> PatroniClusterConfig:
+        if self.pooler is not None and self.sla.fallback_to_primary:
+            # The writer DSN lists every member: it is no one address a pooler can route to.
+            raise ValueError("sla.fallback_to_primary is not supported with discovery yet")
+        if isinstance(self.pooler, PgBouncerPoolerConfig) and self.pooler.when_empty == "primary":
+            raise ValueError("pooler.when_empty: with discovery only 'keep' is supported yet (the writer DSN "
+                             "lists every member: it is no one address to point PgBouncer at)")
+        return self
+
+
+def _cluster_kind(value: Any) -> str:
+    if isinstance(value, dict):
+        return "patroni" if "discovery" in value else "static"
+    return "patroni" if isinstance(value, PatroniClusterConfig) else "static"
+
+
+CLUSTER_KINDS = ("static", "patroni")
+AnyClusterConfig = Annotated[
+    Annotated[ClusterConfig, Tag("static")] | Annotated[PatroniClusterConfig, Tag("patroni")],
+    Discriminator(_cluster_kind),
+]
+
+
 class HttpConfig(_Strict):
     """The HTTP server's limits against slow or numerous clients (see httpserver.py)."""
 
@@ -446,7 +535,7 @@ class Config(_Strict):
     state_dir: Path = Path("/var/lib/lagwatch")  # operator holds live here (holds.json)
     web_config_file: Path | None = None  # TLS and basic auth, Prometheus exporters' web config format
     http: HttpConfig = HttpConfig()
-    clusters: tuple[ClusterConfig, ...]
+    clusters: tuple[AnyClusterConfig, ...]
     # The web config file's contents, set by load_config (not a key of the file).
     _web: WebConfig | None = PrivateAttr(default=None)
 
@@ -456,7 +545,7 @@ class Config(_Strict):
 
     @field_validator("clusters")
     @classmethod
-    def _some_clusters(cls, value: tuple[ClusterConfig, ...]) -> tuple[ClusterConfig, ...]:
+    def _some_clusters(cls, value: tuple[AnyClusterConfig, ...]) -> tuple[AnyClusterConfig, ...]:
         if not value:
             raise ValueError("at least one cluster is needed")
         return value
@@ -476,6 +565,16 @@ class Config(_Strict):
         if dupes:
             raise ValueError(f"cluster names must be unique, repeated: {', '.join(dupes)}")
         return self
+
+    @property
+    def clusters_with_nodes(self) -> tuple[ClusterConfig, ...]:
+        """The clusters whose nodes are known: those the file names, and (in the config the
+        daemon runs) the discovered ones as their members make them."""
+        return tuple(c for c in self.clusters if isinstance(c, ClusterConfig))
+
+    @property
+    def patroni_clusters(self) -> tuple[PatroniClusterConfig, ...]:
+        return tuple(c for c in self.clusters if isinstance(c, PatroniClusterConfig))
 
     @property
     def effective_query_timeout(self) -> float:
@@ -518,7 +617,8 @@ def parse_config(data: Any, source: str = "<config>") -> Config:
     try:
         return Config.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(source, validation_problems(exc, {"pooler": POOLER_KINDS})) from None
+        tagged = {"pooler": POOLER_KINDS, "clusters": CLUSTER_KINDS}
+        raise ConfigError(source, validation_problems(exc, tagged)) from None
 
 
 def load_config(path: str | Path, web_config_file: Path | None = None) -> Config:

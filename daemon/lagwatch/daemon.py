@@ -22,6 +22,7 @@ from apscheduler.events import EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED, JobEve
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from lagwatch.config import Config, load_config
+from lagwatch.discovery import Discovery
 from lagwatch.durations import format_duration
 from lagwatch.errors import ConfigError
 from lagwatch.holds import HoldStore
@@ -64,8 +65,11 @@ class Daemon:
         # systemd's notify protocol; a no-op unless given one built from NOTIFY_SOCKET.
         self.notifier = notifier or Notifier({})
         self.reload_hooks: list[ReloadHook] = []
+        # The config as loaded; what runs is that plus the members discovery found.
+        self._source = config
+        self.discovery = Discovery()
         self._runtime = _Runtime(config, {}, {}, {})
-        self._commit(self._build(config))
+        self._commit(self._build(self._effective(config)))
         self._cycles = 0
         self._overruns = 0
         self._reload_ok = True
@@ -74,10 +78,16 @@ class Daemon:
         self._lock = asyncio.Lock()
         self._stopped = asyncio.Event()
         self._scheduler: AsyncIOScheduler | None = None
+        self._discovering: asyncio.Future[bool] | None = None
 
     @property
     def config(self) -> Config:
+        """The config in force: the file's, discovered clusters as their members make them."""
         return self._runtime.config
+
+    def _effective(self, source: Config) -> Config:
+        clusters = (*source.clusters_with_nodes, *self.discovery.cluster_configs(source.patroni_clusters))
+        return source.model_copy(update={"clusters": clusters})
 
     def _build(self, config: Config) -> _Runtime:
         """The runtime for ``config``, built beside the one running: what can carry over
@@ -85,17 +95,23 @@ class Daemon:
         force is changed here. Raises if any part cannot be built."""
         running = self._runtime
         trackers = {}
-        for cluster in config.clusters:
+        for cluster in config.clusters_with_nodes:
             old = running.trackers.get(cluster.name)
             if old is not None and (old.interval, old.window) == (config.interval, config.window):
                 trackers[cluster.name] = old  # keeps its history; takes the new cluster config at commit
             else:
                 trackers[cluster.name] = ClusterTracker(cluster, config.interval, config.window)
-        pollers = {c.name: pollers_for(c, config) for c in config.clusters}
+        # A cluster whose nodes and poll settings are unchanged keeps its connections
+        # (discovery rebuilds the runtime whenever one cluster's members change).
+        same_polling = running.config.model_copy(update={"clusters": ()}) == config.model_copy(update={"clusters": ()})
+        before = {c.name: c for c in running.config.clusters_with_nodes}
+        pollers = {c.name: running.pollers[c.name]
+                   if same_polling and before.get(c.name) == c and c.name in running.pollers
+                   else pollers_for(c, config) for c in config.clusters_with_nodes}
         holds = HoldStore(config.holds_file)
         timeout = config.effective_query_timeout
         controllers, reconfigured = {}, []
-        for cluster in config.clusters:
+        for cluster in config.clusters_with_nodes:
             if cluster.pooler is None:
                 continue
             kept = running.controllers.get(cluster.name)
@@ -112,7 +128,7 @@ class Daemon:
         """Put ``new`` in force in one step (nothing here can fail); returns the runtime it
         replaced, whose pollers and retired controllers the caller closes."""
         old, self._runtime = self._runtime, new
-        for cluster in new.config.clusters:
+        for cluster in new.config.clusters_with_nodes:
             new.trackers[cluster.name].cluster = cluster
         for controller, change in new.reconfigured:
             controller.commit(change)
@@ -122,7 +138,9 @@ class Daemon:
 
     async def _close_replaced(self, old: _Runtime) -> None:
         kept = set(map(id, self._runtime.controllers.values()))
-        await asyncio.gather(*(p.close() for pollers in old.pollers.values() for p in pollers),
+        kept_pollers = {id(p) for pollers in self._runtime.pollers.values() for p in pollers}
+        await asyncio.gather(*(p.close() for pollers in old.pollers.values() for p in pollers
+                               if id(p) not in kept_pollers),
                              *(c.close() for c in old.controllers.values() if id(c) not in kept))
 
     # -- one cycle ------------------------------------------------------------------------
@@ -131,12 +149,19 @@ class Daemon:
         async with self._lock:
             started = time.monotonic()
             runtime = self._runtime
-            clusters = runtime.config.clusters
+            clusters = runtime.config.clusters_with_nodes
             budget = runtime.config.cycle_budget
+            # Members are asked for while the nodes are polled, and never waited for: an
+            # answer (or a change) is taken by the first cycle that ends after it, and
+            # applies from the next one.
+            if self._discovering is None and self._source.patroni_clusters:
+                self._discovering = asyncio.ensure_future(
+                    self.discovery.refresh(self._source.patroni_clusters, budget))
             results = await asyncio.gather(*(poll_all(runtime.pollers[c.name], budget) for c in clusters))
             now = time.monotonic()
             tracked = [runtime.trackers[c.name].update(obs, now) for c, obs in zip(clusters, results, strict=True)]
             snapshots = tuple(await asyncio.gather(*(self._control(cs, now) for cs in tracked)))
+            await self._take_discovery()
             duration = time.monotonic() - started
             self._cycles += 1
             if duration > self.config.interval:
@@ -146,7 +171,8 @@ class Daemon:
             snapshot = Snapshot(taken_at=time.time(), cycle_duration=duration, cycles_total=self._cycles,
                                 overruns_total=self._overruns, clusters=snapshots,
                                 reload_successful=self._reload_ok, reload_success_at=self._reload_success_at,
-                                background_errors_total=self._background_errors)
+                                background_errors_total=self._background_errors,
+                                discovery=self.discovery.statuses(self._source.patroni_clusters))
             self.holder.publish(snapshot)
             for cluster_snapshot in snapshots:
                 log.info("%s", cycle_line(cluster_snapshot))
@@ -155,6 +181,39 @@ class Daemon:
                         log.debug("%s/%s down: %s", cluster_snapshot.name, node.name, node.last_error)
             self._notify(snapshot)
             return snapshot
+
+    async def discover_now(self, timeout: float = 2.0) -> None:
+        """Ask for every discovered cluster's members and put them in force before the
+        next cycle (for one-shot commands, which cannot wait for cycles to pass)."""
+        async with self._lock:
+            if await self.discovery.refresh(self._source.patroni_clusters, timeout):
+                await self._members_changed()
+
+    async def _take_discovery(self) -> None:
+        task = self._discovering
+        if task is None or not task.done():
+            return
+        self._discovering = None
+        try:
+            changed = task.result()
+        except Exception:  # refresh turns every expected failure into a status
+            self._background_errors += 1
+            log.exception("member discovery failed unexpectedly; the members in force stay")
+            return
+        if changed:
+            await self._members_changed()
+
+    async def _members_changed(self) -> None:
+        """Put the new memberships in force as a reload would (called holding the lock):
+        the changed clusters' nodes are polled from the next cycle, the others keep their
+        connections, lag history and pool state."""
+        try:
+            runtime = self._build(self._effective(self._source))
+        except Exception:  # e.g. a pooler that cannot be built for the new members
+            self._background_errors += 1
+            log.exception("the new members could not be put in force; keeping the previous ones")
+            return
+        await self._close_replaced(self._commit(runtime))
 
     def _notify(self, snapshot: Snapshot) -> None:
         status = "; ".join(cycle_line(c) for c in snapshot.clusters)
@@ -234,6 +293,8 @@ class Daemon:
         self._stopped.set()
 
     async def close(self) -> None:
+        if self._discovering is not None:
+            self._discovering.cancel()  # its worker thread ends by its own deadline
         runtime = self._runtime
         await asyncio.gather(*(p.close() for pollers in runtime.pollers.values() for p in pollers),
                              *(c.close() for c in runtime.controllers.values()))
@@ -248,7 +309,7 @@ class Daemon:
         self.notifier.reloading()
         try:
             new = load_config(self.config_path, self.web_config_file)
-            runtime = self._build(new)
+            runtime = self._build(self._effective(new))
         except ConfigError as exc:
             return self._rejected(str(exc))
         except Exception as exc:  # a rule the schema missed: still nothing changes
@@ -258,6 +319,7 @@ class Daemon:
             if new.listen != self.config.listen:
                 log.warning("listen changed to %s: takes effect on restart", new.listen)
             old = self._commit(runtime)
+            self._source = new
             if self._scheduler is not None and new.interval != old.config.interval:
                 self._add_job()
         await self._close_replaced(old)

@@ -38,7 +38,8 @@ def validation_problems(exc: ValidationError, tagged: Mapping[str, Collection[st
     problems = []
     for err in exc.errors(include_input=False, include_url=False):
         loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
-        loc = tuple(p for i, p in enumerate(loc) if not (i and tagged and _is_tag(tagged, loc[i - 1], p)))
+        loc = tuple(p for i, p in enumerate(loc) if not (i and tagged and _is_tag(tagged, loc[i - 1], p))
+                    and not (i > 1 and tagged and isinstance(loc[i - 1], int) and _is_tag(tagged, loc[i - 2], p)))
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = "unknown key"

@@ -71,6 +71,27 @@ def _daemon_metrics(snapshot: Snapshot) -> Iterator[Metric]:
                             "Unix time the config in force was loaded", value=snapshot.reload_success_at)
     yield CounterMetricFamily("lagwatch_background_errors", "Background tasks that failed (each logged "
                               "with its trace)", value=snapshot.background_errors_total)
+    yield from _discovery_metrics(snapshot)
+
+
+def _discovery_metrics(snapshot: Snapshot) -> Iterator[Metric]:
+    if not snapshot.discovery:
+        return
+    up = _gauge("lagwatch_discovery_up", "1 if the cluster's members were discovered in the last cycle; 0 if "
+                "Patroni did not answer usefully (the last known members stay in force)", ["cluster"])
+    members = _gauge("lagwatch_discovery_members", "Members in force for the cluster (the last known ones while "
+                     "discovery is down)", ["cluster"])
+    errors = CounterMetricFamily("lagwatch_discovery_errors", "Failed attempts to discover the cluster's members",
+                                 labels=["cluster"])
+    success = _gauge("lagwatch_discovery_last_success_timestamp_seconds", "Unix time the cluster's members were "
+                     "last discovered", ["cluster"])
+    for d in snapshot.discovery:
+        up.add_metric([d.cluster], 1.0 if d.up else 0.0)
+        members.add_metric([d.cluster], d.members)
+        errors.add_metric([d.cluster], d.errors_total)
+        if d.last_success_at is not None:
+            success.add_metric([d.cluster], d.last_success_at)
+    yield from (up, members, errors, success)
 
 
 def _cluster_metrics(c: ClusterSnapshot) -> Iterator[Metric]:

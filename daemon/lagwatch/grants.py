@@ -17,6 +17,8 @@ import psycopg.rows
 
 from lagwatch.config import ClusterConfig, Config, NodeConfig, PasswordUnavailableError
 from lagwatch.conninfo import build_conninfo
+from lagwatch.discovery import with_members_now
+from lagwatch.patroni import DiscoveryError
 from lagwatch.redact import redact_text
 from lagwatch.views import probe
 
@@ -76,7 +78,12 @@ def _nodes(cluster: ClusterConfig) -> list[tuple[str, NodeConfig]]:
 
 def run_grants_check(config: Config, out: TextIO) -> int:
     worst = OK
-    for cluster in config.clusters:
+    try:
+        config = with_members_now(config)
+    except DiscoveryError as exc:
+        print(f"UNKNOWN {exc}", file=out)
+        return UNREACHABLE
+    for cluster in config.clusters_with_nodes:
         for name, node in _nodes(cluster):
             result = _check_node(name, node, config.effective_connect_timeout)
             where = f"{cluster.name}/{name}"

@@ -24,7 +24,7 @@ Rules (hysteresis, so nothing flaps):
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -145,7 +145,9 @@ def _judge(health: ReplicaHealth, sla: ReplicaSla, prev: ReplicaPolicyState, now
 
 
 def decide(replicas: Sequence[ReplicaHealth], slas: Mapping[str, ReplicaSla], rules: PoolRules,
-           state: PolicyState, holds: Mapping[str, Hold], now: float) -> Decision:
+           state: PolicyState, holds: Mapping[str, Hold], now: float, never: Collection[str] = ()) -> Decision:
+    """The pool for this cycle. ``never``: replicas measured but never routed to (a Patroni
+    member tagged ``noloadbalance``), whatever their health or an operator's hold."""
     judged: dict[str, ReplicaPolicyState] = {}
     for health in replicas:
         prev = state.replicas.get(health.name) or ReplicaPolicyState(eligible=True, admitted_at=now)
@@ -157,6 +159,10 @@ def decide(replicas: Sequence[ReplicaHealth], slas: Mapping[str, ReplicaSla], ru
         if name in judged:
             (pool.add if hold == "in" else pool.discard)(name)
             reasons[name] = f"held {hold} by operator"
+    for name in never:
+        if name in judged:
+            pool.discard(name)
+            reasons[name] = "never in the read pool (noloadbalance)"
 
     healthy = len(pool)
     if healthy < rules.min_replicas:
@@ -177,7 +183,7 @@ def decide(replicas: Sequence[ReplicaHealth], slas: Mapping[str, ReplicaSla], ru
                     lag = min(lag - slas[name].max_lag, lag / 2)
                 return (not usable, lag, name)
 
-            candidates = sorted((n for n in judged if n not in pool and holds.get(n) != "out"
+            candidates = sorted((n for n in judged if n not in pool and holds.get(n) != "out" and n not in never
                                  and not by_health[n].promoted), key=keep_order)
             for name in candidates[: rules.min_replicas - healthy]:
                 pool.add(name)

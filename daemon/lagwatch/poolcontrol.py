@@ -145,7 +145,7 @@ class PoolController:
         holds = self._holds()
         decision = decide(self._health(snapshot), {n: self.cluster.replica_sla(n) for n in self._names},
                           PoolRules(self.cluster.sla.min_replicas, self.cluster.sla.fallback_to_primary),
-                          self._state, holds, now)
+                          self._state, holds, now, [r.name for r in self.cluster.replicas if not r.read_pool])
         self._state = decision.state
         self._record(decision, snapshot, is_leader)
         if is_leader and not self.cluster.dry_run:

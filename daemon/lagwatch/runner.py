@@ -24,7 +24,7 @@ def run_daemon(config: Config, config_path: Path | None, web_config_file: Path |
     host, port = config.listen_address
     try:
         # Descriptors the HTTP server leaves for the pollers (one or two per node) and files.
-        nodes = sum(1 + len(c.replicas) for c in config.clusters)
+        nodes = sum(1 + len(c.replicas) for c in config.clusters_with_nodes) + 8 * len(config.patroni_clusters)
         web = WebServer(host, port, daemon.holder, lambda: daemon.config, reserved_descriptors=64 + 2 * nodes)
     except OSError as exc:
         log.error("cannot listen on %s: %s", config.listen, exc.strerror)

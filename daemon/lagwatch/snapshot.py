@@ -244,6 +244,19 @@ class ClusterSnapshot:
 
 
 @dataclass(frozen=True)
+class DiscoveryStatus:
+    """What the last attempt to discover one cluster's members gave."""
+
+    cluster: str
+    up: bool  # the last attempt gave a usable membership
+    members: int  # in the membership in force (the last known one when down)
+    errors_total: int
+    last_success_at: float | None  # wall-clock time
+    source: str | None  # the URL that answered last
+    error: str | None
+
+
+@dataclass(frozen=True)
 class Snapshot:
     taken_at: float  # wall clock (for people), never used for lag
     cycle_duration: float
@@ -253,6 +266,7 @@ class Snapshot:
     reload_successful: bool = True  # the last reload was put in force (true before any)
     reload_success_at: float = 0.0  # wall clock of the last config put in force (the start counts)
     background_errors_total: int = 0  # background tasks that failed (each logged with its trace)
+    discovery: tuple[DiscoveryStatus, ...] = ()  # one per cluster whose members Patroni names
 
 
 class SnapshotHolder:

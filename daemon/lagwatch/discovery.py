@@ -1,0 +1,118 @@
+"""Keeping each discovered cluster's membership: asked every cycle, kept when unanswered.
+
+Patroni unreachable (or answering nonsense) keeps the last known membership, so polling,
+metrics and the pool go on as they were; the status says so (``lagwatch_discovery_up``
+0, one WARNING when it starts and one INFO when it ends). A membership whose members
+cannot make a valid cluster config is refused the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+
+from pydantic import ValidationError
+
+from lagwatch.config import ClusterConfig, Config, PatroniClusterConfig
+from lagwatch.errors import validation_problems
+from lagwatch.patroni import DiscoveryError, Membership, cluster_config, fetch_membership
+from lagwatch.snapshot import DiscoveryStatus
+
+log = logging.getLogger("lagwatch.discovery")
+
+
+class _Known:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.membership: Membership | None = None
+        self.config: ClusterConfig | None = None
+        self.template: PatroniClusterConfig | None = None  # the cluster config ``config`` was made from
+        self.up = False
+        self.errors = 0
+        self.last_success_at: float | None = None
+        self.error: str | None = None
+        self.said_down = False
+
+
+class Discovery:
+    def __init__(self) -> None:
+        self._known: dict[str, _Known] = {}
+
+    def cluster_configs(self, clusters: Sequence[PatroniClusterConfig]) -> list[ClusterConfig]:
+        """The cluster configs of the memberships in force (none yet for a cluster never answered)."""
+        out = []
+        for cluster in clusters:
+            known = self._known.get(cluster.name)
+            if known is None or known.membership is None or known.config is None:
+                continue
+            # A reload may have changed the template: the members stay, their config follows.
+            out.append(known.config if known.template == cluster else cluster_config(cluster, known.membership))
+        return out
+
+    def statuses(self, clusters: Sequence[PatroniClusterConfig]) -> tuple[DiscoveryStatus, ...]:
+        out = []
+        for cluster in clusters:
+            k = self._known.get(cluster.name) or _Known(cluster.name)
+            out.append(DiscoveryStatus(cluster.name, k.up, len(k.membership.members) if k.membership else 0,
+                                       k.errors, k.last_success_at,
+                                       k.membership.source if k.membership else None, k.error))
+        return tuple(out)
+
+    async def refresh(self, clusters: Sequence[PatroniClusterConfig], timeout: float) -> bool:
+        """Ask every cluster's Patroni; True when a membership in force changed."""
+        for name in set(self._known) - {c.name for c in clusters}:
+            del self._known[name]  # a cluster removed from the config by a reload
+        results = await asyncio.gather(*(self._refresh_one(c, timeout) for c in clusters))
+        return any(results)
+
+    async def _refresh_one(self, cluster: PatroniClusterConfig, timeout: float) -> bool:
+        known = self._known.setdefault(cluster.name, _Known(cluster.name))
+        per_url = cluster.discovery.timeout or min(2.0, timeout)
+        try:
+            membership = await asyncio.to_thread(fetch_membership, cluster.discovery, per_url)
+            same = (known.membership is not None and known.config is not None and known.template == cluster
+                    and membership.addresses == known.membership.addresses)
+            config = known.config if same and known.config is not None else cluster_config(cluster, membership)
+        except DiscoveryError as exc:
+            return self._failed(known, str(exc))
+        except ValidationError as exc:
+            return self._failed(known, "the members make no valid cluster: "
+                                       + "; ".join(validation_problems(exc)))
+        changed = known.config is not config
+        if changed:
+            before = {m.name for m in known.membership.members} if known.membership else set()
+            after = {m.name for m in membership.members}
+            log.info("%s: members from %s: %s%s%s", cluster.name, membership.source, ", ".join(sorted(after)) or "none",
+                     f"; joined: {', '.join(sorted(after - before))}" if before and after - before else "",
+                     f"; left: {', '.join(sorted(before - after))}" if before - after else "")
+        if known.said_down:
+            log.info("%s: Patroni answers again (%s)", cluster.name, membership.source)
+        known.membership, known.config, known.template = membership, config, cluster
+        known.up, known.error, known.said_down = True, None, False
+        known.last_success_at = time.time()
+        return changed
+
+    def _failed(self, known: _Known, error: str) -> bool:
+        known.up, known.error = False, error
+        known.errors += 1
+        if not known.said_down:
+            kept = (f"keeping the last known {len(known.membership.members)} member(s)"
+                    if known.membership is not None else "no members known yet")
+            log.warning("%s: member discovery failed, %s: %s", known.name, kept, error)
+            known.said_down = True
+        return False
+
+
+def with_members_now(config: Config, timeout: float = 2.0) -> Config:
+    """``config`` with each discovered cluster as its members make it, asked once now (for
+    the one-shot commands); DiscoveryError when a cluster's Patroni does not answer."""
+    clusters = list(config.clusters_with_nodes)
+    for cluster in config.patroni_clusters:
+        try:
+            clusters.append(cluster_config(cluster, fetch_membership(cluster.discovery,
+                                                                     cluster.discovery.timeout or timeout)))
+        except DiscoveryError as exc:
+            raise DiscoveryError(f"{cluster.name}: member discovery failed: {exc}") from None
+    return config.model_copy(update={"clusters": tuple(clusters)})

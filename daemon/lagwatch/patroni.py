@@ -1,0 +1,166 @@
+"""Patroni discovery: a cluster's members as Patroni's REST API names them (``GET /cluster``).
+
+``fetch_membership`` is the only I/O: it asks the configured URLs in turn (any one
+answering is enough), over TLS and with basic auth when configured, each within a
+deadline. The stdlib's ``urllib`` does this in a worker thread: one small GET per cycle
+needs no HTTP client library. ``parse_cluster`` and ``cluster_config`` are pure: the
+answer becomes an immutable ``Membership``, and a membership plus the cluster's template
+becomes an ordinary ``ClusterConfig``:
+
+- every member is a node named as in Patroni, reached at Patroni's host and port with the
+  ``members`` DSN; its ``application_name`` (the primary's ``pg_stat_replication`` row) is
+  the member name, as Patroni sets it;
+- the writer DSN lists every member with ``target_session_attrs=read-write``, so it finds
+  the leader whoever it is: a switchover changes roles (observed each cycle), not config;
+- a member tagged ``noloadbalance`` never enters the read pool.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import ssl
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg.conninfo
+
+from lagwatch.config import ClusterConfig, NodeConfig, PatroniClusterConfig, PatroniDiscoveryConfig, ReplicaConfig
+
+MAX_ANSWER_BYTES = 1 << 20  # a /cluster answer of 1 MiB would be ~5,000 members: not Patroni
+
+
+class DiscoveryError(Exception):
+    """No configured URL gave a usable answer; the message says what each one did."""
+
+
+@dataclass(frozen=True)
+class Member:
+    name: str
+    role: str  # leader, replica, sync_standby, quorum_standby, standby_leader (as Patroni says)
+    state: str  # running, streaming, stopped, starting...
+    host: str
+    port: int
+    timeline: int | None
+    noloadbalance: bool
+    nofailover: bool
+
+
+@dataclass(frozen=True)
+class Membership:
+    members: tuple[Member, ...]  # sorted by name
+    source: str  # the URL that answered
+
+    @property
+    def addresses(self) -> tuple[tuple[str, str, int, bool], ...]:
+        """What the polled nodes and the pool are built from: a change here (a member
+        added or removed, moved, tagged) rebuilds them; roles and states do not."""
+        return tuple((m.name, m.host, m.port, m.noloadbalance) for m in self.members)
+
+    @property
+    def leader(self) -> Member | None:
+        return next((m for m in self.members if m.role in ("leader", "standby_leader")), None)
+
+
+def _flag(tags: Mapping[str, Any], name: str) -> bool:
+    value = tags.get(name, False)
+    return value is True or (isinstance(value, str) and value.lower() in ("true", "on", "yes", "1"))
+
+
+def parse_cluster(payload: Any, source: str) -> Membership:
+    """A ``GET /cluster`` answer as a Membership; DiscoveryError if it is not one."""
+    members = payload.get("members") if isinstance(payload, dict) else None
+    if not isinstance(members, list):
+        raise DiscoveryError(f"{source}: the answer has no members list")
+    out = []
+    for entry in members:
+        if not isinstance(entry, dict):
+            raise DiscoveryError(f"{source}: a member is not an object")
+        name, host, port = entry.get("name"), entry.get("host"), entry.get("port")
+        if not isinstance(name, str) or not name or name == "primary":
+            raise DiscoveryError(f"{source}: a member has no usable name ({name!r})")
+        if not isinstance(host, str) or not host or not isinstance(port, int) or not 0 < port < 65536:
+            raise DiscoveryError(f"{source}: member {name!r} has no host and port")
+        tags = entry.get("tags")
+        tags = tags if isinstance(tags, dict) else {}
+        timeline = entry.get("timeline")
+        out.append(Member(name=name, role=str(entry.get("role", "unknown")), state=str(entry.get("state", "unknown")),
+                          host=host, port=port, timeline=timeline if isinstance(timeline, int) else None,
+                          noloadbalance=_flag(tags, "noloadbalance"), nofailover=_flag(tags, "nofailover")))
+    names = [m.name for m in out]
+    if len(set(names)) != len(names):
+        raise DiscoveryError(f"{source}: a member name appears twice")
+    return Membership(tuple(sorted(out, key=lambda m: m.name)), source)
+
+
+def _ssl_context(config: PatroniDiscoveryConfig) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=str(config.ca_file) if config.ca_file else None)
+    if config.cert_file is not None and config.key_file is not None:
+        context.load_cert_chain(str(config.cert_file), str(config.key_file))
+    if not config.verify:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+def _auth_header(config: PatroniDiscoveryConfig) -> dict[str, str]:
+    if config.username is None or config.password_file is None:
+        return {}
+    try:
+        password = config.password_file.read_text().rstrip("\r\n")
+    except OSError as exc:
+        raise DiscoveryError(f"cannot read {config.password_file}: {exc.strerror or exc}") from None
+    token = base64.b64encode(f"{config.username}:{password}".encode()).decode()
+    return {"Authorization": f"Basic {token}"}
+
+
+def fetch_membership(config: PatroniDiscoveryConfig, timeout: float) -> Membership:
+    """The first good ``/cluster`` answer among the URLs, each asked within ``timeout``."""
+    headers = {"Accept": "application/json", **_auth_header(config)}
+    context = _ssl_context(config) if any(u.startswith("https:") for u in config.urls) else None
+    problems = []
+    for base in config.urls:
+        url = base.rstrip("/") + "/cluster"
+        request = urllib.request.Request(url, headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=timeout,
+                                        context=context if url.startswith("https:") else None) as answer:
+                body = answer.read(MAX_ANSWER_BYTES + 1)
+            if len(body) > MAX_ANSWER_BYTES:
+                raise DiscoveryError(f"{url}: answer larger than {MAX_ANSWER_BYTES} bytes")
+            return parse_cluster(json.loads(body), base)
+        except urllib.error.HTTPError as exc:
+            problems.append(f"{url}: HTTP {exc.code}")
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            problems.append(f"{url}: {getattr(reason, 'strerror', None) or reason}")
+        except (ValueError, DiscoveryError) as exc:  # not JSON, or not a membership
+            problems.append(str(exc) if isinstance(exc, DiscoveryError) else f"{url}: not JSON")
+    raise DiscoveryError("; ".join(problems))
+
+
+def _member_dsn(template: str, hosts: list[str], ports: list[int], **extra: str) -> str:
+    params = psycopg.conninfo.conninfo_to_dict(template)
+    params.update(host=",".join(hosts), port=",".join(str(p) for p in ports), **extra)
+    return psycopg.conninfo.make_conninfo(**{k: str(v) for k, v in params.items() if v is not None})
+
+
+def cluster_config(cluster: PatroniClusterConfig, membership: Membership) -> ClusterConfig:
+    """The ordinary cluster config these members make (raises pydantic's ValidationError
+    when they do not make a valid one, e.g. an HAProxy mapping naming no member)."""
+    template = cluster.members
+    members = membership.members
+    password_file, password_env = template.password_file, template.password_env
+    primary = NodeConfig(dsn=_member_dsn(template.dsn, [m.host for m in members], [m.port for m in members],
+                                         target_session_attrs="read-write"),
+                         password_file=password_file, password_env=password_env)
+    replicas = tuple(ReplicaConfig(name=m.name, dsn=_member_dsn(template.dsn, [m.host], [m.port]),
+                                   application_name=m.name, read_pool=not m.noloadbalance,
+                                   password_file=password_file, password_env=password_env)
+                     for m in members)
+    return ClusterConfig(name=cluster.name, primary=primary, replicas=replicas, walinspect=cluster.walinspect,
+                         walinspect_max_bytes=cluster.walinspect_max_bytes, sla=cluster.sla, pooler=cluster.pooler,
+                         dry_run=cluster.dry_run, leader_lock_key=cluster.leader_lock_key)

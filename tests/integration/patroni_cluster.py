@@ -1,0 +1,269 @@
+"""A real Patroni cluster for the tests: one etcd (the DCS) and three Patroni members, each
+running its own PostgreSQL, all on loopback and free ports, all stopped afterwards.
+
+Patroni starts PostgreSQL, so it runs as the unprivileged server user, from the venv that
+tests/setup-machine.sh makes with the system's Python (this Python may sit under /root,
+out of that user's reach). Only processes started here are signalled, by their PID.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+from lagwatch.pgbinaries import find_binaries, run_user
+from lagwatch.ports import free_port
+
+PATRONI = Path("/opt/lagwatch-test/patroni/bin/patroni")
+ETCD = Path("/usr/bin/etcd")
+SCOPE = "lagwatch-test"
+
+
+def available() -> str | None:
+    """Why the cluster cannot run here, or None."""
+    for path in (PATRONI, ETCD):
+        if not os.access(path, os.X_OK):
+            return f"{path} missing (tests/setup-machine.sh installs it)"
+    return None
+
+
+def _wait(what: str, predicate: Callable[[], bool], timeout: float, every: float = 0.2) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not after {timeout:g}s")
+        time.sleep(every)
+
+
+class PatroniMember:
+    def __init__(self, cluster: PatroniCluster, name: str, host: str, pg_port: int, tags: dict[str, Any]) -> None:
+        self.cluster, self.name, self.host, self.pg_port, self.tags = cluster, name, host, pg_port, tags
+        self.folder = cluster.workdir / name
+        self.rest_port = free_port([host])
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.rest_port}"
+
+    def dsn(self) -> str:
+        return f"host={self.host} port={self.pg_port} user=postgres dbname=postgres"
+
+    def write_config(self) -> None:
+        folder = self.folder
+        folder.mkdir(mode=0o700, exist_ok=True)
+        config = {
+            "scope": SCOPE, "namespace": f"/{self.cluster.namespace}/", "name": self.name,
+            "log": {"level": "WARNING"},
+            "restapi": {"listen": f"{self.host}:{self.rest_port}", "connect_address": f"{self.host}:{self.rest_port}"},
+            "etcd3": {"hosts": [f"127.0.0.1:{self.cluster.etcd_port}"]},
+            "bootstrap": {
+                "dcs": {"ttl": 20, "loop_wait": 1, "retry_timeout": 5, "maximum_lag_on_failover": 16 * 1024 * 1024,
+                        "postgresql": {"use_pg_rewind": False, "use_slots": True,
+                                       "parameters": {"wal_level": "replica", "hot_standby": "on",
+                                                      "max_wal_senders": 10, "max_replication_slots": 10,
+                                                      "max_connections": 50, "fsync": "off",
+                                                      "shared_buffers": "32MB", "wal_keep_size": "64MB"}}},
+                "initdb": [{"encoding": "UTF8"}, {"locale": "C"}],
+            },
+            "postgresql": {
+                "listen": f"{self.host}:{self.pg_port}", "connect_address": f"{self.host}:{self.pg_port}",
+                "data_dir": str(folder / "data"), "bin_dir": str(self.cluster.bindir),
+                "pgpass": str(folder / "pgpass"),
+                "authentication": {"superuser": {"username": "postgres", "password": "lagwatch-test"},
+                                   "replication": {"username": "postgres", "password": "lagwatch-test"}},
+                "pg_hba": ["local all all trust", "host all all 127.0.0.0/8 trust",
+                           "host replication all 127.0.0.0/8 trust"],
+                "parameters": {"unix_socket_directories": str(folder)},
+            },
+            "tags": self.tags,
+        }
+        (folder / "patroni.yml").write_text(yaml.safe_dump(config, sort_keys=False))
+        self.cluster.give_to_server_user(folder)
+
+    def start(self) -> None:
+        user = run_user()
+        kwargs: dict[str, Any] = {}
+        if user.uid is not None:
+            kwargs = {"user": user.uid, "group": user.gid, "extra_groups": []}
+        log = open(self.folder / "patroni.log", "ab")
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PG", "PYTHON"))}
+        self.proc = subprocess.Popen([str(PATRONI), str(self.folder / "patroni.yml")], stdout=log,
+                                     stderr=subprocess.STDOUT, cwd=self.folder, env={**env, "HOME": str(self.folder)},
+                                     start_new_session=True, **kwargs)
+        log.close()
+
+    def stop(self, timeout: float = 30) -> None:
+        """SIGTERM: Patroni stops its PostgreSQL and leaves the cluster (its member key goes)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL Patroni and the PostgreSQL it started (its session)."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+        pid_file = self.folder / "data" / "postmaster.pid"
+        try:
+            pid = int(pid_file.read_text().split()[0])
+            os.kill(pid, signal.SIGKILL)
+        except (OSError, ValueError, IndexError):
+            pass
+
+    def freeze(self, frozen: bool) -> None:
+        """SIGSTOP / SIGCONT Patroni only: its REST API stops answering, PostgreSQL goes on."""
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGSTOP if frozen else signal.SIGCONT)
+
+    def rest(self, path: str, body: dict[str, Any] | None = None, timeout: float = 5) -> tuple[int, Any]:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.url + path, data=data, method="GET" if body is None else "POST",
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as answer:
+                raw = answer.read()
+                code = answer.status
+        except urllib.error.HTTPError as exc:
+            raw, code = exc.read(), exc.code
+        try:
+            return code, json.loads(raw)
+        except ValueError:
+            return code, raw.decode(errors="replace")
+
+    def log_tail(self, lines: int = 30) -> str:
+        path = self.folder / "patroni.log"
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+
+
+class PatroniCluster:
+    """``with PatroniCluster(tags={"m3": {"noloadbalance": True}}) as c:`` three members on
+    127.0.0.21-23 (one PostgreSQL port for all, as a pooler entry needs), one etcd."""
+
+    def __init__(self, tags: dict[str, dict[str, Any]] | None = None) -> None:
+        self.workdir = Path(tempfile.mkdtemp(prefix="lagwatch-patroni-"))
+        os.chmod(self.workdir, 0o755)
+        self.namespace = f"lw{os.getpid()}"
+        self.bindir = find_binaries().bindir
+        self.etcd_port = free_port(["127.0.0.1"])
+        self.etcd_peer_port = free_port(["127.0.0.1"], exclude={self.etcd_port})
+        self.etcd: subprocess.Popen[bytes] | None = None
+        hosts = ["127.0.0.21", "127.0.0.22", "127.0.0.23"]
+        pg_port = free_port(hosts, exclude={self.etcd_port, self.etcd_peer_port})
+        self.members = [PatroniMember(self, f"m{i}", host, pg_port, (tags or {}).get(f"m{i}", {}))
+                        for i, host in enumerate(hosts, start=1)]
+
+    def give_to_server_user(self, path: Path) -> None:
+        user = run_user()
+        if user.uid is not None and user.gid is not None:
+            os.chown(path, user.uid, user.gid)
+
+    def member(self, name: str) -> PatroniMember:
+        return next(m for m in self.members if m.name == name)
+
+    def __enter__(self) -> PatroniCluster:
+        try:
+            self.start()
+        except BaseException:
+            self.cleanup()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.cleanup()
+
+    def start(self, timeout: float = 90) -> None:
+        etcd_dir = self.workdir / "etcd"
+        peer = f"http://127.0.0.1:{self.etcd_peer_port}"
+        client = f"http://127.0.0.1:{self.etcd_port}"
+        log = open(self.workdir / "etcd.log", "ab")
+        self.etcd = subprocess.Popen(
+            [str(ETCD), "--name", "lw", "--data-dir", str(etcd_dir), "--listen-client-urls", client,
+             "--advertise-client-urls", client, "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+             "--initial-cluster", f"lw={peer}", "--log-level", "error"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+        _wait("etcd answering", self._etcd_healthy, 20)
+        first, *others = self.members
+        first.write_config()
+        first.start()  # the first bootstraps (initdb) and leads; the others clone from it
+        _wait("m1 leading", lambda: self.leader() == "m1", timeout)
+        for member in others:
+            member.write_config()
+            member.start()
+        self.wait_streaming(timeout)
+
+    def _etcd_healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.etcd_port}/health", timeout=2) as answer:
+                return bool(json.loads(answer.read()).get("health") == "true")
+        except (OSError, ValueError):
+            return False
+
+    def cluster_view(self) -> dict[str, Any]:
+        for member in self.members:
+            if member.proc is None or member.proc.poll() is not None:
+                continue
+            try:
+                code, body = member.rest("/cluster", timeout=2)
+            except OSError:
+                continue
+            if code == 200 and isinstance(body, dict):
+                return body
+        return {"members": []}
+
+    def leader(self) -> str | None:
+        return next((m["name"] for m in self.cluster_view()["members"] if m.get("role") == "leader"
+                     and m.get("state") == "running"), None)
+
+    def wait_streaming(self, timeout: float = 60, names: set[str] | None = None) -> None:
+        """Until one leader runs and every other member (of ``names``) streams from it."""
+        def ready() -> bool:
+            members = self.cluster_view()["members"]
+            running = {m["name"] for m in members if m.get("role") == "leader" and m.get("state") == "running"}
+            streaming = {m["name"] for m in members if m.get("role") != "leader" and m.get("state") == "streaming"}
+            want = names or {m.name for m in self.members if m.proc is not None and m.proc.poll() is None}
+            return len(running) == 1 and want <= running | streaming
+
+        try:
+            _wait("Patroni members streaming", ready, timeout, 0.3)
+        except TimeoutError as exc:
+            logs = "\n".join(f"--- {m.name} ---\n{m.log_tail()}" for m in self.members)
+            raise TimeoutError(f"{exc}; /cluster: {self.cluster_view()}\n{logs}") from None
+
+    def switchover(self, candidate: str) -> None:
+        leader = self.leader()
+        assert leader is not None and leader != candidate
+        code, body = self.member(leader).rest("/switchover", {"leader": leader, "candidate": candidate}, timeout=60)
+        assert code == 200, (code, body)
+
+    def cleanup(self) -> None:
+        for member in self.members:
+            if member.proc is not None and member.proc.poll() is None:
+                member.freeze(False)  # a frozen Patroni cannot stop
+        for member in self.members:
+            member.stop(timeout=20)
+            member.kill()  # nothing left behind, whatever stop() achieved
+        if self.etcd is not None and self.etcd.poll() is None:
+            self.etcd.terminate()
+            try:
+                self.etcd.wait(10)
+            except subprocess.TimeoutExpired:
+                self.etcd.kill()
+                self.etcd.wait()
+        shutil.rmtree(self.workdir, ignore_errors=True)

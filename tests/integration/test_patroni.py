@@ -1,0 +1,184 @@
+"""Patroni discovery against a real Patroni cluster (three members on etcd) with a real
+PgBouncer read pool: members found, a switchover followed, a member leaving and joining
+again, a noloadbalance member never pooled, Patroni unreachable with the members kept.
+
+Discovery does not depend on the PostgreSQL version: one version runs these. The steps
+share one cluster and one lagwatch and run in order; each leaves the cluster healthy.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from harness import Lagwatch, run_cli
+from lagwatch.ports import free_port
+from patroni_cluster import PatroniCluster, available
+from pgbouncer_server import PgBouncerServer, readable_by_servers
+
+pytestmark = pytest.mark.one_pg_version
+
+INTERVAL = 0.5
+
+
+@pytest.fixture(scope="module")
+def patroni() -> Iterator[PatroniCluster]:
+    missing = available()
+    if missing:
+        pytest.fail(missing)  # the suite needs it: a missing piece is an error, not a skip
+    with PatroniCluster(tags={"m3": {"noloadbalance": True}}) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def pgbouncer(patroni: PatroniCluster) -> Iterator[PgBouncerServer]:
+    m1 = patroni.member("m1")
+    server = PgBouncerServer(primary_dsn_entry=f"host={m1.host} port={m1.pg_port} dbname=postgres")
+    server.include_file.write_text(f"app_ro = host={m1.host} port={m1.pg_port} dbname=postgres\n")
+    readable_by_servers(server.include_file)
+    with server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def lagwatch(patroni: PatroniCluster, pgbouncer: PgBouncerServer,
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lagwatch]:
+    workdir = tmp_path_factory.mktemp("patroni-lagwatch")
+    config: dict[str, Any] = {
+        "interval": f"{int(INTERVAL * 1000)}ms", "window": "1m", "listen": f"127.0.0.1:{free_port(['127.0.0.1'])}",
+        "state_dir": str(workdir / "state"),
+        "clusters": [{
+            "name": "main",
+            # m2's URL first: when m2 is stopped, the next one answers
+            "discovery": {"kind": "patroni", "urls": [patroni.member(n).url for n in ("m2", "m1", "m3")],
+                          "timeout": "300ms"},
+            "members": {"dsn": "user=postgres dbname=postgres"},
+            "sla": {"max_lag": "2s", "eject_after": 2, "readmit_below": "1s", "readmit_after": 3, "min_replicas": 1},
+            "pooler": {"kind": "pgbouncer", "admin_dsn": pgbouncer.admin_dsn,
+                       "include_file": str(pgbouncer.include_file), "database": "app_ro", "when_empty": "keep",
+                       "options": f"port={patroni.members[0].pg_port} dbname=postgres"},
+        }],
+    }
+    lw = Lagwatch(workdir, config)
+    try:
+        lw.wait_ready()
+        yield lw
+    finally:
+        lw.stop()
+
+
+def pool_hosts(pgbouncer: PgBouncerServer) -> set[str]:
+    with psycopg.connect(pgbouncer.admin_dsn, autocommit=True, connect_timeout=5) as conn:
+        for row in conn.execute("SHOW DATABASES").fetchall():
+            if row[0] == "app_ro":
+                return set(str(row[1]).split(","))
+    return set()
+
+
+def host_of(patroni: PatroniCluster, name: str) -> str:
+    return patroni.member(name).host
+
+
+def test_members_are_found_and_measured(patroni: PatroniCluster, lagwatch: Lagwatch,
+                                        pgbouncer: PgBouncerServer) -> None:
+    lagwatch.expect("lagwatch_discovery_up", 1, timeout=15, cluster="main")
+    lagwatch.expect("lagwatch_discovery_members", 3, cluster="main")
+    lagwatch.expect("lagwatch_node_role", 1, timeout=10, cluster="main", node="m1", role="primary")
+    for name in ("m2", "m3"):
+        lagwatch.expect("lagwatch_node_role", 1, cluster="main", node=name, role="replica")
+        lagwatch.wait_for(f"{name} measured", lambda n=name: lagwatch.value(  # type: ignore[misc]
+            "lagwatch_replica_lag_seconds", cluster="main", replica=n) is not None, 10)
+    lagwatch.expect("lagwatch_cluster_primaries", 1, cluster="main")
+    assert "members from" in lagwatch.log_text()
+    # The read pool: m2 only; m1 is the primary, m3 is tagged noloadbalance.
+    lagwatch.wait_for("pool = m2", lambda: pool_hosts(pgbouncer) == {host_of(patroni, "m2")}, 15)
+    assert lagwatch.value("lagwatch_pool_member", cluster="main", replica="m3") == 0
+
+
+def test_one_shot_commands_ask_patroni(patroni: PatroniCluster, lagwatch: Lagwatch) -> None:
+    config = str(lagwatch.config_path)
+    validated = run_cli("validate", "-c", config)
+    assert validated.returncode == 0 and "1 discovered through Patroni" in validated.stdout, validated
+    checked = run_cli("check", "-c", config)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    rows = {line.split()[1] for line in checked.stdout.splitlines()[2:] if line.startswith("main ")}
+    assert rows == {"m2", "m3"}, checked.stdout  # the replicas Patroni names; m1 leads
+    grants = run_cli("check", "--grants", "-c", config)
+    assert grants.returncode == 0 and "main/m3" in grants.stdout, grants.stdout + grants.stderr
+
+
+def test_switchover_is_followed_and_the_pool_changes_once(patroni: PatroniCluster, lagwatch: Lagwatch,
+                                                          pgbouncer: PgBouncerServer) -> None:
+    changes_before = lagwatch.value("lagwatch_cluster_role_changes_total", cluster="main") or 0
+    seen: list[set[str]] = []
+    stop = threading.Event()
+
+    def watch_pool() -> None:
+        while not stop.is_set():
+            seen.append(pool_hosts(pgbouncer))
+            stop.wait(0.1)
+
+    watcher = threading.Thread(target=watch_pool, daemon=True)
+    watcher.start()
+    try:
+        patroni.switchover("m2")
+        patroni.wait_streaming(60)
+        lagwatch.expect("lagwatch_node_role", 1, timeout=15, cluster="main", node="m2", role="primary")
+        lagwatch.expect("lagwatch_node_role", 1, timeout=15, cluster="main", node="m1", role="replica")
+        # m2 left the pool at once (promoted); m1, a replica again, earns its way back.
+        lagwatch.wait_for("pool = m1", lambda: pool_hosts(pgbouncer) == {host_of(patroni, "m1")}, 30)
+    finally:
+        stop.set()
+        watcher.join(5)
+    assert seen and all(seen), "the read pool was empty during the switchover"
+    assert all(host_of(patroni, "m3") not in pool for pool in seen)  # noloadbalance: never served reads
+    assert lagwatch.value("lagwatch_cluster_primaries", cluster="main") == 1
+    assert (lagwatch.value("lagwatch_cluster_role_changes_total", cluster="main") or 0) >= changes_before + 2
+    # Nothing flapped: m2 was ejected once, m1 readmitted once (min_replicas kept one in).
+    log = lagwatch.log_text()
+    assert log.count("replica=m2 action=eject") == 1 and log.count("replica=m1 action=readmit") == 1, log[-3000:]
+    assert lagwatch.value("lagwatch_discovery_members", cluster="main") == 3  # a switchover is no membership change
+
+
+def test_a_member_leaves_and_joins_without_a_restart(patroni: PatroniCluster, lagwatch: Lagwatch,
+                                                      pgbouncer: PgBouncerServer) -> None:
+    pool = pool_hosts(pgbouncer)
+    leaving = patroni.member("m3")
+    leaving.stop()
+    # Patroni lists a stopped member (state "stopped") until its key's ttl (20 s) runs out.
+    lagwatch.expect("lagwatch_discovery_members", 2, timeout=45, cluster="main")
+    lagwatch.wait_for(f"{leaving.name}'s series gone", lambda: lagwatch.value(
+        "lagwatch_up", cluster="main", node=leaving.name) is None, 10)
+    lagwatch.wait_logged(f"left: {leaving.name}")
+    pid = lagwatch.proc.pid
+    leaving.start()
+    patroni.wait_streaming(60)
+    lagwatch.expect("lagwatch_discovery_members", 3, timeout=20, cluster="main")
+    lagwatch.expect("lagwatch_up", 1, timeout=10, cluster="main", node=leaving.name)
+    lagwatch.wait_logged(f"joined: {leaving.name}")
+    assert lagwatch.proc.pid == pid and lagwatch.proc.poll() is None  # never restarted
+    assert pool_hosts(pgbouncer) == pool  # the members that stayed kept their pool state
+
+
+def test_patroni_unreachable_keeps_the_members_and_the_lag(patroni: PatroniCluster, lagwatch: Lagwatch) -> None:
+    errors_before = lagwatch.value("lagwatch_discovery_errors_total", cluster="main") or 0
+    for member in patroni.members:
+        member.freeze(True)
+    try:
+        lagwatch.expect("lagwatch_discovery_up", 0, timeout=10, cluster="main")
+        time.sleep(3 * INTERVAL)
+        assert lagwatch.value("lagwatch_discovery_members", cluster="main") == 3
+        assert (lagwatch.value("lagwatch_discovery_errors_total", cluster="main") or 0) > errors_before
+        for member in patroni.members:  # PostgreSQL goes on and is still measured
+            assert lagwatch.value("lagwatch_up", cluster="main", node=member.name) == 1
+        lagwatch.wait_logged("member discovery failed, keeping the last known 3 member(s)")
+    finally:
+        for member in patroni.members:
+            member.freeze(False)
+    lagwatch.expect("lagwatch_discovery_up", 1, timeout=10, cluster="main")
+    lagwatch.wait_logged("Patroni answers again")
+    assert "Traceback" not in lagwatch.log_text()

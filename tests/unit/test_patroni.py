@@ -1,0 +1,147 @@
+"""Patroni discovery, pure parts: a /cluster answer read, the cluster config its members
+make, the config schema, and a member tagged noloadbalance kept out of the pool."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import psycopg.conninfo
+import pytest
+from lagwatch import discovery as discovery_module
+from lagwatch.config import ClusterConfig, PatroniClusterConfig, ReplicaSla, parse_config
+from lagwatch.discovery import Discovery
+from lagwatch.errors import ConfigError
+from lagwatch.patroni import DiscoveryError, Membership, cluster_config, parse_cluster
+from lagwatch.policy import PolicyState, PoolRules, ReplicaHealth, decide
+
+# What Patroni 4 answers on GET /cluster (trimmed to the keys lagwatch reads and a few more).
+ANSWER: dict[str, Any] = {
+    "members": [
+        {"name": "pg-b", "role": "replica", "state": "streaming", "api_url": "http://10.0.0.2:8008/patroni",
+         "host": "10.0.0.2", "port": 5432, "timeline": 3, "lag": 0, "tags": {"noloadbalance": True}},
+        {"name": "pg-a", "role": "leader", "state": "running", "api_url": "http://10.0.0.1:8008/patroni",
+         "host": "10.0.0.1", "port": 5432, "timeline": 3},
+        {"name": "pg-c", "role": "sync_standby", "state": "streaming", "host": "10.0.0.3", "port": 5433,
+         "timeline": 3, "lag": 0, "tags": {"nofailover": "true"}},
+    ],
+    "scope": "demo",
+}
+
+CLUSTER = {
+    "name": "main",
+    "discovery": {"kind": "patroni", "urls": ["http://10.0.0.1:8008", "http://10.0.0.2:8008"]},
+    "members": {"dsn": "user=lagwatch dbname=postgres sslmode=prefer"},
+}
+
+
+def test_answer_is_read_sorted_with_tags() -> None:
+    m = parse_cluster(ANSWER, "http://10.0.0.1:8008")
+    assert [x.name for x in m.members] == ["pg-a", "pg-b", "pg-c"]
+    assert m.leader is not None and m.leader.name == "pg-a"
+    assert [(x.noloadbalance, x.nofailover) for x in m.members] == [(False, False), (True, False), (False, True)]
+    assert m.members[2].port == 5433 and m.members[0].timeline == 3
+
+
+@pytest.mark.parametrize(("answer", "match"), [
+    ([], "no members list"),
+    ({"members": "x"}, "no members list"),
+    ({"members": [{"name": "a", "host": "h"}]}, "no host and port"),
+    ({"members": [{"name": "a", "host": "h", "port": 0}]}, "no host and port"),
+    ({"members": [{"name": "primary", "host": "h", "port": 1}]}, "no usable name"),
+    ({"members": [{"name": "a", "host": "h", "port": 1}, {"name": "a", "host": "i", "port": 1}]}, "twice"),
+])
+def test_bad_answers_are_refused(answer: Any, match: str) -> None:
+    with pytest.raises(DiscoveryError, match=match):
+        parse_cluster(answer, "u")
+
+
+def test_members_make_a_cluster_config() -> None:
+    config = parse_config({"clusters": [CLUSTER]})
+    (patroni,) = config.patroni_clusters
+    cluster = cluster_config(patroni, parse_cluster(ANSWER, "u"))
+    assert isinstance(cluster, ClusterConfig)
+    writer = psycopg.conninfo.conninfo_to_dict(cluster.primary.dsn)
+    assert writer["host"] == "10.0.0.1,10.0.0.2,10.0.0.3" and writer["port"] == "5432,5432,5433"
+    assert writer["target_session_attrs"] == "read-write" and writer["user"] == "lagwatch"
+    assert [(r.name, r.walsender_name, r.read_pool) for r in cluster.replicas] == [
+        ("pg-a", "pg-a", True), ("pg-b", "pg-b", False), ("pg-c", "pg-c", True)]
+    assert psycopg.conninfo.conninfo_to_dict(cluster.replicas[2].dsn) == {
+        "user": "lagwatch", "dbname": "postgres", "sslmode": "prefer", "host": "10.0.0.3", "port": "5433"}
+
+
+@pytest.mark.parametrize(("change", "problem"), [
+    ({"members": {"dsn": "host=db user=x"}}, "clusters[0].members.dsn: must not set host"),
+    ({"discovery": {"kind": "patroni", "urls": []}}, "clusters[0].discovery.urls"),
+    ({"discovery": {"kind": "patroni", "urls": ["ftp://x:8008"]}}, "not an http:// or https:// URL"),
+    ({"discovery": {"kind": "patroni", "urls": ["http://u:p@x:8008"]}}, "not an http:// or https:// URL"),
+    ({"discovery": {"kind": "patroni", "urls": ["http://x:8008"], "username": "u"}}, "go together"),
+    ({"discovery": {"kind": "patroni", "urls": ["http://x:8008"], "ca_file": "/nonexistent"}}, "cannot be read"),
+    ({"discovery": {"kind": "consul", "urls": ["http://x:8008"]}}, "clusters[0].discovery.kind"),
+    ({"primary": {"dsn": "host=x"}}, "clusters[0].primary: unknown key"),
+    ({"sla": {"fallback_to_primary": True, "min_replicas": 1},
+      "pooler": {"kind": "command", "template": "{hosts}", "output_file": "/tmp/x", "reload_command": []}},
+     "not supported with discovery"),
+])
+def test_schema_names_each_problem_with_its_path(change: dict[str, Any], problem: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config({"clusters": [{**CLUSTER, **change}]})
+    assert any(problem in p for p in caught.value.problems), caught.value.problems
+
+
+def test_static_and_discovered_clusters_mix() -> None:
+    static = {"name": "static", "primary": {"dsn": "host=p"}, "replicas": [{"name": "r1", "dsn": "host=r"}]}
+    config = parse_config({"clusters": [static, CLUSTER]})
+    assert [c.name for c in config.clusters_with_nodes] == ["static"]
+    assert [c.name for c in config.patroni_clusters] == ["main"]
+    assert isinstance(config.patroni_clusters[0], PatroniClusterConfig)
+
+
+def test_discovery_keeps_the_last_members_when_patroni_stops_answering(monkeypatch: pytest.MonkeyPatch) -> None:
+    (cluster,) = parse_config({"clusters": [CLUSTER]}).patroni_clusters
+    answers: list[Any] = [ANSWER, ANSWER, DiscoveryError("http://10.0.0.1:8008/cluster: timed out"),
+                          {"members": ANSWER["members"][:2]}]
+
+    def fetch(config: Any, timeout: float) -> Membership:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return parse_cluster(json.loads(json.dumps(answer)), config.urls[0])
+
+    monkeypatch.setattr(discovery_module, "fetch_membership", fetch)
+    d = Discovery()
+    assert asyncio.run(d.refresh([cluster], 1.0)) is True  # first members: a change
+    first = d.cluster_configs([cluster])
+    assert asyncio.run(d.refresh([cluster], 1.0)) is False  # the same members: nothing to rebuild
+    assert d.cluster_configs([cluster])[0] is first[0]
+    assert asyncio.run(d.refresh([cluster], 1.0)) is False  # unanswered: the last members stay
+    (status,) = d.statuses([cluster])
+    assert (status.up, status.members, status.errors_total) == (False, 3, 1)
+    assert "timed out" in (status.error or "")
+    assert d.cluster_configs([cluster]) == first
+    assert asyncio.run(d.refresh([cluster], 1.0)) is True  # pg-c left
+    assert [r.name for r in d.cluster_configs([cluster])[0].replicas] == ["pg-a", "pg-b"]
+    assert d.statuses([cluster])[0].up
+
+
+def test_a_member_never_in_the_read_pool_stays_out_even_for_min_replicas() -> None:
+    sla = ReplicaSla(max_lag=2.0, p95=None, eject_after=2, readmit_below=1.0, readmit_after=3)
+    state = PolicyState.from_pool(frozenset({"a", "b"}), ("a", "b"), now=0.0)
+    decision = decide([ReplicaHealth("a", 0.0, True, True), ReplicaHealth("b", 0.0, True, True)],
+                      {"a": sla, "b": sla}, PoolRules(2, False), state, {"b": "in"}, now=1.0, never=["b"])
+    assert decision.pool == {"a"}
+    assert "noloadbalance" in decision.reasons["b"]
+    assert [(c.member, c.action) for c in decision.changes] == [("b", "eject")]
+
+
+def test_example_discovery_config_in_the_readme_validates(tmp_path: Path) -> None:
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    start = readme.index("```yaml\n# patroni discovery")
+    text = readme[start + len("```yaml\n"):readme.index("```", start + 8)]
+    (tmp_path / "c.yaml").write_text(text)
+    from lagwatch.config import load_config
+
+    config = load_config(tmp_path / "c.yaml")
+    assert config.patroni_clusters
