@@ -39,6 +39,10 @@ def evaluate(snapshot: Snapshot, warning: float, critical: float) -> tuple[int, 
     rows: list[CheckRow] = []
     problems: list[str] = []
     worst = OK
+    for discovered in snapshot.discovery:
+        if not discovered.up:  # its members are unknown, or may be out of date
+            worst = worse(worst, UNKNOWN)
+            problems.append(f"{discovered.cluster}: member discovery failed: {discovered.error}")
     for cluster in snapshot.clusters:
         primary = next((n for n in cluster.nodes if n.role == "primary"), None)
         if primary is None or not primary.up:

@@ -1,9 +1,10 @@
 """`lagwatch demo`: a real primary and two streaming replicas on loopback, a steady write
 load, replica1's replay paused now and then (seconds of lag) and replica2 applying 30 ms
 late (milliseconds of lag), and the daemon watching, with pool control over a read pool:
-a ``command`` pooler that writes the pool's backends to a file, so a newcomer watches
-replica1 leave the pool while it lags and rejoin when it has caught up (on /status, in the
-log and in the file) without installing a pooler.
+a real PgBouncer when Debian's is installed (``lagwatch.demopool``), else a ``command``
+pooler that writes the pool's backends to a file, so a newcomer watches replica1 leave the
+pool while it lags and rejoin when it has caught up (on /status, in the log, and in
+PgBouncer or the file).
 
 Everything it starts (servers, data directories, the config file) is removed on Ctrl-C,
 SIGTERM, or when ``duration`` runs out.
@@ -11,6 +12,7 @@ SIGTERM, or when ``duration`` runs out.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -22,6 +24,7 @@ from pathlib import Path
 import yaml
 
 from lagwatch.config import load_config
+from lagwatch.demopool import DATABASE, DemoPgBouncer
 from lagwatch.localcluster import LocalCluster
 from lagwatch.pgbinaries import find_binaries
 from lagwatch.ports import free_port, port_free
@@ -47,7 +50,17 @@ def writer_dsn(cluster: LocalCluster) -> str:
             "user=postgres dbname=postgres target_session_attrs=read-write")
 
 
-def demo_config(cluster: LocalCluster, listen: str, workdir: Path) -> dict[str, object]:
+def demo_config(cluster: LocalCluster, listen: str, workdir: Path,
+                pgbouncer: DemoPgBouncer | None = None) -> dict[str, object]:
+    if pgbouncer is not None:
+        pooler: dict[str, object] = {
+            "kind": "pgbouncer", "admin_dsn": pgbouncer.admin_dsn, "include_file": str(pgbouncer.include_file),
+            "database": DATABASE, "options": pgbouncer.options,
+            "when_empty": "keep"}  # min_replicas keeps one in; the writer DSN is no one address
+    else:
+        # The read pool as a file: what a pooler's include file would hold.
+        pooler = {"kind": "command", "template": "# lagwatch demo read pool\n{backends}\n",
+                  "output_file": str(workdir / "read-pool.txt"), "reload_command": ["true"]}
     return {
         "interval": "1s",
         "window": "5m",
@@ -60,9 +73,7 @@ def demo_config(cluster: LocalCluster, listen: str, workdir: Path) -> dict[str, 
             # replica1's pauses break this; replica2's 30 ms never does.
             "sla": {"max_lag": "2s", "eject_after": 2, "readmit_below": "500ms", "readmit_after": 3,
                     "min_replicas": 1},
-            # The read pool as a file: what a pooler's include file would hold.
-            "pooler": {"kind": "command", "template": "# lagwatch demo read pool\n{backends}\n",
-                       "output_file": str(workdir / "read-pool.txt"), "reload_command": ["true"]},
+            "pooler": pooler,
         }],
     }
 
@@ -163,11 +174,13 @@ def run_demo(listen: str | None = None, pg_major: int | None = None, duration: f
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     binaries = find_binaries(pg_major)
     log.info("demo: starting a PostgreSQL %d primary and two replicas (%s)", binaries.major, binaries.bindir)
-    with LocalCluster(binaries, replicas=2) as cluster, tempfile.TemporaryDirectory(prefix="lagwatch-demo-") as tmp:
+    with (LocalCluster(binaries, replicas=2) as cluster, tempfile.TemporaryDirectory(prefix="lagwatch-demo-") as tmp,
+          contextlib.ExitStack() as stack):  # exits first: PgBouncer stops before the servers
         cluster.start()
         cluster.replicas[1].set_apply_delay(REPLICA2_APPLY_DELAY)
+        pgbouncer = stack.enter_context(DemoPgBouncer(cluster)) if DemoPgBouncer.available() else None
         config_path = Path(tmp) / "lagwatch.yaml"
-        config_path.write_text(yaml.safe_dump(demo_config(cluster, listen, Path(tmp)), sort_keys=False))
+        config_path.write_text(yaml.safe_dump(demo_config(cluster, listen, Path(tmp), pgbouncer), sort_keys=False))
         config = load_config(config_path)
         load = DemoLoad(cluster, switchover_after)
         load.start()
@@ -179,7 +192,7 @@ lagwatch demo is running (PostgreSQL {binaries.major}):
   status    http://{host}:{port}/status  (JSON: /api/status)
   metrics   http://{host}:{port}/metrics
   config    {config_path}
-  read pool {Path(tmp) / "read-pool.txt"}  (replica1 leaves it while over its 2s SLA)
+  read pool {_read_pool_line(Path(tmp), pgbouncer)}
   data      {cluster.base_dir}
 {COMMITS_PER_SECOND} small commits/s; replica1's replay pauses for {PAUSE_SECONDS:.0f}s after \
 {FIRST_PAUSE_AFTER:.0f}s, then every {RUN_SECONDS + PAUSE_SECONDS:.0f}s; replica2 applies \
@@ -192,6 +205,13 @@ lagwatch demo is running (PostgreSQL {binaries.major}):
         finally:
             load.stop()
             log.info("demo: stopping servers and removing their data")
+
+
+def _read_pool_line(workdir: Path, pgbouncer: DemoPgBouncer | None) -> str:
+    if pgbouncer is None:
+        return f"{workdir / 'read-pool.txt'}  (a file; replica1 leaves it while over its 2s SLA)"
+    return (f"{pgbouncer.include_file}  (PgBouncer's {DATABASE}: psql \"{pgbouncer.dsn()}\"; "
+            "replica1 leaves it while over its 2s SLA)")
 
 
 def _switchover_line(after: float | None) -> str:

@@ -55,9 +55,10 @@ class Discovery:
         out = []
         for cluster in clusters:
             k = self._known.get(cluster.name) or _Known(cluster.name)
-            out.append(DiscoveryStatus(cluster.name, k.up, len(k.membership.members) if k.membership else 0,
-                                       k.errors, k.last_success_at,
-                                       k.membership.source if k.membership else None, k.error))
+            members = k.membership.members if k.membership else ()
+            out.append(DiscoveryStatus(cluster.name, k.up, len(members), k.errors, k.last_success_at,
+                                       k.membership.source if k.membership else None, k.error,
+                                       tuple((m.name, m.role, m.state) for m in members)))
         return tuple(out)
 
     async def refresh(self, clusters: Sequence[PatroniClusterConfig], timeout: float) -> bool:

@@ -85,13 +85,18 @@ def _discovery_metrics(snapshot: Snapshot) -> Iterator[Metric]:
                                  labels=["cluster"])
     success = _gauge("lagwatch_discovery_last_success_timestamp_seconds", "Unix time the cluster's members were "
                      "last discovered", ["cluster"])
+    member = InfoMetricFamily("lagwatch_patroni_member", "Each discovered member's role and state as Patroni "
+                              "said last (role: leader, replica, sync_standby, quorum_standby, standby_leader)",
+                              labels=["cluster", "member", "role", "state"])
     for d in snapshot.discovery:
+        for name, role, state in d.patroni_members:
+            member.add_metric([d.cluster, name, role, state], {})
         up.add_metric([d.cluster], 1.0 if d.up else 0.0)
         members.add_metric([d.cluster], d.members)
         errors.add_metric([d.cluster], d.errors_total)
         if d.last_success_at is not None:
             success.add_metric([d.cluster], d.last_success_at)
-    yield from (up, members, errors, success)
+    yield from (up, members, errors, success, member)
 
 
 def _cluster_metrics(c: ClusterSnapshot) -> Iterator[Metric]:

@@ -254,6 +254,8 @@ class DiscoveryStatus:
     last_success_at: float | None  # wall-clock time
     source: str | None  # the URL that answered last
     error: str | None
+    # (member, role, state) as Patroni said last: leader, replica, sync_standby, quorum_standby...
+    patroni_members: tuple[tuple[str, str, str], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import signal
+import ssl
 import subprocess
 import tempfile
 import time
@@ -38,6 +39,42 @@ def available() -> str | None:
     return None
 
 
+def _openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
+
+
+class RestTls:
+    """A CA, a server certificate for the members' addresses and a client certificate:
+    the members' REST APIs speak only HTTPS and want a client certificate signed by the CA."""
+
+    def __init__(self, folder: Path, hosts: list[str]) -> None:
+        folder.mkdir(mode=0o755)
+        ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+        _openssl("req", "-x509", *ec, "-days", "2", "-subj", "/CN=lagwatch-test-ca",
+                 "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign",
+                 "-keyout", "ca.key", "-out", "ca.crt", cwd=folder)
+        for name, ext in (("server", "subjectAltName=" + ",".join(f"IP:{h}" for h in hosts)
+                           + "\nextendedKeyUsage=serverAuth,clientAuth\n"),
+                          ("client", "subjectAltName=DNS:lagwatch\nextendedKeyUsage=clientAuth\n")):
+            _openssl("req", "-new", *ec, "-subj", f"/CN={name}", "-keyout", f"{name}.key", "-out", f"{name}.csr",
+                     cwd=folder)
+            (folder / f"{name}.ext").write_text(ext)
+            _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+                     "-days", "2", "-extfile", f"{name}.ext", "-out", f"{name}.crt", cwd=folder)
+        self.ca = folder / "ca.crt"
+        self.server = (folder / "server.crt", folder / "server.key")
+        self.client = (folder / "client.crt", folder / "client.key")
+        user = run_user()
+        if user.uid is not None and user.gid is not None:  # Patroni (unprivileged) reads its key
+            for path in self.server:
+                os.chown(path, user.uid, user.gid)
+
+    def context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=str(self.ca))
+        context.load_cert_chain(*map(str, self.client))
+        return context
+
+
 def _wait(what: str, predicate: Callable[[], bool], timeout: float, every: float = 0.2) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -55,7 +92,7 @@ class PatroniMember:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.rest_port}"
+        return f"https://{self.host}:{self.rest_port}"
 
     def dsn(self) -> str:
         return f"host={self.host} port={self.pg_port} user=postgres dbname=postgres"
@@ -63,10 +100,15 @@ class PatroniMember:
     def write_config(self) -> None:
         folder = self.folder
         folder.mkdir(mode=0o700, exist_ok=True)
+        tls = self.cluster.tls
         config = {
             "scope": SCOPE, "namespace": f"/{self.cluster.namespace}/", "name": self.name,
             "log": {"level": "WARNING"},
-            "restapi": {"listen": f"{self.host}:{self.rest_port}", "connect_address": f"{self.host}:{self.rest_port}"},
+            "restapi": {"listen": f"{self.host}:{self.rest_port}", "connect_address": f"{self.host}:{self.rest_port}",
+                        "certfile": str(tls.server[0]), "keyfile": str(tls.server[1]), "cafile": str(tls.ca),
+                        "verify_client": "required"},
+            # Members call each other's REST API too (a switchover asks the candidate).
+            "ctl": {"certfile": str(tls.server[0]), "keyfile": str(tls.server[1]), "cacert": str(tls.ca)},
             "etcd3": {"hosts": [f"127.0.0.1:{self.cluster.etcd_port}"]},
             "bootstrap": {
                 "dcs": {"ttl": 20, "loop_wait": 1, "retry_timeout": 5, "maximum_lag_on_failover": 16 * 1024 * 1024,
@@ -127,16 +169,17 @@ class PatroniMember:
             pass
 
     def freeze(self, frozen: bool) -> None:
-        """SIGSTOP / SIGCONT Patroni only: its REST API stops answering, PostgreSQL goes on."""
-        assert self.proc is not None
-        os.kill(self.proc.pid, signal.SIGSTOP if frozen else signal.SIGCONT)
+        """SIGSTOP / SIGCONT Patroni only: its REST API stops answering, PostgreSQL goes on
+        (nothing for a member that is not running)."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGSTOP if frozen else signal.SIGCONT)
 
     def rest(self, path: str, body: dict[str, Any] | None = None, timeout: float = 5) -> tuple[int, Any]:
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(self.url + path, data=data, method="GET" if body is None else "POST",
                                          headers={"Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(request, timeout=timeout) as answer:
+            with urllib.request.urlopen(request, timeout=timeout, context=self.cluster.tls.context()) as answer:
                 raw = answer.read()
                 code = answer.status
         except urllib.error.HTTPError as exc:
@@ -163,10 +206,14 @@ class PatroniCluster:
         self.etcd_port = free_port(["127.0.0.1"])
         self.etcd_peer_port = free_port(["127.0.0.1"], exclude={self.etcd_port})
         self.etcd: subprocess.Popen[bytes] | None = None
-        hosts = ["127.0.0.21", "127.0.0.22", "127.0.0.23"]
-        pg_port = free_port(hosts, exclude={self.etcd_port, self.etcd_peer_port})
-        self.members = [PatroniMember(self, f"m{i}", host, pg_port, (tags or {}).get(f"m{i}", {}))
-                        for i, host in enumerate(hosts, start=1)]
+        # A fourth address for a member added later (add_member).
+        hosts = ["127.0.0.21", "127.0.0.22", "127.0.0.23", "127.0.0.24"]
+        self.pg_port = free_port(hosts, exclude={self.etcd_port, self.etcd_peer_port})
+        self.tags = tags or {}
+        self.members = [PatroniMember(self, f"m{i}", host, self.pg_port, self.tags.get(f"m{i}", {}))
+                        for i, host in enumerate(hosts[:3], start=1)]
+        self._spare_hosts = hosts[3:]
+        self.tls = RestTls(self.workdir / "tls", hosts)
 
     def give_to_server_user(self, path: Path) -> None:
         user = run_user()
@@ -207,6 +254,16 @@ class PatroniCluster:
             member.write_config()
             member.start()
         self.wait_streaming(timeout)
+
+    def add_member(self, timeout: float = 60) -> PatroniMember:
+        """A new member on the spare address: it clones from the leader and streams."""
+        name = f"m{len(self.members) + 1}"
+        member = PatroniMember(self, name, self._spare_hosts.pop(0), self.pg_port, self.tags.get(name, {}))
+        self.members.append(member)
+        member.write_config()
+        member.start()
+        self.wait_streaming(timeout)
+        return member
 
     def _etcd_healthy(self) -> bool:
         try:
@@ -254,8 +311,7 @@ class PatroniCluster:
 
     def cleanup(self) -> None:
         for member in self.members:
-            if member.proc is not None and member.proc.poll() is None:
-                member.freeze(False)  # a frozen Patroni cannot stop
+            member.freeze(False)  # a frozen Patroni cannot stop
         for member in self.members:
             member.stop(timeout=20)
             member.kill()  # nothing left behind, whatever stop() achieved

@@ -1,7 +1,8 @@
 """`lagwatch demo --switchover`: comes up with two streaming replicas, shows lag and a read
-pool that replica1 leaves while its replay is paused (on /status, in headless Chromium, and
-in the pool file), then switches over (replica2 promoted) and shows roles and pool follow;
-on SIGTERM it removes every process and data directory it made."""
+pool (a real PgBouncer) that replica1 leaves while its replay is paused (on /status, in
+headless Chromium, in PgBouncer's include file and in a read through it), then switches
+over (replica2 promoted) and shows roles and pool follow; on SIGTERM it removes every
+process and data directory it made."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import psycopg
 from harness import ROOT, LagwatchHttp, chromium
 from lagwatch.ports import free_port
 
@@ -68,7 +70,13 @@ def test_demo_runs_and_cleans_up(tmp_path: Path) -> None:
         pool_file = re.search(r"read pool\s+(\S+)", text)
         assert pool_file, text
         written = Path(pool_file.group(1)).read_text()
-        assert "replica2 " in written and "replica1" not in written, written
+        hosts = dict(re.findall(r"(replica\d): ([\d.]+):\d+", text))
+        # Debian's PgBouncer is installed here: the demo's read pool is a real one.
+        through = re.search(r'PgBouncer\'s app_ro: psql "([^"]+)"', text)
+        assert through, text
+        assert hosts["replica2"] in written and hosts["replica1"] not in written, written
+        with psycopg.connect(through.group(1), connect_timeout=5) as conn:  # a read through the pool
+            assert str(conn.execute("SELECT inet_server_addr()").fetchone()[0]) == hosts["replica2"]  # type: ignore[index]
 
         def value(name: str, **labels: str) -> float | None:
             return view.samples().get((name, frozenset({"cluster": "demo", **labels}.items())))
@@ -86,7 +94,7 @@ def test_demo_runs_and_cleans_up(tmp_path: Path) -> None:
         dom = chromium("--dump-dom", f"http://127.0.0.1:{port}/status").stdout
         assert "replica2 primary (timeline 2)" in dom, dom[-3000:]
         assert re.search(r"<b>eject</b> replica2: promoted: it accepts writes now", dom), dom[-3000:]
-        assert Path(pool_file.group(1)).read_text().strip() != "# lagwatch demo read pool"  # never empty
+        assert hosts["replica1"] in Path(pool_file.group(1)).read_text()  # never empty: replica1 serves
     finally:
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(60)

@@ -1,6 +1,7 @@
-"""Patroni discovery against a real Patroni cluster (three members on etcd) with a real
-PgBouncer read pool: members found, a switchover followed, a member leaving and joining
-again, a noloadbalance member never pooled, Patroni unreachable with the members kept.
+"""Patroni discovery against a real Patroni cluster (three members on etcd, REST API over
+HTTPS with client certificates) with a real PgBouncer read pool: members found, a
+switchover followed, a fourth member joining and leaving, a noloadbalance member never
+pooled, Patroni unreachable with the members kept.
 
 Discovery does not depend on the PostgreSQL version: one version runs these. The steps
 share one cluster and one lagwatch and run in order; each leaves the cluster healthy.
@@ -11,10 +12,12 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+import yaml
 from harness import Lagwatch, run_cli
 from lagwatch.ports import free_port
 from patroni_cluster import PatroniCluster, available
@@ -55,7 +58,8 @@ def lagwatch(patroni: PatroniCluster, pgbouncer: PgBouncerServer,
             "name": "main",
             # m2's URL first: when m2 is stopped, the next one answers
             "discovery": {"kind": "patroni", "urls": [patroni.member(n).url for n in ("m2", "m1", "m3")],
-                          "timeout": "300ms"},
+                          "timeout": "300ms", "ca_file": str(patroni.tls.ca),
+                          "cert_file": str(patroni.tls.client[0]), "key_file": str(patroni.tls.client[1])},
             "members": {"dsn": "user=postgres dbname=postgres"},
             "sla": {"max_lag": "2s", "eject_after": 2, "readmit_below": "1s", "readmit_after": 3, "min_replicas": 1},
             "pooler": {"kind": "pgbouncer", "admin_dsn": pgbouncer.admin_dsn,
@@ -93,13 +97,16 @@ def test_members_are_found_and_measured(patroni: PatroniCluster, lagwatch: Lagwa
         lagwatch.wait_for(f"{name} measured", lambda n=name: lagwatch.value(  # type: ignore[misc]
             "lagwatch_replica_lag_seconds", cluster="main", replica=n) is not None, 10)
     lagwatch.expect("lagwatch_cluster_primaries", 1, cluster="main")
+    # Patroni's own word on roles, beside what lagwatch observes
+    lagwatch.expect("lagwatch_patroni_member_info", 1, cluster="main", member="m1", role="leader", state="running")
+    lagwatch.expect("lagwatch_patroni_member_info", 1, cluster="main", member="m3", role="replica", state="streaming")
     assert "members from" in lagwatch.log_text()
     # The read pool: m2 only; m1 is the primary, m3 is tagged noloadbalance.
     lagwatch.wait_for("pool = m2", lambda: pool_hosts(pgbouncer) == {host_of(patroni, "m2")}, 15)
     assert lagwatch.value("lagwatch_pool_member", cluster="main", replica="m3") == 0
 
 
-def test_one_shot_commands_ask_patroni(patroni: PatroniCluster, lagwatch: Lagwatch) -> None:
+def test_one_shot_commands_ask_patroni(patroni: PatroniCluster, lagwatch: Lagwatch, tmp_path: Path) -> None:
     config = str(lagwatch.config_path)
     validated = run_cli("validate", "-c", config)
     assert validated.returncode == 0 and "1 discovered through Patroni" in validated.stdout, validated
@@ -109,6 +116,14 @@ def test_one_shot_commands_ask_patroni(patroni: PatroniCluster, lagwatch: Lagwat
     assert rows == {"m2", "m3"}, checked.stdout  # the replicas Patroni names; m1 leads
     grants = run_cli("check", "--grants", "-c", config)
     assert grants.returncode == 0 and "main/m3" in grants.stdout, grants.stdout + grants.stderr
+    # Patroni's REST API wants a client certificate: without one, nothing is discovered.
+    data = yaml.safe_load(lagwatch.config_path.read_text())
+    del data["clusters"][0]["discovery"]["cert_file"], data["clusters"][0]["discovery"]["key_file"]
+    no_cert = tmp_path / "no-client-cert.yaml"
+    no_cert.write_text(yaml.safe_dump(data))
+    refused = run_cli("check", "-c", str(no_cert))
+    assert refused.returncode == 3, refused.stdout + refused.stderr  # UNKNOWN
+    assert "main: member discovery failed" in refused.stdout, refused.stdout
 
 
 def test_switchover_is_followed_and_the_pool_changes_once(patroni: PatroniCluster, lagwatch: Lagwatch,
@@ -142,26 +157,33 @@ def test_switchover_is_followed_and_the_pool_changes_once(patroni: PatroniCluste
     log = lagwatch.log_text()
     assert log.count("replica=m2 action=eject") == 1 and log.count("replica=m1 action=readmit") == 1, log[-3000:]
     assert lagwatch.value("lagwatch_discovery_members", cluster="main") == 3  # a switchover is no membership change
+    lagwatch.expect("lagwatch_patroni_member_info", 1, timeout=5, cluster="main", member="m2", role="leader",
+                    state="running")
 
 
-def test_a_member_leaves_and_joins_without_a_restart(patroni: PatroniCluster, lagwatch: Lagwatch,
-                                                      pgbouncer: PgBouncerServer) -> None:
-    pool = pool_hosts(pgbouncer)
-    leaving = patroni.member("m3")
-    leaving.stop()
-    # Patroni lists a stopped member (state "stopped") until its key's ttl (20 s) runs out.
-    lagwatch.expect("lagwatch_discovery_members", 2, timeout=45, cluster="main")
-    lagwatch.wait_for(f"{leaving.name}'s series gone", lambda: lagwatch.value(
-        "lagwatch_up", cluster="main", node=leaving.name) is None, 10)
-    lagwatch.wait_logged(f"left: {leaving.name}")
+def test_a_member_joins_and_leaves_polling_and_the_pool_without_a_restart(
+        patroni: PatroniCluster, lagwatch: Lagwatch, pgbouncer: PgBouncerServer) -> None:
     pid = lagwatch.proc.pid
-    leaving.start()
-    patroni.wait_streaming(60)
-    lagwatch.expect("lagwatch_discovery_members", 3, timeout=20, cluster="main")
-    lagwatch.expect("lagwatch_up", 1, timeout=10, cluster="main", node=leaving.name)
-    lagwatch.wait_logged(f"joined: {leaving.name}")
+    before = pool_hosts(pgbouncer)
+    joining = patroni.add_member()
+    lagwatch.expect("lagwatch_discovery_members", 4, timeout=15, cluster="main")
+    lagwatch.wait_logged(f"joined: {joining.name}")
+    lagwatch.expect("lagwatch_up", 1, timeout=10, cluster="main", node=joining.name)
+    lagwatch.expect("lagwatch_node_role", 1, cluster="main", node=joining.name, role="replica")
+    # A newcomer earns its place like a readmitted replica (readmit_after healthy cycles).
+    lagwatch.wait_for(f"{joining.name} pooled", lambda: pool_hosts(pgbouncer) == before | {joining.host}, 20)
+    assert lagwatch.log_text().count(f"replica={joining.name} action=readmit") == 1
+
+    joining.stop()
+    # Patroni lists a stopped member (state "stopped") until its key's ttl (20 s) runs out;
+    # meanwhile it reads as down, and leaves the pool as any unreachable replica does.
+    lagwatch.wait_for(f"{joining.name} out of the pool", lambda: pool_hosts(pgbouncer) == before, 20)
+    lagwatch.expect("lagwatch_discovery_members", 3, timeout=45, cluster="main")
+    lagwatch.wait_logged(f"left: {joining.name}")
+    lagwatch.wait_for(f"{joining.name}'s series gone", lambda: lagwatch.value(
+        "lagwatch_up", cluster="main", node=joining.name) is None, 10)
+    assert pool_hosts(pgbouncer) == before
     assert lagwatch.proc.pid == pid and lagwatch.proc.poll() is None  # never restarted
-    assert pool_hosts(pgbouncer) == pool  # the members that stayed kept their pool state
 
 
 def test_patroni_unreachable_keeps_the_members_and_the_lag(patroni: PatroniCluster, lagwatch: Lagwatch) -> None:
@@ -173,8 +195,8 @@ def test_patroni_unreachable_keeps_the_members_and_the_lag(patroni: PatroniClust
         time.sleep(3 * INTERVAL)
         assert lagwatch.value("lagwatch_discovery_members", cluster="main") == 3
         assert (lagwatch.value("lagwatch_discovery_errors_total", cluster="main") or 0) > errors_before
-        for member in patroni.members:  # PostgreSQL goes on and is still measured
-            assert lagwatch.value("lagwatch_up", cluster="main", node=member.name) == 1
+        for name in ("m1", "m2", "m3"):  # PostgreSQL goes on and is still measured
+            assert lagwatch.value("lagwatch_up", cluster="main", node=name) == 1
         lagwatch.wait_logged("member discovery failed, keeping the last known 3 member(s)")
     finally:
         for member in patroni.members:

@@ -172,3 +172,17 @@ def test_min_replicas_does_not_swap_between_two_lagging_replicas() -> None:
     decisions = run(cycles, min_replicas=1)
     kept = [set(d.pool) for d in decisions[2:]]
     assert len(kept[0]) == 1 and all(k == kept[0] for k in kept), kept
+
+
+def test_promoted_leaves_at_once_and_demoted_earns_its_way_back() -> None:
+    """A switchover seen by the policy: r1 promoted (out at once, no eject_after), then
+    demoted and following the new primary with no lag: back only after readmit_after
+    good cycles, one change each way."""
+    cycles = ([[h("r1", 0), h("r2", 0)]]
+              + [[ReplicaHealth("r1", None, True, False, promoted=True), h("r2", 0)]] * 2
+              + [[h("r1", 0), h("r2", 0)]] * 4)
+    decisions = run(cycles)
+    assert pools(decisions) == [{"r1", "r2"}, {"r2"}, {"r2"}, {"r2"}, {"r2"}, {"r1", "r2"}, {"r1", "r2"}]
+    assert [(c.member, c.action) for d in decisions for c in d.changes] == [("r1", "eject"), ("r1", "readmit")]
+    assert decisions[1].changes[0].reason == "promoted: it accepts writes now"
+    assert decisions[3].reasons["r1"] == "recovering (1/3)"
