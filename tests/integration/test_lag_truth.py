@@ -403,6 +403,11 @@ def test_unanswering_node_is_down_alone(pg_cluster: ChaosCluster, watchers: dict
     """A stopped or hung replica is down within two intervals; the other nodes keep their
     cadence at both intervals (the 100 ms watcher: about 10 answered polls a second)."""
     replica2 = pg_cluster.replicas[1]
+    # Up in both watchers' eyes first: a replica the previous test's repair restarted may
+    # still read down to the 1 s watcher, which would then log no new "down" line.
+    for lw in watchers.values():
+        lw.wait_for("replica2 up before the test", lambda lw=lw: lw.value("lagwatch_up", node="replica2") == 1,
+                    timeout=30)
     logged = {name: len(lw.log_text()) for name, lw in watchers.items()}
     if how == "stopped":
         replica2.stop()
