@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import string
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -24,6 +25,7 @@ from pydantic import (
     PrivateAttr,
     Tag,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -408,11 +410,13 @@ class ClusterConfig(_Strict):
         return self
 
     @model_validator(mode="after")
-    def _pooler_members(self) -> ClusterConfig:
+    def _pooler_members(self, info: ValidationInfo) -> ClusterConfig:
         if isinstance(self.pooler, HAProxyPoolerConfig):
             known = {r.name for r in self.replicas} | {"primary"}
             unknown = sorted(set(self.pooler.servers) - known)
-            if unknown:
+            # Discovered members come and go: a server mapped to one not there now is kept
+            # out of rotation (the adapter ejects every mapped server it is not told to route to).
+            if unknown and not (info.context or {}).get(DISCOVERED):
                 raise ValueError(f"pooler.servers names unknown replicas: {', '.join(unknown)}")
             if self.sla.fallback_to_primary and "primary" not in self.pooler.servers:
                 raise ValueError("sla.fallback_to_primary needs a 'primary' entry in pooler.servers: "
@@ -441,13 +445,21 @@ class PatroniDiscoveryConfig(_Strict):
     cert_file: Path | None = None  # a client certificate, when Patroni asks for one
     key_file: Path | None = None
     verify: bool = True
-    timeout: PositiveDuration | None = None  # per request; default: half the interval, at most 2 s
+    timeout: PositiveDuration | None = None  # per URL asked; default: the cycle's budget, at most 2 s
 
     @field_validator("urls")
     @classmethod
     def _http_urls(cls, urls: tuple[str, ...]) -> tuple[str, ...]:
         for url in urls:
-            if not re.fullmatch(r"https?://[^\s/?#@]+(:\d+)?/?", url):
+            parts = urllib.parse.urlsplit(url)
+            try:
+                port = parts.port  # raises for a port that is no number or past 65535
+            except ValueError:
+                port = 0
+            if port == 0:
+                raise ValueError(f"{url!r}: the port is not a number from 1 to 65535")
+            if (parts.scheme not in ("http", "https") or not parts.hostname or "@" in parts.netloc
+                    or parts.path not in ("", "/") or parts.query or parts.fragment or re.search(r"\s", url)):
                 raise ValueError(f"{url!r} is not an http:// or https:// URL of a Patroni REST API "
                                  "(scheme, host and port only)")
         return urls
@@ -478,6 +490,10 @@ class MemberTemplate(NodeConfig):
         return dsn
 
 
+# The validation context of a cluster config made from discovered members (patroni.cluster_config).
+DISCOVERED = "discovered"
+
+
 class PatroniClusterConfig(_Strict):
     """A cluster whose members Patroni names: the same keys as a static cluster, with
     ``discovery`` and ``members`` instead of ``primary`` and ``replicas``."""
@@ -494,6 +510,9 @@ class PatroniClusterConfig(_Strict):
 
     @model_validator(mode="after")
     def _no_fallback(self) -> PatroniClusterConfig:
+        if isinstance(self.pooler, HAProxyPoolerConfig) and "primary" in self.pooler.servers:
+            raise ValueError("pooler.servers: with discovery, map members by their Patroni names; 'primary' "
+                             "is none of them (the leader is whichever member leads now)")
         if self.pooler is not None and self.sla.fallback_to_primary:
             # The writer DSN lists every member: it is no one address a pooler can route to.
             raise ValueError("sla.fallback_to_primary is not supported with discovery yet")

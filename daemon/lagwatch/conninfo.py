@@ -25,3 +25,33 @@ def build_conninfo(node: NodeConfig, connect_timeout: float, statement_timeout: 
     if password is not None:
         extra["password"] = password
     return psycopg.conninfo.make_conninfo(node.dsn, **extra)
+
+
+_ADDRESS_KEYS = ("host", "hostaddr", "port")
+
+
+def serves_as(old: NodeConfig, new: NodeConfig, connected: tuple[str, int] | None) -> bool:
+    """Whether a session opened with ``old``, now connected to ``connected`` (host, port),
+    may go on serving ``new``: the same settings but for the host list, and the server it
+    is on still in that list. Discovery adds and removes members from the writer's
+    multi-host DSN; the session on the leader need not be dropped for that (nor the leader
+    lock it holds)."""
+    if old == new:
+        return True
+    if connected is None or old.model_copy(update={"dsn": ""}) != new.model_copy(update={"dsn": ""}):
+        return False
+    before, after = (psycopg.conninfo.conninfo_to_dict(c.dsn) for c in (old, new))
+    if {k: v for k, v in before.items() if k not in _ADDRESS_KEYS} != \
+            {k: v for k, v in after.items() if k not in _ADDRESS_KEYS} or "hostaddr" in after:
+        return False
+    hosts = str(after.get("host", "")).split(",")
+    ports = str(after.get("port", "5432")).split(",")
+    ports = ports * len(hosts) if len(ports) == 1 else ports
+    return (connected[0], str(connected[1])) in set(zip(hosts, ports, strict=False))
+
+
+def connected_address(conn: Any) -> tuple[str, int] | None:
+    """The (host, port) an open psycopg connection is on, as its DSN named it."""
+    if conn is None or conn.closed:
+        return None
+    return str(conn.info.host), int(conn.info.port)

@@ -21,7 +21,8 @@ from typing import Any
 from apscheduler.events import EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED, JobEvent
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
-from lagwatch.config import Config, load_config
+from lagwatch.config import ClusterConfig, Config, NodeConfig, load_config
+from lagwatch.conninfo import serves_as
 from lagwatch.discovery import Discovery
 from lagwatch.durations import format_duration
 from lagwatch.errors import ConfigError
@@ -52,6 +53,8 @@ class _Runtime:
     controllers: dict[str, PoolController]
     # Kept controllers and what they take on at commit (their history carries over).
     reconfigured: list[tuple[PoolController, Reconfiguration]] = field(default_factory=list)
+    # Kept pollers and the cluster and node config they take on at commit (their connection carries over).
+    retargeted: list[tuple[NodePoller, ClusterConfig, NodeConfig]] = field(default_factory=list)
     hooks: list[Callable[[], None]] = field(default_factory=list)
 
 
@@ -68,6 +71,8 @@ class Daemon:
         # The config as loaded; what runs is that plus the members discovery found.
         self._source = config
         self.discovery = Discovery()
+        # One-shot commands ask once (discover_now) and must not wait on a second ask at exit.
+        self.discover_every_cycle = True
         self._runtime = _Runtime(config, {}, {}, {})
         self._commit(self._build(self._effective(config)))
         self._cycles = 0
@@ -79,6 +84,7 @@ class Daemon:
         self._stopped = asyncio.Event()
         self._scheduler: AsyncIOScheduler | None = None
         self._discovering: asyncio.Future[bool] | None = None
+        self._members_pending = False  # members that could not be put in force yet
 
     @property
     def config(self) -> Config:
@@ -89,10 +95,11 @@ class Daemon:
         clusters = (*source.clusters_with_nodes, *self.discovery.cluster_configs(source.patroni_clusters))
         return source.model_copy(update={"clusters": clusters})
 
-    def _build(self, config: Config) -> _Runtime:
+    def _build(self, config: Config, *, reloading: bool = True) -> _Runtime:
         """The runtime for ``config``, built beside the one running: what can carry over
-        (lag history, pool-control streaks, counters, leadership) is reused, but nothing in
-        force is changed here. Raises if any part cannot be built."""
+        (lag history, connections, pool-control streaks, counters, leadership) is reused,
+        but nothing in force is changed here. Raises if any part cannot be built. A rebuild
+        for new members (``reloading=False``) leaves the files read on reload alone."""
         running = self._runtime
         trackers = {}
         for cluster in config.clusters_with_nodes:
@@ -101,13 +108,7 @@ class Daemon:
                 trackers[cluster.name] = old  # keeps its history; takes the new cluster config at commit
             else:
                 trackers[cluster.name] = ClusterTracker(cluster, config.interval, config.window)
-        # A cluster whose nodes and poll settings are unchanged keeps its connections
-        # (discovery rebuilds the runtime whenever one cluster's members change).
-        same_polling = running.config.model_copy(update={"clusters": ()}) == config.model_copy(update={"clusters": ()})
-        before = {c.name: c for c in running.config.clusters_with_nodes}
-        pollers = {c.name: running.pollers[c.name]
-                   if same_polling and before.get(c.name) == c and c.name in running.pollers
-                   else pollers_for(c, config) for c in config.clusters_with_nodes}
+        pollers, retargeted = self._pollers(config)
         holds = HoldStore(config.holds_file)
         timeout = config.effective_query_timeout
         controllers, reconfigured = {}, []
@@ -121,8 +122,34 @@ class Daemon:
                 reconfigured.append((kept, change))
             else:
                 controllers[cluster.name] = PoolController(cluster, config.interval, holds, timeout)
-        hooks = [hook(config) for hook in self.reload_hooks]
-        return _Runtime(config, trackers, pollers, controllers, reconfigured, hooks)
+        hooks = [hook(config) for hook in self.reload_hooks] if reloading else []
+        return _Runtime(config, trackers, pollers, controllers, reconfigured, retargeted, hooks)
+
+    def _pollers(self, config: Config) -> tuple[dict[str, list[NodePoller]],
+                                                list[tuple[NodePoller, ClusterConfig, NodeConfig]]]:
+        """Each node's poller: the running one, with its connection, when the poll
+        settings and the node's config are unchanged (or the writer's host list changed
+        and still holds the server it is on), else a new one. Discovery rebuilds the
+        runtime whenever a cluster's members change: the members that stay keep theirs."""
+        running = self._runtime
+        no_clusters = {"clusters": ()}
+        same_polling = running.config.model_copy(update=no_clusters) == config.model_copy(update=no_clusters)
+        pollers: dict[str, list[NodePoller]] = {}
+        retargeted = []
+        for cluster in config.clusters_with_nodes:
+            old = {p.node: p for p in running.pollers.get(cluster.name, ())} if same_polling else {}
+            pollers[cluster.name] = []
+            for fresh in pollers_for(cluster, config):
+                kept = old.get(fresh.node)
+                if (kept is not None and kept.role == fresh.role
+                        and (kept.cluster.walinspect, kept.cluster.walinspect_max_bytes)
+                        == (cluster.walinspect, cluster.walinspect_max_bytes)
+                        and serves_as(kept.node_config, fresh.node_config, kept.connected_address())):
+                    pollers[cluster.name].append(kept)
+                    retargeted.append((kept, cluster, fresh.node_config))
+                else:
+                    pollers[cluster.name].append(fresh)
+        return pollers, retargeted
 
     def _commit(self, new: _Runtime) -> _Runtime:
         """Put ``new`` in force in one step (nothing here can fail); returns the runtime it
@@ -132,6 +159,8 @@ class Daemon:
             new.trackers[cluster.name].cluster = cluster
         for controller, change in new.reconfigured:
             controller.commit(change)
+        for poller, cluster, node_config in new.retargeted:
+            poller.cluster, poller.node_config = cluster, node_config
         for apply in new.hooks:
             apply()
         return old
@@ -154,7 +183,7 @@ class Daemon:
             # Members are asked for while the nodes are polled, and never waited for: an
             # answer (or a change) is taken by the first cycle that ends after it, and
             # applies from the next one.
-            if self._discovering is None and self._source.patroni_clusters:
+            if self._discovering is None and self._source.patroni_clusters and self.discover_every_cycle:
                 self._discovering = asyncio.ensure_future(
                     self.discovery.refresh(self._source.patroni_clusters, budget))
             results = await asyncio.gather(*(poll_all(runtime.pollers[c.name], budget) for c in clusters))
@@ -200,19 +229,26 @@ class Daemon:
             self._background_errors += 1
             log.exception("member discovery failed unexpectedly; the members in force stay")
             return
-        if changed:
+        if changed or self._members_pending:
             await self._members_changed()
 
     async def _members_changed(self) -> None:
         """Put the new memberships in force as a reload would (called holding the lock):
-        the changed clusters' nodes are polled from the next cycle, the others keep their
-        connections, lag history and pool state."""
+        the changed clusters' new nodes are polled from the next cycle, every node that
+        stays keeps its connection, lag history and pool state. If they cannot be put in
+        force, the previous ones stay and every later cycle tries again."""
         try:
-            runtime = self._build(self._effective(self._source))
+            runtime = self._build(self._effective(self._source), reloading=False)
         except Exception:  # e.g. a pooler that cannot be built for the new members
             self._background_errors += 1
-            log.exception("the new members could not be put in force; keeping the previous ones")
+            if not self._members_pending:
+                log.exception("the new members could not be put in force; keeping the previous ones "
+                              "and trying again every cycle")
+            self._members_pending = True
             return
+        if self._members_pending:
+            log.info("the new members are in force")
+        self._members_pending = False
         await self._close_replaced(self._commit(runtime))
 
     def _notify(self, snapshot: Snapshot) -> None:
@@ -309,13 +345,18 @@ class Daemon:
         self.notifier.reloading()
         try:
             new = load_config(self.config_path, self.web_config_file)
-            runtime = self._build(self._effective(new))
         except ConfigError as exc:
             return self._rejected(str(exc))
-        except Exception as exc:  # a rule the schema missed: still nothing changes
-            log.exception("building the reloaded config failed")
-            return self._rejected(f"{self.config_path}: {type(exc).__name__}: {exc}")
+        # Built and put in force under the lock: a membership change committed by a cycle
+        # meanwhile is then built upon, never undone by a runtime built before it.
         async with self._lock:
+            try:
+                runtime = self._build(self._effective(new))
+            except ConfigError as exc:
+                return self._rejected(str(exc))
+            except Exception as exc:  # a rule the schema missed: still nothing changes
+                log.exception("building the reloaded config failed")
+                return self._rejected(f"{self.config_path}: {type(exc).__name__}: {exc}")
             if new.listen != self.config.listen:
                 log.warning("listen changed to %s: takes effect on restart", new.listen)
             old = self._commit(runtime)

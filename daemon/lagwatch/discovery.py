@@ -81,6 +81,9 @@ class Discovery:
         except ValidationError as exc:
             return self._failed(known, "the members make no valid cluster: "
                                        + "; ".join(validation_problems(exc)))
+        except Exception as exc:  # a case no rule foresaw: still only this cluster's discovery fails
+            log.debug("%s: discovery failed unexpectedly", cluster.name, exc_info=True)
+            return self._failed(known, f"unexpected {type(exc).__name__}: {exc}")
         changed = known.config is not config
         if changed:
             before = {m.name for m in known.membership.members} if known.membership else set()
@@ -116,4 +119,7 @@ def with_members_now(config: Config, timeout: float = 2.0) -> Config:
                                                                      cluster.discovery.timeout or timeout)))
         except DiscoveryError as exc:
             raise DiscoveryError(f"{cluster.name}: member discovery failed: {exc}") from None
+        except ValidationError as exc:
+            raise DiscoveryError(f"{cluster.name}: the members make no valid cluster: "
+                                 + "; ".join(validation_problems(exc))) from None
     return config.model_copy(update={"clusters": tuple(clusters)})

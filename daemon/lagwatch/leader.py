@@ -26,7 +26,7 @@ import psycopg
 import psycopg.conninfo
 
 from lagwatch.config import ClusterConfig, PasswordUnavailableError
-from lagwatch.conninfo import build_conninfo
+from lagwatch.conninfo import build_conninfo, connected_address
 from lagwatch.snapshot import LEADER_APPLICATION_NAME, LockHolder
 
 log = logging.getLogger("lagwatch.leader")
@@ -64,6 +64,9 @@ class LeaderLock:
         self.is_leader = False
         self.holder: LockHolder | None = None  # who holds the lock, as last seen (us included)
         self._said: tuple[int, str, str] | None = None
+
+    def connected_address(self) -> tuple[str, int] | None:
+        return connected_address(self._conn)
 
     async def refresh(self) -> bool:
         """Keep or try to take the lock; returns whether this instance leads now."""

@@ -18,8 +18,10 @@ becomes an ordinary ``ClusterConfig``:
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import ssl
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
@@ -28,7 +30,14 @@ from typing import Any
 
 import psycopg.conninfo
 
-from lagwatch.config import ClusterConfig, NodeConfig, PatroniClusterConfig, PatroniDiscoveryConfig, ReplicaConfig
+from lagwatch.config import (
+    DISCOVERED,
+    ClusterConfig,
+    NodeConfig,
+    PatroniClusterConfig,
+    PatroniDiscoveryConfig,
+    ReplicaConfig,
+)
 
 MAX_ANSWER_BYTES = 1 << 20  # a /cluster answer of 1 MiB would be ~5,000 members: not Patroni
 
@@ -117,28 +126,60 @@ def _auth_header(config: PatroniDiscoveryConfig) -> dict[str, str]:
     return {"Authorization": f"Basic {token}"}
 
 
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A redirect is an answer of its own (``HTTP 307``), never followed: following it
+    would send the basic-auth header to wherever the redirect points."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+def _opener(config: PatroniDiscoveryConfig) -> urllib.request.OpenerDirector:
+    handlers: list[urllib.request.BaseHandler] = [_NoRedirects()]
+    if any(u.startswith("https:") for u in config.urls):
+        try:
+            handlers.append(urllib.request.HTTPSHandler(context=_ssl_context(config)))
+        except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError: a bad cert, key or CA file
+            raise DiscoveryError(f"TLS set-up failed: {exc}") from None
+    return urllib.request.build_opener(*handlers)
+
+
+def _read_within(answer: http.client.HTTPResponse, deadline: float, url: str) -> bytes:
+    """The body, read one socket receive at a time so that a server trickling bytes
+    cannot hold the worker past ``deadline`` (urllib's timeout bounds each receive only)."""
+    chunks, size = [], 0
+    while chunk := answer.read1(65536):
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > MAX_ANSWER_BYTES:
+            raise DiscoveryError(f"{url}: answer larger than {MAX_ANSWER_BYTES} bytes")
+        if time.monotonic() > deadline:
+            raise DiscoveryError(f"{url}: answer not complete in time")
+    return b"".join(chunks)
+
+
 def fetch_membership(config: PatroniDiscoveryConfig, timeout: float) -> Membership:
-    """The first good ``/cluster`` answer among the URLs, each asked within ``timeout``."""
+    """The first good ``/cluster`` answer among the URLs, each asked within ``timeout``.
+    Every failure, whatever its kind, is a DiscoveryError naming the URL."""
     headers = {"Accept": "application/json", **_auth_header(config)}
-    context = _ssl_context(config) if any(u.startswith("https:") for u in config.urls) else None
+    opener = _opener(config)
     problems = []
     for base in config.urls:
         url = base.rstrip("/") + "/cluster"
-        request = urllib.request.Request(url, headers=headers)
         try:
-            with urllib.request.urlopen(request, timeout=timeout,
-                                        context=context if url.startswith("https:") else None) as answer:
-                body = answer.read(MAX_ANSWER_BYTES + 1)
-            if len(body) > MAX_ANSWER_BYTES:
-                raise DiscoveryError(f"{url}: answer larger than {MAX_ANSWER_BYTES} bytes")
+            with opener.open(urllib.request.Request(url, headers=headers), timeout=timeout) as answer:
+                body = _read_within(answer, time.monotonic() + timeout, url)
             return parse_cluster(json.loads(body), base)
         except urllib.error.HTTPError as exc:
             problems.append(f"{url}: HTTP {exc.code}")
-        except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            problems.append(f"{url}: {getattr(reason, 'strerror', None) or reason}")
-        except (ValueError, DiscoveryError) as exc:  # not JSON, or not a membership
-            problems.append(str(exc) if isinstance(exc, DiscoveryError) else f"{url}: not JSON")
+        except urllib.error.URLError as exc:
+            problems.append(f"{url}: {getattr(exc.reason, 'strerror', None) or exc.reason}")
+        except DiscoveryError as exc:
+            problems.append(str(exc))
+        except (ValueError, RecursionError):  # not JSON (or JSON nested past the parser)
+            problems.append(f"{url}: not JSON")
+        except (OSError, http.client.HTTPException) as exc:  # reset, timeout, a broken status line
+            problems.append(f"{url}: {getattr(exc, 'strerror', None) or type(exc).__name__}: {exc}")
     raise DiscoveryError("; ".join(problems))
 
 
@@ -161,6 +202,7 @@ def cluster_config(cluster: PatroniClusterConfig, membership: Membership) -> Clu
                                    application_name=m.name, read_pool=not m.noloadbalance,
                                    password_file=password_file, password_env=password_env)
                      for m in members)
-    return ClusterConfig(name=cluster.name, primary=primary, replicas=replicas, walinspect=cluster.walinspect,
-                         walinspect_max_bytes=cluster.walinspect_max_bytes, sla=cluster.sla, pooler=cluster.pooler,
-                         dry_run=cluster.dry_run, leader_lock_key=cluster.leader_lock_key)
+    fields = {"name": cluster.name, "primary": primary, "replicas": replicas, "walinspect": cluster.walinspect,
+              "walinspect_max_bytes": cluster.walinspect_max_bytes, "sla": cluster.sla, "pooler": cluster.pooler,
+              "dry_run": cluster.dry_run, "leader_lock_key": cluster.leader_lock_key}
+    return ClusterConfig.model_validate(fields, context={DISCOVERED: True})

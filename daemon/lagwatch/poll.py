@@ -20,7 +20,7 @@ import psycopg.errors
 from psycopg.rows import dict_row
 
 from lagwatch.config import ClusterConfig, Config, NodeConfig, PasswordUnavailableError
-from lagwatch.conninfo import build_conninfo
+from lagwatch.conninfo import build_conninfo, connected_address
 from lagwatch.lsn import format_lsn
 from lagwatch.redact import redact_text
 from lagwatch.snapshot import ErrorKind, NodeObservation, Role
@@ -79,6 +79,9 @@ class NodePoller:
         # The poll under way, which may outlive the cycle that started it (poll_all).
         self._inflight: asyncio.Future[NodeObservation] | None = None
         self._inflight_used = True
+
+    def connected_address(self) -> tuple[str, int] | None:
+        return connected_address(self._conn)
 
     def start(self) -> asyncio.Future[NodeObservation]:
         """This cycle's poll: one still running from an earlier cycle, one that finished

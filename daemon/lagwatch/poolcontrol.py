@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from lagwatch.config import ClusterConfig, PasswordUnavailableError
+from lagwatch.conninfo import serves_as
 from lagwatch.durations import format_duration
 from lagwatch.holds import Hold, HoldsError, HoldStore
 from lagwatch.leader import LeaderLock
@@ -83,8 +84,11 @@ class PoolController:
         controller is retired and a fresh one starts."""
         if cluster.pooler != self.cluster.pooler or cluster.name != self.cluster.name:
             return None
-        new_leader = (cluster.primary != self.cluster.primary or timeout != self.leader.timeout
-                      or cluster.leader_lock_key != self.cluster.leader_lock_key)
+        # The lock's session may stay when only the writer's host list changed (discovery:
+        # a member joined or left) and the server it is on is still listed: re-taking it
+        # would hand leadership to the other instance for nothing.
+        new_leader = (not serves_as(self.cluster.primary, cluster.primary, self.leader.connected_address())
+                      or timeout != self.leader.timeout or cluster.leader_lock_key != self.cluster.leader_lock_key)
         return Reconfiguration(cluster, interval, holds, timeout, make_pooler(cluster),
                                LeaderLock(cluster, timeout) if new_leader else None)
 

@@ -112,7 +112,8 @@ class PatroniMember:
             "etcd3": {"hosts": [f"127.0.0.1:{self.cluster.etcd_port}"]},
             "bootstrap": {
                 "dcs": {"ttl": 20, "loop_wait": 1, "retry_timeout": 5, "maximum_lag_on_failover": 16 * 1024 * 1024,
-                        "postgresql": {"use_pg_rewind": False, "use_slots": True,
+                        # A killed leader comes back as a replica: rewound, or cloned again.
+                        "postgresql": {"use_pg_rewind": True, "use_slots": True,
                                        "parameters": {"wal_level": "replica", "hot_standby": "on",
                                                       "max_wal_senders": 10, "max_replication_slots": 10,
                                                       "max_connections": 50, "fsync": "off",
@@ -128,6 +129,8 @@ class PatroniMember:
                 "pg_hba": ["local all all trust", "host all all 127.0.0.0/8 trust",
                            "host replication all 127.0.0.0/8 trust"],
                 "parameters": {"unix_socket_directories": str(folder)},
+                "remove_data_directory_on_rewind_failure": True,
+                "remove_data_directory_on_diverged_timelines": True,
             },
             "tags": self.tags,
         }

@@ -1,6 +1,7 @@
 """Patroni discovery against a real Patroni cluster (three members on etcd, REST API over
 HTTPS with client certificates) with a real PgBouncer read pool: members found, a
-switchover followed, a fourth member joining and leaving, a noloadbalance member never
+switchover followed, a fourth member joining, a killed leader (failover) followed within
+3 intervals of Patroni's own view, the fourth member leaving, a noloadbalance member never
 pooled, Patroni unreachable with the members kept.
 
 Discovery does not depend on the PostgreSQL version: one version runs these. The steps
@@ -33,7 +34,8 @@ def patroni() -> Iterator[PatroniCluster]:
     missing = available()
     if missing:
         pytest.fail(missing)  # the suite needs it: a missing piece is an error, not a skip
-    with PatroniCluster(tags={"m3": {"noloadbalance": True}}) as cluster:
+    # m3 never serves reads and never leads: a failover has one candidate among the first three.
+    with PatroniCluster(tags={"m3": {"noloadbalance": True, "nofailover": True}}) as cluster:
         yield cluster
 
 
@@ -87,6 +89,40 @@ def host_of(patroni: PatroniCluster, name: str) -> str:
     return patroni.member(name).host
 
 
+class PoolWatch:
+    """Samples the read pool (and whatever else ``also`` reads) every 100 ms in a thread;
+    an error in a sample is kept and fails the test, never ends the sampling silently."""
+
+    def __init__(self, pgbouncer: PgBouncerServer, also: Any = None) -> None:
+        self.samples: list[tuple[float, set[str], Any]] = []
+        self.errors: list[str] = []
+        self._pgbouncer, self._also = pgbouncer, also
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                extra = self._also() if self._also else None
+                self.samples.append((time.monotonic(), pool_hosts(self._pgbouncer), extra))
+            except Exception as exc:  # kept, and asserted on by the test
+                self.errors.append(f"{type(exc).__name__}: {exc}")
+            self._stop.wait(0.1)
+
+    def __enter__(self) -> PoolWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def pools(self) -> list[set[str]]:
+        assert not self.errors, self.errors[:5]
+        assert self.samples, "the pool was never sampled"
+        return [pool for _, pool, _ in self.samples]
+
+
 def test_members_are_found_and_measured(patroni: PatroniCluster, lagwatch: Lagwatch,
                                         pgbouncer: PgBouncerServer) -> None:
     lagwatch.expect("lagwatch_discovery_up", 1, timeout=15, cluster="main")
@@ -129,27 +165,15 @@ def test_one_shot_commands_ask_patroni(patroni: PatroniCluster, lagwatch: Lagwat
 def test_switchover_is_followed_and_the_pool_changes_once(patroni: PatroniCluster, lagwatch: Lagwatch,
                                                           pgbouncer: PgBouncerServer) -> None:
     changes_before = lagwatch.value("lagwatch_cluster_role_changes_total", cluster="main") or 0
-    seen: list[set[str]] = []
-    stop = threading.Event()
-
-    def watch_pool() -> None:
-        while not stop.is_set():
-            seen.append(pool_hosts(pgbouncer))
-            stop.wait(0.1)
-
-    watcher = threading.Thread(target=watch_pool, daemon=True)
-    watcher.start()
-    try:
+    with PoolWatch(pgbouncer) as watch:
         patroni.switchover("m2")
         patroni.wait_streaming(60)
         lagwatch.expect("lagwatch_node_role", 1, timeout=15, cluster="main", node="m2", role="primary")
         lagwatch.expect("lagwatch_node_role", 1, timeout=15, cluster="main", node="m1", role="replica")
         # m2 left the pool at once (promoted); m1, a replica again, earns its way back.
         lagwatch.wait_for("pool = m1", lambda: pool_hosts(pgbouncer) == {host_of(patroni, "m1")}, 30)
-    finally:
-        stop.set()
-        watcher.join(5)
-    assert seen and all(seen), "the read pool was empty during the switchover"
+    seen = watch.pools()
+    assert all(seen), "the read pool was empty during the switchover"
     assert all(host_of(patroni, "m3") not in pool for pool in seen)  # noloadbalance: never served reads
     assert lagwatch.value("lagwatch_cluster_primaries", cluster="main") == 1
     assert (lagwatch.value("lagwatch_cluster_role_changes_total", cluster="main") or 0) >= changes_before + 2
@@ -161,7 +185,7 @@ def test_switchover_is_followed_and_the_pool_changes_once(patroni: PatroniCluste
                     state="running")
 
 
-def test_a_member_joins_and_leaves_polling_and_the_pool_without_a_restart(
+def test_a_member_joins_polling_and_the_pool_without_a_restart(
         patroni: PatroniCluster, lagwatch: Lagwatch, pgbouncer: PgBouncerServer) -> None:
     pid = lagwatch.proc.pid
     before = pool_hosts(pgbouncer)
@@ -173,15 +197,81 @@ def test_a_member_joins_and_leaves_polling_and_the_pool_without_a_restart(
     # A newcomer earns its place like a readmitted replica (readmit_after healthy cycles).
     lagwatch.wait_for(f"{joining.name} pooled", lambda: pool_hosts(pgbouncer) == before | {joining.host}, 20)
     assert lagwatch.log_text().count(f"replica={joining.name} action=readmit") == 1
+    assert lagwatch.proc.pid == pid and lagwatch.proc.poll() is None  # never restarted
 
-    joining.stop()
+
+def test_a_killed_leader_is_followed_within_three_intervals_of_patroni(
+        patroni: PatroniCluster, lagwatch: Lagwatch, pgbouncer: PgBouncerServer) -> None:
+    """Kill -9 the leader (Patroni and its PostgreSQL): Patroni elects another member once
+    the leader key expires (ttl 20 s). Each sample reads Patroni's /cluster and lagwatch's
+    /metrics at one moment, so the two are compared at the sampling's resolution."""
+    old = patroni.leader()
+    assert old is not None and len(pool_hosts(pgbouncer)) == 2, pool_hosts(pgbouncer)
+    killed = patroni.member(old)
+
+    def views() -> tuple[str | None, set[str]]:
+        members = patroni.cluster_view()["members"]
+        leader = next((m["name"] for m in members if m.get("role") == "leader" and m.get("state") == "running"), None)
+        samples = lagwatch.samples()
+        primaries = {dict(k)["node"] for (name, k), v in samples.items() if name == "lagwatch_node_role"
+                     and v == 1 and dict(k).get("role") == "primary"}
+        return leader, primaries
+
+    with PoolWatch(pgbouncer, also=views) as watch:
+        killed.kill()
+        lagwatch.expect("lagwatch_up", 0, timeout=10, cluster="main", node=old)
+        lagwatch.wait_for("Patroni's new leader", lambda: patroni.leader() not in (None, old), 60)
+        new = patroni.leader()
+        assert new is not None
+        lagwatch.expect("lagwatch_node_role", 1, timeout=10, cluster="main", node=new, role="primary")
+        # The promoted member leaves the pool; the other reader stays; the killed one is out.
+        reader = next(m.name for m in patroni.members if m.name not in (old, new, "m3"))
+        lagwatch.wait_for("pool = the other reader", lambda: pool_hosts(pgbouncer) == {host_of(patroni, reader)}, 10)
+        time.sleep(3 * INTERVAL)  # samples after it, for the record
+    pools = watch.pools()
+    assert all(pools), "the read pool was empty during the failover"
+    assert all(killed.host not in pool for _, pool, (leader, _) in watch.samples if leader == new)
+    # Within 3 intervals of Patroni: its first sample naming the new leader, against
+    # lagwatch's first naming it the one primary and the pool's first without it.
+    period = max(b[0] - a[0] for a, b in zip(watch.samples, watch.samples[1:], strict=False))
+    patroni_at = next(t for t, _, (leader, _) in watch.samples if leader == new)
+    lagwatch_at = next(t for t, _, (_, primaries) in watch.samples if primaries == {new})
+    pool_at = next(t for t, pool, (leader, primaries) in watch.samples
+                   if primaries == {new} and host_of(patroni, new) not in pool)
+    print(f"failover {old} -> {new}: lagwatch {lagwatch_at - patroni_at:+.2f}s, pool {pool_at - patroni_at:+.2f}s "
+          f"after Patroni (interval {INTERVAL}s, sampled every {period:.2f}s at worst)")
+    assert lagwatch_at - patroni_at <= 3 * INTERVAL + period
+    assert pool_at - patroni_at <= 3 * INTERVAL + period
+    assert lagwatch.value("lagwatch_cluster_primaries", cluster="main") == 1
+    lagwatch.expect("lagwatch_replica_follows_primary", 1, timeout=15, cluster="main", replica=reader)
+    assert lagwatch.value("lagwatch_replica_lag_seconds", cluster="main", replica=new) is None  # not a lagging replica
+
+    # The killed leader comes back as a replica of the new one (rewound or cloned) and
+    # re-enters the pool once, after readmit_after healthy cycles.
+    killed.start()
+    patroni.wait_streaming(120)
+    lagwatch.expect("lagwatch_node_role", 1, timeout=15, cluster="main", node=old, role="replica")
+    lagwatch.wait_for(f"{old} pooled again", lambda: pool_hosts(pgbouncer) == {killed.host, host_of(patroni, reader)},
+                      30)
+    log = lagwatch.log_text()
+    assert log.count(f"replica={new} action=eject") >= 1 and "Traceback" not in log
+
+
+def test_a_member_leaves_polling_and_the_pool_without_a_restart(
+        patroni: PatroniCluster, lagwatch: Lagwatch, pgbouncer: PgBouncerServer) -> None:
+    pid = lagwatch.proc.pid
+    leaving = patroni.members[-1]
+    assert leaving.name == "m4"
+    lagwatch.wait_for(f"{leaving.name} pooled", lambda: leaving.host in pool_hosts(pgbouncer), 20)
+    before = pool_hosts(pgbouncer) - {leaving.host}
+    leaving.stop()
     # Patroni lists a stopped member (state "stopped") until its key's ttl (20 s) runs out;
     # meanwhile it reads as down, and leaves the pool as any unreachable replica does.
-    lagwatch.wait_for(f"{joining.name} out of the pool", lambda: pool_hosts(pgbouncer) == before, 20)
+    lagwatch.wait_for(f"{leaving.name} out of the pool", lambda: pool_hosts(pgbouncer) == before, 20)
     lagwatch.expect("lagwatch_discovery_members", 3, timeout=45, cluster="main")
-    lagwatch.wait_logged(f"left: {joining.name}")
-    lagwatch.wait_for(f"{joining.name}'s series gone", lambda: lagwatch.value(
-        "lagwatch_up", cluster="main", node=joining.name) is None, 10)
+    lagwatch.wait_logged(f"left: {leaving.name}")
+    lagwatch.wait_for(f"{leaving.name}'s series gone", lambda: lagwatch.value(
+        "lagwatch_up", cluster="main", node=leaving.name) is None, 10)
     assert pool_hosts(pgbouncer) == before
     assert lagwatch.proc.pid == pid and lagwatch.proc.poll() is None  # never restarted
 
