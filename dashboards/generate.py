@@ -353,6 +353,53 @@ def _slots_wal_row() -> list[Panel]:
     ]
 
 
+COMMITS = _mapping({"0": ("commits complete", "green"), "1": ("COMMITS STALL", "red")})
+SYNC_STATE = _mapping({"1": ("async", "text"), "2": ("potential", "blue"), "3": ("sync", "green"),
+                       "4": ("quorum", "green")})
+
+
+def _sync_row() -> list[Panel]:
+    by_replica = "{{cluster}}/{{replica}}"
+    return [
+        Panel(
+            "Synchronous commits", "state-timeline",
+            "Whether commits on the primary can complete: COMMITS STALL when fewer standbys named in "
+            "synchronous_standby_names are connected and streaming than FIRST n / ANY n requires, while "
+            "synchronous_commit waits on them (remote_write, on, remote_apply). Every writing transaction "
+            "then hangs until a standby returns.",
+            [Query(f"max by (cluster) (lagwatch_sync_commit_at_risk{{{C}}})", "{{cluster}}")],
+            8, 8, _state([COMMITS]), STATE_OPTIONS),
+        Panel(
+            "Synchronous standbys: healthy vs required", "timeseries",
+            "Listed standbys connected and streaming, against how many each commit waits for (dashed). At "
+            "the dashed line there is no spare: one more loss stalls commits. 0 required: no synchronous "
+            "replication configured.",
+            [Query(f"max by (cluster) (lagwatch_sync_standbys_healthy{{{C}}})", "{{cluster}} healthy"),
+             Query(f"max by (cluster) (lagwatch_sync_standbys_required{{{C}}})", "{{cluster}} required")],
+            8, 8, _timeseries("none", overrides=[_override("B", ("custom.lineStyle", DASHED),
+                                                            ("custom.fillOpacity", 0))]),
+            TIMESERIES_OPTIONS),
+        Panel(
+            "Commit wait for standbys", "timeseries",
+            "What each commit waits for now: the write, flush or replay lag (as synchronous_commit says) of "
+            "the standbys it waits for (FIRST n: the slowest of the n sync ones; ANY n: the n-th fastest), "
+            "as the primary measures it. Commit latency added by replication; absent without synchronous "
+            "standbys or while commits stall.",
+            [Query(f"max by (cluster) (lagwatch_sync_commit_wait_seconds{{{C}}})", "{{cluster}}", False)],
+            8, 8, _timeseries("s"), TIMESERIES_OPTIONS),
+        Panel(
+            "Replica sync state", "state-timeline",
+            "Each replica's sync_state in pg_stat_replication: async (commits never wait for it), potential "
+            "(next in line under FIRST n), sync (commits wait for it), quorum (one of ANY n). Read-pool "
+            "membership does not depend on it.",
+            [Query(f"max by (cluster, replica) (lagwatch_replica_sync_state{{{CR}, state=\"async\"}} * 1 "
+                   f"or lagwatch_replica_sync_state{{{CR}, state=\"potential\"}} * 2 "
+                   f"or lagwatch_replica_sync_state{{{CR}, state=\"sync\"}} * 3 "
+                   f"or lagwatch_replica_sync_state{{{CR}, state=\"quorum\"}} * 4)", by_replica)],
+            WIDTH, 6, _state([SYNC_STATE]), STATE_OPTIONS),
+    ]
+
+
 def _lagwatch_row() -> list[Panel]:
     this_cluster = f"on (instance) lagwatch_up{{{C}}}"  # daemon-wide series of instances watching $cluster
     by_node = "{{cluster}}/{{node}} ({{instance}})"
@@ -424,6 +471,7 @@ def _lagwatch_row() -> list[Panel]:
 
 ROWS: tuple[tuple[str, Callable[[], list[Panel]]], ...] = (
     ("Lag", _lag_row),
+    ("Synchronous replication", _sync_row),
     ("Slots & WAL", _slots_wal_row),
     ("lagwatch itself", _lagwatch_row),
 )

@@ -387,13 +387,16 @@ class ClusterConfig(_Strict):
         return self.sla.for_replica(replica.sla)
 
     @model_validator(mode="after")
-    def _pooled_nodes_have_one_address(self) -> ClusterConfig:
+    def _pooled_nodes_have_one_address(self, info: ValidationInfo) -> ClusterConfig:
         """A pooler routes to one host and port per node: a multi-host DSN cannot be one.
         The primary's DSN may find the writer among several hosts unless the pool may route
-        to it (fallback_to_primary, or a 'primary' HAProxy server)."""
+        to it (fallback_to_primary, or a 'primary' HAProxy server). A discovered cluster's
+        writer DSN lists every member: its fallback routes to the leader member instead."""
         if self.pooler is None:
             return self
-        nodes: list[tuple[str, NodeConfig]] = [("primary", self.primary)] if self.primary_may_be_pooled else []
+        discovered = bool((info.context or {}).get(DISCOVERED))
+        nodes: list[tuple[str, NodeConfig]] = [("primary", self.primary)] \
+            if self.primary_may_be_pooled and not discovered else []
         nodes += [(f"replicas[{i}]", r) for i, r in enumerate(self.replicas)]
         for where, node in nodes:
             params = psycopg.conninfo.conninfo_to_dict(node.dsn)
@@ -418,7 +421,8 @@ class ClusterConfig(_Strict):
             # out of rotation (the adapter ejects every mapped server it is not told to route to).
             if unknown and not (info.context or {}).get(DISCOVERED):
                 raise ValueError(f"pooler.servers names unknown replicas: {', '.join(unknown)}")
-            if self.sla.fallback_to_primary and "primary" not in self.pooler.servers:
+            if self.sla.fallback_to_primary and "primary" not in self.pooler.servers \
+                    and not (info.context or {}).get(DISCOVERED):
                 raise ValueError("sla.fallback_to_primary needs a 'primary' entry in pooler.servers: "
                                  "HAProxy can only route reads to a server of its backend")
         return self
@@ -509,13 +513,12 @@ class PatroniClusterConfig(_Strict):
     leader_lock_key: str | None = Field(default=None, min_length=8)
 
     @model_validator(mode="after")
-    def _no_fallback(self) -> PatroniClusterConfig:
+    def _pooler_fits_discovery(self) -> PatroniClusterConfig:
+        # The writer DSN lists every member: no one address a pooler could route to. The
+        # fallback to the primary routes to the leader member (by its name) instead.
         if isinstance(self.pooler, HAProxyPoolerConfig) and "primary" in self.pooler.servers:
             raise ValueError("pooler.servers: with discovery, map members by their Patroni names; 'primary' "
                              "is none of them (the leader is whichever member leads now)")
-        if self.pooler is not None and self.sla.fallback_to_primary:
-            # The writer DSN lists every member: it is no one address a pooler can route to.
-            raise ValueError("sla.fallback_to_primary is not supported with discovery yet")
         if isinstance(self.pooler, PgBouncerPoolerConfig) and self.pooler.when_empty == "primary":
             raise ValueError("pooler.when_empty: with discovery only 'keep' is supported yet (the writer DSN "
                              "lists every member: it is no one address to point PgBouncer at)")

@@ -106,6 +106,45 @@ def _cluster_metrics(c: ClusterSnapshot) -> Iterator[Metric]:
     yield from _slot_metrics(c)
     yield from _wal_metrics(c)
     yield from _pool_metrics(c)
+    yield from _sync_metrics(c)
+
+
+SYNC_STATES = ("async", "potential", "sync", "quorum")
+
+
+def _sync_metrics(c: ClusterSnapshot) -> Iterator[Metric]:
+    """Whether commits can complete: absent while the primary does not answer."""
+    s = c.sync
+    if s is None:
+        return
+    labels = ["cluster"]
+    yield _one_sample(_gauge("lagwatch_sync_standbys_required", "Standbys each commit waits for, from "
+                             "synchronous_standby_names (FIRST n / ANY n; 0: none)", labels), [c.name], s.required)
+    yield _one_sample(_gauge("lagwatch_sync_standbys_healthy", "Standbys named in synchronous_standby_names that "
+                             "are connected and streaming", labels), [c.name], s.healthy)
+    yield _one_sample(_gauge("lagwatch_sync_commit_waits_on_standbys", "1 if commits wait on standbys: standbys "
+                             "required and synchronous_commit is remote_write, on or remote_apply", labels),
+                      [c.name], 1.0 if s.waits_on_standbys else 0.0)
+    yield _one_sample(_gauge("lagwatch_sync_commit_at_risk", "1 if fewer standbys are healthy than commits wait "
+                             "for: commits on the primary stall until one returns", labels),
+                      [c.name], 1.0 if s.at_risk else 0.0)
+    wait = _gauge("lagwatch_sync_commit_wait_seconds", "What a commit waits for now: the write, flush or replay lag "
+                  "(as synchronous_commit says) of the standbys it waits for (absent when none or unknown)", labels)
+    if s.commit_wait_seconds is not None:
+        wait.add_metric([c.name], s.commit_wait_seconds)
+    yield wait
+    state = _gauge("lagwatch_replica_sync_state", "1 for the replica's sync_state in pg_stat_replication "
+                   "(async, potential, sync, quorum), 0 for the others", ["cluster", "replica", "state"])
+    for r in c.replicas:
+        if r.walsender is not None:
+            current = r.walsender.sync_state or "async"
+            for name in SYNC_STATES:
+                state.add_metric([c.name, r.name, name], 1.0 if current == name else 0.0)
+    yield state
+    info = InfoMetricFamily("lagwatch_sync", "synchronous_standby_names and synchronous_commit on the primary"
+                            + AS_OF, labels=["cluster", "standby_names", "synchronous_commit", "method", "error"])
+    info.add_metric([c.name, s.standby_names, s.synchronous_commit, s.method or "", s.error or ""], {})
+    yield info
 
 
 def _role_metrics(c: ClusterSnapshot) -> Iterator[Metric]:

@@ -203,11 +203,16 @@ def _lag_key(staleness: float | None) -> float:
     return math.inf if staleness is None else staleness
 
 
-def route_to_current_primary(pool: frozenset[str], primary_node: str | None,
-                             replicas: Sequence[str]) -> frozenset[str]:
+def route_to_current_primary(pool: frozenset[str], writer_member: str | None, replicas: Sequence[str],
+                             primary_routable: bool = True) -> frozenset[str] | None:
     """The pool as the pooler must route it. ``primary`` in the pool (the fallback) means
     whichever node accepts writes now: after a failover to a configured replica, that
-    replica's address, not the configured primary's (down, or a replica itself by now)."""
-    if PRIMARY not in pool or primary_node is None or primary_node not in replicas:
+    replica's address, not the configured primary's (down, or a replica itself by now);
+    in a discovered cluster, the leader member. A primary with no one address (a
+    multi-host writer DSN) is never routed to: with no member known to accept writes
+    this cycle, None (leave the pooler as it is until one is)."""
+    if PRIMARY not in pool:
         return pool
-    return (pool - {PRIMARY}) | {primary_node}
+    if writer_member is not None and writer_member in replicas:
+        return (pool - {PRIMARY}) | {writer_member}
+    return pool if primary_routable else None

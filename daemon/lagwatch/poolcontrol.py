@@ -26,7 +26,7 @@ from lagwatch.holds import Hold, HoldsError, HoldStore
 from lagwatch.leader import LeaderLock
 from lagwatch.policy import Decision, PolicyState, PoolRules, ReplicaHealth, decide, route_to_current_primary
 from lagwatch.poolers import make_pooler
-from lagwatch.poolers.base import Pooler, PoolerError
+from lagwatch.poolers.base import PRIMARY, Pooler, PoolerError, backends_from_cluster
 from lagwatch.snapshot import ClusterSnapshot, PoolEvent, PoolStatus
 
 log = logging.getLogger("lagwatch.pool")
@@ -153,9 +153,11 @@ class PoolController:
         self._state = decision.state
         self._record(decision, snapshot, is_leader)
         if is_leader and not self.cluster.dry_run:
-            routed = route_to_current_primary(decision.pool, snapshot.primary_node, self._names)
-            target = self.pooler.routes_for(routed, self._pooler_view)
-            if self._needs_apply(target):
+            routed = route_to_current_primary(decision.pool, snapshot.writer_member, self._names,
+                                              primary_routable=PRIMARY not in decision.pool
+                                              or PRIMARY in backends_from_cluster(self.cluster))
+            target = None if routed is None else self.pooler.routes_for(routed, self._pooler_view)
+            if routed is not None and target is not None and self._needs_apply(target):
                 await self._apply(routed, target)
         return self._status(is_leader, decision, holds)
 

@@ -12,6 +12,7 @@ from typing import Literal
 
 from lagwatch.config import ReplicaSla
 from lagwatch.lag import HistogramCounts, WindowStats
+from lagwatch.syncrep import SyncReplication
 from lagwatch.views.probe import Capabilities
 from lagwatch.views.replication import WalSender
 from lagwatch.views.server import ServerPosition
@@ -239,8 +240,12 @@ class ClusterSnapshot:
     pool: PoolStatus | None = None
     primaries: int = 0  # distinct servers that accept writes (2 or more: split brain)
     primary_node: str | None = None  # the node whose answers dated the LSN clock this cycle
+    # The replica-named node that accepts writes now (the configured primary DSN may land on
+    # it): where a fallback to the primary routes reads. None if only the primary DSN does.
+    writer_member: str | None = None
     timeline: int | None = None  # the current primary's
     role_changes_total: int = 0  # nodes seen to change role (replica <-> primary) since start
+    sync: SyncReplication | None = None  # synchronous replication on the primary (None: no answer)
 
 
 @dataclass(frozen=True)

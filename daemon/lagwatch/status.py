@@ -74,6 +74,11 @@ def cluster_status(c: ClusterSnapshot) -> dict[str, Any]:
         "walinspect": None if c.walinspect is None else asdict(c.walinspect),
         "nodes": [asdict(n) for n in c.nodes],
         "pool": None if c.pool is None else pool_status(c.pool),
+        "sync": None if c.sync is None else {
+            "standby_names": c.sync.standby_names, "synchronous_commit": c.sync.synchronous_commit,
+            "method": c.sync.method, "required": c.sync.required, "healthy": c.sync.healthy,
+            "states": c.sync.states, "waits_on_standbys": c.sync.waits_on_standbys, "at_risk": c.sync.at_risk,
+            "commit_wait_seconds": c.sync.commit_wait_seconds, "error": c.sync.error},
     }
 
 

@@ -133,6 +133,29 @@ def _node_role(role: str, timeline: int | None) -> str:
     return role + (f" (timeline {timeline})" if timeline is not None else "")
 
 
+def _sync_line(c: ClusterSnapshot) -> str:
+    """Synchronous replication: the quorum, who is sync, and whether commits can complete."""
+    s = c.sync
+    if s is None or (s.method is None and not s.error):
+        return ""
+    if s.error:
+        return f'<div class="meta sync">synchronous_standby_names: <span class="bad">{_e(s.error)}</span></div>'
+    named = {r.walsender.application_name: r.name for r in c.replicas if r.walsender is not None}
+    sync = sorted(named.get(n, n) for n, state in s.states.items() if state in ("sync", "quorum"))
+    what = f"{'ANY' if s.method == 'quorum' else 'FIRST'} {s.required}: {s.healthy} healthy"
+    if not s.waits_on_standbys:
+        verdict = f'<span class="ok">commits do not wait (synchronous_commit = {_e(s.synchronous_commit)})</span>'
+    elif s.at_risk:
+        verdict = '<span class="bad">COMMITS STALLED: fewer healthy standbys than required</span>'
+    elif s.spare == 0:
+        verdict = '<span class="warn">one more loss stalls commits</span>'
+    else:
+        verdict = f'<span class="ok">{s.spare} standby(s) to spare</span>'
+    wait = f", commit wait {_dur(s.commit_wait_seconds)}" if s.commit_wait_seconds is not None else ""
+    return (f'<div class="meta sync">synchronous: <b>{_e(what)}</b> — sync: {_e(", ".join(sync) or "none")}'
+            f"{_e(wait)} — {verdict}</div>")
+
+
 def _cluster(c: ClusterSnapshot) -> str:
     nodes = ", ".join(f'<span class="{"ok" if n.up else "bad"}">{_e(n.name)} '
                       f'{_e(_node_role(n.observed_role, n.timeline)) if n.up else "down"}</span>' for n in c.nodes)
@@ -164,8 +187,8 @@ def _cluster(c: ClusterSnapshot) -> str:
             f"{' (dry run)' if e.dry_run else ''}: {_e(e.reason)}</li>" for e in reversed(pool.events[-15:]))
         events = f'<h3 class="meta">recent pool events</h3><ul class="events">{items or "<li>none yet</li>"}</ul>'
     return (f'<section data-cluster="{_e(c.name)}"><h2>{_e(c.name)}</h2><div class="meta">nodes: {nodes}</div>'
-            f"{pool_line}<div class=\"wrap\"><table><thead><tr><th>replica</th><th>state</th><th>pool</th>"
-            f"<th>staleness</th><th>p95</th><th>SLA</th><th>window</th></tr></thead>"
+            f"{_sync_line(c)}{pool_line}<div class=\"wrap\"><table><thead><tr><th>replica</th><th>state</th>"
+            f"<th>pool</th><th>staleness</th><th>p95</th><th>SLA</th><th>window</th></tr></thead>"
             f"<tbody>{rows}</tbody></table></div>{events}</section>")
 
 

@@ -26,6 +26,7 @@ from lagwatch.snapshot import (
     ReplicaState,
     WalInspectTotals,
 )
+from lagwatch.syncrep import SyncReplication, assess
 from lagwatch.views.replication import WalSender
 
 log = logging.getLogger("lagwatch.tracker")
@@ -126,6 +127,7 @@ class ClusterTracker:
         self.roles = RoleTracker(cluster.name)
         self._fork: Fork | None = None  # the promotion the set below is about
         self._followed_since_fork: set[str] = set()  # replicas seen following the new primary since
+        self._sync_error: str | None = None  # the last synchronous_standby_names parse error said
 
     def update(self, observations: Sequence[NodeObservation], now: float) -> ClusterSnapshot:
         by_node = {o.node: o for o in observations}
@@ -185,9 +187,28 @@ class ClusterTracker:
             min_replicas=self.cluster.sla.min_replicas,
             primaries=roles.primaries,
             primary_node=primary.node if primary is not None else None,
+            writer_member=writer_member(primary, observations),
+            sync=self._sync(primary, by_node) if primary_ok else None,
             timeline=roles.timeline,
             role_changes_total=roles.role_changes_total,
         )
+
+    def _sync(self, primary: NodeObservation | None, by_node: dict[str, NodeObservation]) -> SyncReplication | None:
+        if primary is None or primary.position is None or primary.position.sync_standby_names is None:
+            return None
+        delays = {}
+        for r in self.cluster.replicas:
+            obs = by_node.get(r.name)
+            if obs is not None and obs.position is not None and obs.position.apply_delay_seconds:
+                delays[r.walsender_name] = obs.position.apply_delay_seconds
+        sync = assess(primary.position.sync_standby_names, primary.position.synchronous_commit or "on",
+                      primary.walsenders, delays)
+        if sync.error != self._sync_error:
+            if sync.error:
+                log.warning("%s: synchronous_standby_names %r does not parse (%s): synchronous replication "
+                            "is not assessed", self.cluster.name, sync.standby_names, sync.error)
+            self._sync_error = sync.error
+        return sync
 
     # -- replicas -------------------------------------------------------------------------
 
@@ -406,3 +427,15 @@ class ClusterTracker:
             observed_role=obs.observed_role,
             timeline=obs.timeline,
         )
+
+
+def writer_member(primary: NodeObservation | None, observations: Sequence[NodeObservation]) -> str | None:
+    """The replica-named node on the server that accepts writes now: the primary itself
+    when it answered under a replica's name, else a node on the same server as the primary
+    DSN's answer (a discovered cluster's leader member; a promoted replica of a static one)."""
+    if primary is None:
+        return None
+    if primary.role != "primary":
+        return primary.node
+    return next((o.node for o in observations if o.role != "primary" and o.observed_role == "primary"
+                 and o.server_id is not None and o.server_id == primary.server_id), None)

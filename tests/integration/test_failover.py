@@ -1,13 +1,17 @@
 """Roles change under a running lagwatch, on real servers: a failover with the old primary
-stopped (multi-host primary DSN, PgBouncer pool, pgbench -S through it), and a replica
-promoted while the old primary still runs (split brain).
+stopped (multi-host primary DSN, PgBouncer pool, pgbench -S through it; the same three
+servers also watched as clusters pooled by a real HAProxy, PgCat and PgDog configs and a
+command pooler, which all follow), and a replica promoted while the old primary still
+runs (split brain).
 
 Roles do not depend on the server version: one version runs these."""
 
 from __future__ import annotations
 
+import copy
 import re
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -17,7 +21,10 @@ from typing import Any
 import psycopg
 import pytest
 from chaoscluster import ChaosCluster
+from haproxy_server import HAProxyServer
 from harness import Lagwatch, Writer, cluster_config
+from lagwatch.poolers import pgcat, pgdog
+from lagwatch.poolers.haproxy import parse_servers_state
 from lagwatch.ports import free_port
 from pgbouncer_server import PgBouncerServer, readable_by_servers
 
@@ -33,6 +40,15 @@ def pgbouncer(pg_cluster: ChaosCluster) -> Iterator[PgBouncerServer]:
     server.include_file.write_text(f"app_ro = host={r1.host},{r2.host} port={r1.port} dbname=postgres\n")
     readable_by_servers(server.include_file)
     with server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def haproxy(pg_cluster: ChaosCluster) -> Iterator[HAProxyServer]:
+    r1, r2 = pg_cluster.replicas
+    # A short folder: the admin socket path must fit in sun_path.
+    with tempfile.TemporaryDirectory(prefix="lw-fo-") as folder, \
+            HAProxyServer(Path(folder), "pg_ro", {"r1": (r1.host, r1.port), "r2": (r2.host, r2.port)}) as server:
         yield server
 
 
@@ -58,6 +74,48 @@ def failover_config(cluster: ChaosCluster, pgbouncer: PgBouncerServer, workdir: 
                        "include_file": str(pgbouncer.include_file), "database": "app_ro",
                        "options": f"port={cluster.replicas[0].port} dbname=postgres"}
     return config
+
+
+ADAPTERS = ("haproxy", "pgcat", "pgdog", "command")
+
+
+def other_adapters(cluster: ChaosCluster, haproxy: HAProxyServer, entry: dict[str, Any],
+                   workdir: Path) -> list[dict[str, Any]]:
+    """The same servers as more clusters, ``via_KIND``, each pooled by another adapter (the
+    PgCat/PgDog configs and the command's output are files; their reload is ``true``)."""
+    old, (r1, r2) = cluster.primary, cluster.replicas
+    (workdir / "pgcat.toml").write_text(
+        "[general]\nport = 6432\n\n[pools.app.shards.0]\nservers = [\n"
+        + "".join(f'    ["{s.host}", {s.port}, "{role}"],\n'
+                  for s, role in ((old, "primary"), (r1, "replica"), (r2, "replica")))
+        + ']\ndatabase = "postgres"\n')
+    (workdir / "pgdog.toml").write_text("[general]\nport = 6432\n" + "".join(
+        f'\n[[databases]]\nname = "app"\nhost = "{s.host}"\nport = {s.port}\nrole = "{role}"\n'
+        for s, role in ((old, "primary"), (r1, "replica"), (r2, "replica"))))
+    poolers = {
+        "haproxy": {"kind": "haproxy", "socket": str(haproxy.socket), "backend": "pg_ro",
+                    "servers": {"replica1": "r1", "replica2": "r2"}},
+        "pgcat": {"kind": "pgcat", "config_file": str(workdir / "pgcat.toml"), "pool": "app",
+                  "reload_command": ["true"]},
+        "pgdog": {"kind": "pgdog", "config_file": str(workdir / "pgdog.toml"), "pool": "app",
+                  "reload_command": ["true"]},
+        "command": {"kind": "command", "template": "{members}\n", "output_file": str(workdir / "pool.txt"),
+                    "reload_command": ["true"]},
+    }
+    return [{**copy.deepcopy(entry), "name": f"via_{kind}", "pooler": poolers[kind]} for kind in ADAPTERS]
+
+
+def adapter_pool(kind: str, cluster: ChaosCluster, haproxy: HAProxyServer, workdir: Path) -> set[str]:
+    """The replicas each adapter's pooler routes reads to, read from the pooler itself."""
+    names = {(r.host, r.port): r.name for r in cluster.replicas}
+    if kind == "haproxy":
+        states = parse_servers_state(haproxy.command("show servers state pg_ro"))
+        return {f"replica{name[1]}" for name, state in states.items() if state.in_rotation}
+    if kind == "command":
+        return set((workdir / "pool.txt").read_text().split())
+    module = pgcat if kind == "pgcat" else pgdog
+    return {names.get(address, str(address)) for address in
+            module.replica_addresses((workdir / f"{kind}.toml").read_text(), "app")}
 
 
 def app_ro_hosts(pgbouncer: PgBouncerServer) -> list[str]:
@@ -100,15 +158,20 @@ def cycles(lw: Lagwatch) -> float:
 
 
 def test_failover_with_the_old_primary_stopped(pg_cluster: ChaosCluster, pgbouncer: PgBouncerServer,
-                                               pgbench_tables: None, tmp_path: Path) -> None:
+                                               haproxy: HAProxyServer, pgbench_tables: None, tmp_path: Path) -> None:
     old, (r1, r2) = pg_cluster.primary, pg_cluster.replicas
-    lw = Lagwatch(tmp_path, failover_config(pg_cluster, pgbouncer, tmp_path))
+    config = failover_config(pg_cluster, pgbouncer, tmp_path)
+    config["clusters"] += other_adapters(pg_cluster, haproxy, config["clusters"][0], tmp_path)
+    lw = Lagwatch(tmp_path, config)
     bench_log = tmp_path / "pgbench.log"
     pgbench = str(pg_cluster.binaries.tool("pgbench"))
     bench = None
     try:
         lw.wait_ready()
         lw.wait_for("leadership", lambda: lw.value("lagwatch_leader") == 1, timeout=10)
+        for kind in ADAPTERS:
+            lw.wait_for(f"{kind} routes to both replicas", lambda k=kind: adapter_pool(  # type: ignore[misc]
+                k, pg_cluster, haproxy, tmp_path) == {"replica1", "replica2"}, timeout=10)
         assert lw.value("lagwatch_node_role", node="replica1", role="replica") == 1
         assert lw.value("lagwatch_cluster_primaries") == 1
         with Writer(pg_cluster, every=0.05, max_seconds=10):
@@ -158,6 +221,10 @@ def test_failover_with_the_old_primary_stopped(pg_cluster: ChaosCluster, pgbounc
                 lw.wait_for("replica2 caught up", lambda: caught_up(lw, "replica2"), timeout=20)
                 assert replayed(r2) > r2_at_stop
                 lw.wait_for("replica2 in the pool", lambda: app_ro_hosts(pgbouncer) == [r2.host], timeout=20)
+                # Every other adapter follows the same way: the promoted node out, replica2 in.
+                for kind in ADAPTERS:
+                    lw.wait_for(f"{kind} routes to replica2 only", lambda k=kind: adapter_pool(  # type: ignore[misc]
+                        k, pg_cluster, haproxy, tmp_path) == {"replica2"}, timeout=10)
         bench.wait(60)  # its errors are counted and printed below
         assert pool.seen and all(hosts and hosts != [""] for hosts in pool.seen), pool.seen  # never empty
         assert pool.seen[-1] == [r2.host]  # the new primary left the read pool
@@ -177,6 +244,10 @@ def test_failover_with_the_old_primary_stopped(pg_cluster: ChaosCluster, pgbounc
         assert re.search(r"main: the primary is now another server \((primary = )?replica1\), on timeline 2 \(was 1\)",
                          log), log
         assert "action=eject reason='promoted: it accepts writes now'" in log
+        for kind in ADAPTERS:
+            assert f"cluster=via_{kind} replica=replica1 action=eject reason='promoted: it accepts writes now'" in log
+            assert lw.value("lagwatch_pool_member", cluster=f"via_{kind}", replica="replica1") == 0
+            assert "Traceback" not in log
     finally:
         if bench is not None and bench.poll() is None:
             bench.kill()

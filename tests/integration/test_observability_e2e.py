@@ -301,3 +301,30 @@ def test_a_replica_promoted_beside_a_running_primary_pages_as_split_brain(stack:
         assert not [s for s in states.of("main") if s[1] in ("LagwatchSplitBrain", "LagwatchRoleChanged")]
     finally:
         stack.idle_cluster.heal()  # re-clones the promoted replica
+
+
+def test_synchronous_standbys_all_gone_pages_as_stalled_commits(stack: Stack) -> None:
+    """Cluster idle's primary asks for ANY 1 of its two replicas, synchronously; both are
+    stopped: lagwatch reads commits at risk, the shipped LagwatchSyncCommitsStalled rule fires
+    on the real Prometheus after its 30 s and the page reaches the pager receiver."""
+    lw, cluster = stack.lagwatch, stack.idle_cluster
+    r1, r2 = cluster.replicas
+    try:
+        names = f"ANY 1 ({r1.application_name}, {r2.application_name})"
+        cluster.primary.alter_system("synchronous_standby_names", names)
+        cluster.primary.reload()
+        lw.expect("lagwatch_sync_standbys_healthy", 2, timeout=10, cluster="idle")
+        r1.stop()
+        r2.stop()
+        lw.expect("lagwatch_sync_commit_at_risk", 1, timeout=10, cluster="idle")
+
+        def paged() -> list[dict[str, Any]]:
+            return [a for n in stack.webhook.notifications("/pager") if n["status"] == "firing"
+                    for a in n["alerts"] if a["labels"].get("alertname") == "LagwatchSyncCommitsStalled"]
+
+        wait("the stalled-commits page", paged, timeout=90)
+        page = paged()[0]
+        assert page["labels"]["cluster"] == "idle" and page["labels"]["severity"] == "page"
+        assert page["annotations"]["summary"] == "Commits stall on cluster idle: too few synchronous standbys"
+    finally:
+        cluster.heal()  # starts the replicas, resets synchronous_standby_names

@@ -81,9 +81,9 @@ def test_members_make_a_cluster_config() -> None:
     ({"discovery": {"kind": "patroni", "urls": ["http://x:8008"], "ca_file": "/nonexistent"}}, "cannot be read"),
     ({"discovery": {"kind": "consul", "urls": ["http://x:8008"]}}, "clusters[0].discovery.kind"),
     ({"primary": {"dsn": "host=x"}}, "clusters[0].primary: unknown key"),
-    ({"sla": {"fallback_to_primary": True, "min_replicas": 1},
-      "pooler": {"kind": "command", "template": "{hosts}", "output_file": "/tmp/x", "reload_command": []}},
-     "not supported with discovery"),
+    ({"pooler": {"kind": "pgbouncer", "admin_dsn": "host=x", "include_file": "/tmp/x", "database": "ro",
+                 "when_empty": "primary"}},
+     "with discovery only 'keep' is supported"),
 ])
 def test_schema_names_each_problem_with_its_path(change: dict[str, Any], problem: str) -> None:
     with pytest.raises(ConfigError) as caught:

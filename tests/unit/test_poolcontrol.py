@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from lagwatch.config import ClusterConfig, parse_config
@@ -247,3 +248,49 @@ def test_the_fallback_primary_is_whichever_node_accepts_writes_now(tmp_path: Pat
     assert status.members == {"primary"}, status.reasons
     assert h.pooler.applied[-1] == {"replica1"}
     assert status.reasons["replica1"] == "promoted: it accepts writes now"
+
+
+def test_a_discovered_clusters_fallback_routes_to_the_leader_member(tmp_path: Path) -> None:
+    """With discovery the writer DSN lists every member (no one address): the fallback
+    routes to the member on the server that accepts writes now, m2 here; with no member
+    known to be that server, it routes nowhere rather than to the multi-host DSN."""
+    from lagwatch.patroni import cluster_config as discovered
+    from lagwatch.patroni import parse_cluster
+
+    (patroni,) = parse_config({"interval": "1s", "clusters": [{
+        "name": "main", "discovery": {"kind": "patroni", "urls": ["http://x:8008"]},
+        "members": {"dsn": "user=lagwatch"}, "sla": {**SLA, "min_replicas": 1, "fallback_to_primary": True},
+        "pooler": {"kind": "command", "template": "{hosts}\n", "output_file": str(tmp_path / "pool.txt"),
+                   "reload_command": ["true"]}}]}).patroni_clusters
+    config = discovered(patroni, parse_cluster({"members": [
+        {"name": n, "role": "replica", "host": f"10.0.0.{i}", "port": 5432} for i, n in ((1, "m1"), (2, "m2"))]}, "u"))
+    h = Harness(tmp_path, {"m1"})
+    h.controller = PoolController(config, 1.0, h.holds, 1.0)
+    h.controller.pooler = h.pooler  # type: ignore[assignment]
+    h.controller.leader = h.leader  # type: ignore[assignment]
+    h.tracker = ClusterTracker(config, 1.0, 60.0)
+
+    def cycle(t: int, m2_answers: bool = True) -> Any:
+        lsn = 10_000 + 1000 * t
+        leader = ServerPosition(False, lsn, None, None, None, None, timeline=2, server_id="s2")
+        obs = [NodeObservation(cluster="main", node="primary", role="primary", observed_at=t, duration=0.001,
+                               position=leader),
+               NodeObservation(cluster="main", node="m1", role="replica", observed_at=t, duration=0.001,
+                               position=ServerPosition(True, None, 3000, 3000, "not paused", 1.0, server_id="s1"),
+                               receiver=WalReceiver(None)),
+               NodeObservation(cluster="main", node="m2", role="replica", observed_at=t, duration=0.001,
+                               position=leader) if m2_answers else
+               NodeObservation(cluster="main", node="m2", role="replica", observed_at=t, duration=0.5,
+                               error_kind="connect", error="timeout")]
+        snap = h.tracker.update(obs, t)
+        return snap, asyncio.run(h.controller.step(snap, t))
+
+    for t in range(1, 8):  # m1 stuck far behind, m2 leads
+        snap, status = cycle(t)
+    assert (snap.primary_node, snap.writer_member) == ("primary", "m2")
+    assert status.members == {"primary"}, status.reasons
+    assert h.pooler.applied[-1] == {"m2"}
+    applied = len(h.pooler.applied)
+    snap, status = cycle(8, m2_answers=False)  # the leader answers only through the writer DSN
+    assert snap.writer_member is None
+    assert h.pooler.pool == {"m2"} and len(h.pooler.applied) == applied  # left as it is, never the writer DSN

@@ -97,3 +97,26 @@ def test_a_high_p95_beside_within_sla_says_the_verdict_is_on_current_staleness()
     assert sla_verdict(tight, 0.0072, 0.031) == ("p95 over SLA", "bad", "now 7.2ms ≤ max_lag 50ms; p95 31ms > 20ms")
     assert sla_verdict(tight, 0.063, 0.018)[0:2] == ("over SLA", "bad")
     assert sla_verdict(None, 0.1, None)[0] == "no SLA"
+
+
+def test_the_quorum_who_is_sync_and_whether_commits_stall() -> None:
+    from dataclasses import replace
+
+    from lagwatch.syncrep import assess
+    from lagwatch.views.replication import WalSender
+
+    def sender(name: str, state: str) -> WalSender:
+        return WalSender(name, None, "streaming", state, None, 1, 1, 1, 1, 1, 0.001, 0.002, 0.003)
+
+    base = snapshot()
+    cluster = base.clusters[0]
+    replicas = tuple(replace(r, walsender=sender(r.name, "quorum")) for r in cluster.replicas)
+    both = assess("ANY 1 (replica1, replica2)", "on", [sender("replica1", "quorum"), sender("replica2", "quorum")])
+    page = render(replace(base, clusters=(replace(cluster, replicas=replicas, sync=both),)))
+    assert "synchronous: <b>ANY 1: 2 healthy</b> — sync: replica1, replica2, commit wait 2.0ms" in page
+    assert "1 standby(s) to spare" in page
+    none = assess("FIRST 2 (replica1, replica2)", "on", [])
+    page = render(replace(base, clusters=(replace(cluster, sync=none),)))
+    assert "COMMITS STALLED" in page and "FIRST 2: 0 healthy" in page
+    unset = assess("", "on", [])
+    assert "synchronous:" not in render(replace(base, clusters=(replace(cluster, sync=unset),)))

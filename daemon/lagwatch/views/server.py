@@ -31,7 +31,12 @@ _COMMON = """
         ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int8 END AS timeline,
     -- Which server answered: two names for one server (a multi-host primary DSN that now
     -- lands on a promoted replica) must not count as two primaries.
-    extract(epoch FROM pg_postmaster_start_time())::text || '/' || current_setting('port') AS server_id"""
+    extract(epoch FROM pg_postmaster_start_time())::text || '/' || current_setting('port') AS server_id,
+    -- Whether commits wait on standbys (read every cycle: a reload of the server changes them).
+    current_setting('synchronous_standby_names') AS sync_standby_names,
+    current_setting('synchronous_commit') AS synchronous_commit,
+    -- What every commit record waits before a standby may replay it (remote_apply waits too).
+    extract(epoch FROM current_setting('recovery_min_apply_delay')::interval)::float8 AS apply_delay_seconds"""
 
 QUERIES = {
     # pg_is_wal_replay_paused() cannot tell "pause requested" from "paused" before 14.
@@ -62,6 +67,9 @@ class ServerPosition:
     xacts_total: float | None = None
     timeline: int | None = None  # a primary's current timeline (a replica's is its WAL receiver's)
     server_id: str | None = None  # postmaster start time and port: one value per running server
+    sync_standby_names: str | None = None  # as the server has it (this session's view)
+    synchronous_commit: str | None = None
+    apply_delay_seconds: float | None = None  # recovery_min_apply_delay (a standby's)
 
     @property
     def replay_paused(self) -> bool | None:
@@ -90,6 +98,9 @@ def parse(rows: Sequence[Row]) -> ServerPosition:
         xacts_total=opt_float(row["xacts_total"]),
         timeline=opt_int(row.get("timeline")),
         server_id=row.get("server_id"),
+        sync_standby_names=row.get("sync_standby_names"),
+        synchronous_commit=row.get("synchronous_commit"),
+        apply_delay_seconds=opt_float(row.get("apply_delay_seconds")),
     )
 
 

@@ -1,0 +1,235 @@
+"""Synchronous replication on real servers: the setting parsed as PostgreSQL parses it (the
+server itself is the oracle), a quorum that loses one standby and then both while a real
+pgbench commits on the primary, FIRST 2 with one standby down, and the commit wait under
+remote_apply against pgbench's own commit latency.
+
+What is measured here does not depend on the server version: one version runs these.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import statistics
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from chaoscluster import ChaosCluster
+from harness import Lagwatch, cluster_config
+from lagwatch.ports import free_port
+from lagwatch.syncrep import StandbyNamesError, parse_standby_names
+
+pytestmark = pytest.mark.one_pg_version
+
+INTERVAL = 0.5
+
+
+@pytest.fixture(scope="module")
+def table(pg_cluster: ChaosCluster) -> None:
+    pg_cluster.primary.execute("CREATE TABLE IF NOT EXISTS sync_commits (id bigserial, at timestamptz DEFAULT now())")
+    pg_cluster.wait_replayed()
+
+
+@pytest.fixture
+def lagwatch(pg_cluster: ChaosCluster, table: None, tmp_path: Path) -> Iterator[Lagwatch]:
+    config = cluster_config(pg_cluster, free_port(["127.0.0.1"]), interval=f"{int(INTERVAL * 1000)}ms", window="1m",
+                            state_dir=str(tmp_path / "state"))
+    lw = Lagwatch(tmp_path, config)
+    try:
+        lw.wait_ready()
+        yield lw
+    finally:
+        lw.stop()
+
+
+def set_sync(cluster: ChaosCluster, names: str, level: str = "on") -> None:
+    cluster.primary.alter_system("synchronous_standby_names", names)
+    cluster.primary.alter_system("synchronous_commit", level)
+    cluster.primary.reload()
+
+
+def cycles(lw: Lagwatch) -> float:
+    return lw.daemon_value("lagwatch_cycles_total") or 0.0
+
+
+def sync_waiters(cluster: ChaosCluster) -> int:
+    """Sessions on the primary waiting for synchronous replication (PostgreSQL's own word)."""
+    return int(cluster.primary.scalar("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'"))
+
+
+class Pgbench:
+    """pgbench inserting on the primary with a progress line every second, stopped by PID."""
+
+    def __init__(self, cluster: ChaosCluster, workdir: Path, *, clients: int = 2, seconds: int = 60,
+                 options: str = "") -> None:
+        script = workdir / "insert.sql"
+        script.write_text("INSERT INTO sync_commits DEFAULT VALUES;\n")
+        self.log = workdir / "pgbench.log"
+        env = {"PGOPTIONS": options} if options else {}
+        self.proc = subprocess.Popen(
+            [str(cluster.binaries.tool("pgbench")), "-n", "-h", cluster.primary.host, "-p", str(cluster.primary.port),
+             "-U", "postgres", "-c", str(clients), "-T", str(seconds), "-P", "1", "-f", str(script), "postgres"],
+            stdout=self.log.open("w"), stderr=subprocess.STDOUT, env={**os.environ, **env})
+
+    def progress(self) -> list[float]:
+        """Transactions per second, one figure per progress line so far."""
+        return [float(m.group(1)) for m in re.finditer(r"progress: [\d.]+ s, ([\d.]+) tps", self.log.read_text())]
+
+    def stop(self) -> str:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        return self.log.read_text()
+
+
+# Accepted and refused settings, from the parser's unit table: the server must agree.
+SETTINGS = ["s1", "s1, s2, s3", "*", "FIRST 2 (s1, s2, s3)", "first 2 (s1,s2)", "2 (s1, s2, s3)",
+            "ANY 1 (replica1, replica2)", "Any 2(*)", 'ANY 1 ("my standby", "Quoted""Name", s_2$x)',
+            '"ANY", "first"', "1, 2", "FIRST 1 (1)", "anyone, firstly", "\tFIRST 1 (\t s1 )  ",
+            "ANY (s1)", "FIRST s1", "ANY 0 (s1)", "2 s1", "FIRST 1 (s1", "FIRST 1 ()", "s1,", ",s1", "s1 s2",
+            "any", "s1, first", 's1, "unterminated', "s1; s2", "ANY 1 (s1) s2"]
+
+
+def test_the_server_accepts_exactly_what_the_parser_accepts(pg_cluster: ChaosCluster) -> None:
+    disagreements = []
+    for text in SETTINGS:
+        try:
+            parse_standby_names(text)
+            ours = True
+        except StandbyNamesError:
+            ours = False
+        try:
+            pg_cluster.primary.alter_system("synchronous_standby_names", text)
+            theirs = True
+        except psycopg.Error:
+            theirs = False
+        if ours != theirs:
+            disagreements.append((text, "lagwatch accepts" if ours else "lagwatch refuses"))
+    pg_cluster.primary.alter_system("synchronous_standby_names", None)
+    assert not disagreements, disagreements
+
+
+def test_a_quorum_that_loses_both_standbys_stalls_commits_within_two_intervals(
+        pg_cluster: ChaosCluster, lagwatch: Lagwatch, tmp_path: Path) -> None:
+    lw = lagwatch
+    r1, r2 = pg_cluster.replicas
+    set_sync(pg_cluster, f"ANY 1 ({r1.application_name}, {r2.application_name})")
+    lw.expect("lagwatch_sync_standbys_required", 1, timeout=10)
+    lw.expect("lagwatch_sync_standbys_healthy", 2, timeout=10)
+    for r in (r1, r2):
+        lw.expect("lagwatch_replica_sync_state", 1, timeout=10, replica=r.name, state="quorum")
+    assert lw.value("lagwatch_sync_commit_at_risk") == 0
+    assert lw.value("lagwatch_sync_commit_waits_on_standbys") == 1
+
+    bench = Pgbench(pg_cluster, tmp_path)
+    try:
+        r2.stop()
+        lw.expect("lagwatch_sync_standbys_healthy", 1, timeout=10)
+        assert lw.value("lagwatch_sync_commit_at_risk") == 0  # one of one still enough
+        lw.wait_for("pgbench committing", lambda: len(bench.progress()) >= 2 and bench.progress()[-1] > 0, 15)
+
+        r1.stop()
+        stopped_at = cycles(lw)
+        lw.wait_for("commits at risk", lambda: lw.value("lagwatch_sync_commit_at_risk") == 1, 10)
+        # Within 2 intervals, counted in cycles (not seconds, on a shared machine).
+        assert cycles(lw) - stopped_at <= 2, cycles(lw) - stopped_at
+        # The independent truth: pgbench's commits wait in SyncRep and none completes.
+        lw.wait_for("pgbench's sessions waiting in SyncRep", lambda: sync_waiters(pg_cluster) == 2, 10)
+        seen = len(bench.progress())  # the next line may still count commits from before the stall
+        lw.wait_for("three progress lines while stalled", lambda: len(bench.progress()) >= seen + 3, 10)
+        assert bench.progress()[seen + 1:] == [0.0, 0.0], bench.progress()
+        assert lw.value("lagwatch_sync_commit_wait_seconds") is None  # no end to the wait
+        status = lw.status()["clusters"][0]["sync"]
+        assert (status["method"], status["required"], status["healthy"], status["at_risk"]) == ("quorum", 1, 0, True)
+
+        r1.start()
+        lw.wait_for("commits no longer at risk", lambda: lw.value("lagwatch_sync_commit_at_risk") == 0, 20)
+        seen = len(bench.progress())
+        lw.wait_for("pgbench committing again", lambda: len(bench.progress()) >= seen + 1
+                    and bench.progress()[-1] > 0, 10)
+        assert sync_waiters(pg_cluster) == 0 or bench.progress()[-1] > 0
+    finally:
+        output = bench.stop()
+    print(f"pgbench progress (tps): {bench.progress()}")
+    assert "progress:" in output
+
+
+def test_first_two_with_one_standby_down_is_at_risk(pg_cluster: ChaosCluster, lagwatch: Lagwatch) -> None:
+    lw = lagwatch
+    r1, r2 = pg_cluster.replicas
+    set_sync(pg_cluster, f"FIRST 2 ({r1.application_name}, {r2.application_name})")
+    lw.expect("lagwatch_sync_standbys_required", 2, timeout=10)
+    lw.expect("lagwatch_sync_standbys_healthy", 2, timeout=10)
+    for r in (r1, r2):
+        lw.expect("lagwatch_replica_sync_state", 1, timeout=10, replica=r.name, state="sync")
+    assert lw.value("lagwatch_sync_commit_at_risk") == 0
+    r2.stop()
+    stopped_at = cycles(lw)
+    lw.wait_for("commits at risk", lambda: lw.value("lagwatch_sync_commit_at_risk") == 1, 10)
+    assert cycles(lw) - stopped_at <= 2, cycles(lw) - stopped_at
+    # A commit now waits (cancelled after 2 s: PostgreSQL then keeps it, with a WARNING).
+    done = threading.Event()
+
+    def commit() -> None:
+        with psycopg.connect(pg_cluster.primary.dsn(), autocommit=True, connect_timeout=5) as conn:
+            conn.execute("SET statement_timeout = '3s'")
+            conn.execute("INSERT INTO sync_commits DEFAULT VALUES")
+        done.set()
+
+    worker = threading.Thread(target=commit, daemon=True)
+    worker.start()
+    lw.wait_for("the commit waiting in SyncRep", lambda: sync_waiters(pg_cluster) == 1, 5)
+    assert not done.is_set()
+    worker.join(10)
+
+
+def test_remote_apply_commit_wait_matches_pgbench(pg_cluster: ChaosCluster, lagwatch: Lagwatch,
+                                                  tmp_path: Path) -> None:
+    """remote_apply with a 50 ms recovery_min_apply_delay on the one sync standby: what lagwatch
+    says a commit waits against what pgbench measures, with and without the wait."""
+    lw = lagwatch
+    r1 = pg_cluster.replicas[0]
+    r1.set_apply_delay(0.05)
+    set_sync(pg_cluster, f"FIRST 1 ({r1.application_name})", "remote_apply")
+    lw.expect("lagwatch_replica_sync_state", 1, timeout=10, replica=r1.name, state="sync")
+
+    def latency_ms(options: str, seconds: int = 6) -> float:
+        bench = Pgbench(pg_cluster, tmp_path, clients=1, seconds=seconds, options=options)
+        bench.proc.wait(seconds + 30)
+        match = re.search(r"latency average = ([\d.]+) ms", bench.log.read_text())
+        assert match, bench.log.read_text()
+        return float(match.group(1))
+
+    baseline = latency_ms("-c synchronous_commit=local")
+    readings: list[float] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(INTERVAL):
+            value = lw.value("lagwatch_sync_commit_wait_seconds")
+            if value is not None:
+                readings.append(value)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        waited = latency_ms("")
+    finally:
+        stop.set()
+        sampler.join(5)
+    added = (waited - baseline) / 1000
+    assert len(readings) >= 5, readings
+    median = statistics.median(readings[2:])  # the first readings may predate the run
+    print(f"remote_apply, 50 ms apply delay: pgbench {baseline:.2f} -> {waited:.2f} ms per commit "
+          f"(+{added * 1000:.1f} ms); lagwatch_sync_commit_wait_seconds median {median * 1000:.1f} ms")
+    assert added > 0.04  # the delay really is in every commit
+    assert abs(median - added) <= 0.2 * added, (median, added)
