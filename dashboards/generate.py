@@ -253,12 +253,56 @@ def _lag_row() -> list[Panel]:
             [Query(f"max by (cluster, replica) (lagwatch_replica_last_replay_timestamp_age_seconds{{{CR}}})",
                    f"{by_replica} timestamp age", False)],
             12, 8, _timeseries("s", fill=0), TIMESERIES_OPTIONS),
+        Panel(
+            "Replay rate vs WAL generation", "timeseries",
+            "How fast each replica replays WAL (since replay last stood still, within forecast_horizon) "
+            "against how fast the primary writes it (dashed). A replica behind whose line stays under the "
+            "dashed one will not catch up by waiting (an IOPS-capped volume, heavy full-page images).",
+            [Query(f"max by (cluster, replica) (lagwatch_replica_replay_rate_bytes_per_second{{{CR}}})",
+                   f"{by_replica} replays"),
+             Query(f"max by (cluster) (lagwatch_wal_rate_bytes_per_second{{{C}}})", "{{cluster}} primary writes")],
+            12, 8, _timeseries("Bps", overrides=[_override("B", ("custom.lineStyle", DASHED),
+                                                            ("custom.fillOpacity", 0))]),
+            TIMESERIES_OPTIONS),
+        Panel(
+            "Catch-up ETA", "timeseries",
+            "When each replica will have replayed everything at the current rates: backlog / (replay rate - "
+            "WAL generation rate). 0: caught up. Shown capped at a day: at the cap it is not catching up "
+            "(lagwatch_replica_catchup_eta_seconds is +Inf; LagwatchReplicaNotCatchingUp after 5 minutes).",
+            [Query(f"clamp_max(max by (cluster, replica) (lagwatch_replica_catchup_eta_seconds{{{CR}}}), 86400)",
+                   f"{by_replica} ETA")],
+            12, 8, _timeseries("s", fill=0), TIMESERIES_OPTIONS),
     ]
 
 
 def _slots_wal_row() -> list[Panel]:
     by_slot = "{{cluster}}/{{slot}}"
     return [
+        Panel(
+            "Slot runway (until safe_wal_size is 0)", "timeseries",
+            "Seconds until each slot with a max_slot_wal_keep_size limit runs out of safe_wal_size at the "
+            "current net rate (WAL written minus WAL its consumer releases, over forecast_horizon). Then its "
+            "WAL becomes unreserved and is lost at the next checkpoint. Capped at a week: at the cap the "
+            "slot's safe size does not shrink. Warning under 4 h, page under 30 min.",
+            [Query(f"clamp_max(min by (cluster, slot) (lagwatch_slot_runway_seconds{{{C}}}), 604800)",
+                   f"{by_slot} runway", False)],
+            12, 8, _timeseries("s", fill=0), TIMESERIES_OPTIONS),
+        Panel(
+            "WAL saved by wal_compression", "timeseries",
+            "Share of the WAL that compression of full-page images saved: their uncompressed size (page less "
+            "its hole) minus their stored size, over the WAL that would have been written without it "
+            "(pg_get_wal_block_info, PostgreSQL 16+; needs pg_walinspect and its grant).",
+            [Query(f"sum by (cluster) (rate(lagwatch_wal_fpi_saved_bytes_total{{{C}}}[{RATE}])) / "
+                   f"(sum by (cluster) (rate(lagwatch_wal_inspected_bytes_total{{{C}}}[{RATE}])) + "
+                   f"sum by (cluster) (rate(lagwatch_wal_fpi_saved_bytes_total{{{C}}}[{RATE}])))",
+                   "{{cluster}} saved", False)],
+            12, 8, _timeseries("percentunit", max_=1), TIMESERIES_OPTIONS),
+        Panel(
+            "WAL pinned by slots without a limit", "timeseries",
+            "For slots with no max_slot_wal_keep_size: the WAL each retains as a share of the pg_wal "
+            "directory (needs EXECUTE on pg_ls_waldir()). Nothing stops such a slot from filling the disk.",
+            [Query(f"max by (cluster, slot) (lagwatch_slot_wal_dir_share{{{C}}})", f"{by_slot}", False)],
+            12, 8, _timeseries("percentunit", max_=1), TIMESERIES_OPTIONS),
         Panel(
             "Slot retained WAL vs safe_wal_size", "timeseries",
             "WAL each replication slot holds back on the primary (pg_current_wal_lsn() - restart_lsn), and "

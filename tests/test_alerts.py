@@ -89,7 +89,8 @@ def test_one_group_and_the_alerts_we_promise() -> None:
         "LagwatchSplitBrain": "page", "LagwatchNoPrimary": "page", "LagwatchReplicaNotFollowingPrimary": "warning",
         "LagwatchRoleChanged": "info", "LagwatchDiscoveryDown": "warning",
         "LagwatchSyncCommitsStalled": "page", "LagwatchSyncOneLossFromStall": "warning",
-        "LagwatchSyncCommitWaitHigh": "warning",
+        "LagwatchSyncCommitWaitHigh": "warning", "LagwatchSlotWalLossImminent": "page",
+        "LagwatchReplicaNotCatchingUp": "warning",
     }
     got = {rule["alert"]: rule["labels"]["severity"] for rule in alert_rules()}
     assert got == expected

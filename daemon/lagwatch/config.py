@@ -549,6 +549,9 @@ class HttpConfig(_Strict):
 class Config(_Strict):
     interval: PositiveDuration = 1.0
     window: PositiveDuration = 300.0
+    # Over how long the rates that forecasts divide by are taken (replay and WAL generation
+    # for catch-up ETAs, the net rate a slot's safe_wal_size shrinks at for its runway).
+    forecast_horizon: PositiveDuration = 60.0
     listen: str = "127.0.0.1:9847"
     # Per-node budget for connecting and for one poll round trip; defaults from interval.
     connect_timeout: Duration | None = None

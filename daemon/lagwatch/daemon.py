@@ -104,10 +104,12 @@ class Daemon:
         trackers = {}
         for cluster in config.clusters_with_nodes:
             old = running.trackers.get(cluster.name)
-            if old is not None and (old.interval, old.window) == (config.interval, config.window):
+            if old is not None and (old.interval, old.window, old.horizon) == (config.interval, config.window,
+                                                                                config.forecast_horizon):
                 trackers[cluster.name] = old  # keeps its history; takes the new cluster config at commit
             else:
-                trackers[cluster.name] = ClusterTracker(cluster, config.interval, config.window)
+                trackers[cluster.name] = ClusterTracker(cluster, config.interval, config.window,
+                                                        config.forecast_horizon)
         pollers, retargeted = self._pollers(config)
         holds = HoldStore(config.holds_file)
         timeout = config.effective_query_timeout

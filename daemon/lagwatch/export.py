@@ -255,6 +255,23 @@ def _replica_metrics(c: ClusterSnapshot) -> Iterator[Metric]:
                                r.staleness_evidence or ""], {})
     yield from (lag, window, samples, hist, lag_bytes, ws_lag, paused, streaming, rr_bytes, ts_age,
                 configured, follows, info)
+    replay_rate = _gauge("lagwatch_replica_replay_rate_bytes_per_second", "How fast the replica replays WAL: "
+                         "since replay last stood still, within forecast_horizon", labels)
+    backlog = _gauge("lagwatch_replica_catchup_backlog_bytes", "WAL the primary wrote that the replica has not "
+                     "replayed", labels)
+    eta = _gauge("lagwatch_replica_catchup_eta_seconds", "When the replica will have replayed everything: the "
+                 "backlog over (replay rate - WAL generation rate); 0 when caught up, +Inf when not catching up",
+                 labels)
+    for r in c.replicas:
+        if r.catch_up is None:
+            continue
+        key = [c.name, r.name]
+        backlog.add_metric(key, r.catch_up.backlog_bytes)
+        if r.catch_up.replay_rate is not None:
+            replay_rate.add_metric(key, r.catch_up.replay_rate)
+        if r.catch_up.eta_seconds is not None:
+            eta.add_metric(key, r.catch_up.eta_seconds)
+    yield from (replay_rate, backlog, eta)
     sla_lag = _gauge("lagwatch_replica_sla_max_lag_seconds", "The replica's SLA max_lag from the config", labels)
     sla_p95 = _gauge("lagwatch_replica_sla_p95_seconds", "The replica's SLA p95 from the config (absent if unset)",
                      labels)
@@ -300,6 +317,18 @@ def _slot_metrics(c: ClusterSnapshot) -> Iterator[Metric]:
                                "" if s.conflicting is None else str(s.conflicting).lower(),
                                s.invalidation_reason or ""], {})
     yield from (retained, active, safe, status, inactive, logical, info)
+    runway = _gauge("lagwatch_slot_runway_seconds", "Seconds until safe_wal_size reaches 0 at the current net rate "
+                    "(WAL written minus WAL the consumer releases, over forecast_horizon); +Inf when it does not "
+                    "shrink; absent when max_slot_wal_keep_size is unlimited", labels)
+    for name, seconds in sorted(c.slot_runways.items()):
+        runway.add_metric([c.name, name], seconds)
+    share = _gauge("lagwatch_slot_wal_dir_share", "WAL a slot with no max_slot_wal_keep_size limit retains, as a "
+                   "share of the pg_wal directory (needs pg_ls_waldir())", labels)
+    if c.wal_dir is not None and c.wal_dir.bytes > 0:
+        for s in c.slots:
+            if s.safe_wal_size is None and s.retained_bytes is not None:
+                share.add_metric([c.name, s.name], min(1.0, s.retained_bytes / c.wal_dir.bytes))
+    yield from (runway, share)
 
 
 def _wal_metrics(c: ClusterSnapshot) -> Iterator[Metric]:
@@ -347,6 +376,20 @@ def _wal_metrics(c: ClusterSnapshot) -> Iterator[Metric]:
         if wi.last_interval_bytes:
             yield _one_sample(_gauge("lagwatch_wal_fpi_share", "Share of full-page image bytes in the WAL inspected "
                            "last cycle (0-1)", labels), key, wi.last_interval_fpi_bytes / wi.last_interval_bytes)
+        if wi.compressed:
+            saved = CounterMetricFamily("lagwatch_wal_fpi_saved_bytes", "Bytes WAL compression saved on full-page "
+                                        "images: their size uncompressed (page less its hole) minus as stored, by "
+                                        "wal_compression method (pg_get_wal_block_info, PostgreSQL 16+)",
+                                        labels=["cluster", "method"])
+            stored = CounterMetricFamily("lagwatch_wal_fpi_compressed_bytes", "Compressed full-page image bytes as "
+                                         "stored in the inspected WAL, by method", labels=["cluster", "method"])
+            images = CounterMetricFamily("lagwatch_wal_fpi_compressed_images", "Compressed full-page images in the "
+                                         "inspected WAL, by method", labels=["cluster", "method"])
+            for method, (count, stored_bytes, raw_bytes) in sorted(wi.compressed.items()):
+                saved.add_metric([c.name, method], max(0, raw_bytes - stored_bytes))
+                stored.add_metric([c.name, method], stored_bytes)
+                images.add_metric([c.name, method], count)
+            yield from (saved, stored, images)
 
 
 def _one_sample(family: GaugeMetricFamily, key: list[str], value: float) -> GaugeMetricFamily:

@@ -48,6 +48,8 @@ def missing_grants(caps: probe.Capabilities, user: str) -> tuple[dict[str, str],
         missing["wal_dir"] = grant("wal_dir")
     if caps.has_walinspect and not caps.can_walinspect and not caps.in_recovery:
         optional["walinspect"] = grant("walinspect")
+    elif caps.has_walinspect and not caps.can_walinspect_blocks and not caps.in_recovery and caps.major >= 16:
+        optional["walinspect_blocks"] = grant("walinspect_blocks")
     excess = []
     if caps.can_read_all_settings:
         excess.append("pg_read_all_settings (e.g. through pg_monitor): it shows each replica's primary_conninfo, "

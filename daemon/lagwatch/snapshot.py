@@ -12,6 +12,7 @@ from typing import Literal
 
 from lagwatch.config import ReplicaSla
 from lagwatch.lag import HistogramCounts, WindowStats
+from lagwatch.rates import CatchUp
 from lagwatch.syncrep import SyncReplication
 from lagwatch.views.probe import Capabilities
 from lagwatch.views.replication import WalSender
@@ -107,6 +108,7 @@ class ReplicaState:
     # Whether it replicates from the current primary: that primary has a walsender for it,
     # or its WAL receiver is on the primary's timeline. None: cannot tell (no primary).
     follows_primary: bool | None = None
+    catch_up: CatchUp | None = None  # replay rate, backlog and ETA (None: no replay position)
 
     @property
     def replay_paused(self) -> bool | None:
@@ -172,6 +174,9 @@ class WalInspectTotals:
     record_bytes: int
     last_interval_fpi_bytes: int
     last_interval_bytes: int
+    # Compressed full-page images by method: (images, stored bytes, uncompressed bytes) since
+    # start; empty until measured (pg_get_wal_block_info, 16+).
+    compressed: dict[str, tuple[int, int, int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -246,6 +251,7 @@ class ClusterSnapshot:
     timeline: int | None = None  # the current primary's
     role_changes_total: int = 0  # nodes seen to change role (replica <-> primary) since start
     sync: SyncReplication | None = None  # synchronous replication on the primary (None: no answer)
+    slot_runways: dict[str, float] = field(default_factory=dict)  # limited slots: seconds until safe_wal_size is 0
 
 
 @dataclass(frozen=True)

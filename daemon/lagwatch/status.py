@@ -11,6 +11,7 @@ from typing import Any
 
 from lagwatch.config import ReplicaSla
 from lagwatch.lsn import format_lsn
+from lagwatch.rates import describe
 from lagwatch.snapshot import ClusterSnapshot, PoolStatus, ReplicaState, Snapshot, replica_condition
 
 
@@ -32,6 +33,12 @@ def replica_status(r: ReplicaState, sla: ReplicaSla | None = None) -> dict[str, 
         "configured": r.configured,
         "node_up": r.node_up,
         "follows_primary": r.follows_primary,
+        "catch_up": None if r.catch_up is None else {
+            "backlog_bytes": r.catch_up.backlog_bytes, "replay_rate_bytes_per_second": r.catch_up.replay_rate,
+            "generation_rate_bytes_per_second": r.catch_up.generation_rate,
+            # JSON has no infinity: null with falling_behind true.
+            "eta_seconds": None if r.catch_up.falling_behind else r.catch_up.eta_seconds,
+            "falling_behind": r.catch_up.falling_behind, "summary": describe(r.catch_up)},
         "streaming": r.streaming,
         "staleness_seconds": r.staleness,
         "staleness_source": r.staleness_source,
@@ -68,7 +75,7 @@ def cluster_status(c: ClusterSnapshot) -> dict[str, Any]:
         "primary_lsn": format_lsn(c.primary_lsn),
         "wal_rate_bytes_per_second": c.wal_rate_bytes_per_second,
         "replicas": [replica_status(r, c.slas.get(r.name)) for r in c.replicas],
-        "slots": [asdict(s) for s in c.slots],
+        "slots": [{**asdict(s), **_runway(c.slot_runways.get(s.name))} for s in c.slots],
         "wal": None if c.wal is None else asdict(c.wal),
         "wal_dir": None if c.wal_dir is None else asdict(c.wal_dir),
         "walinspect": None if c.walinspect is None else asdict(c.walinspect),
@@ -80,6 +87,12 @@ def cluster_status(c: ClusterSnapshot) -> dict[str, Any]:
             "states": c.sync.states, "waits_on_standbys": c.sync.waits_on_standbys, "at_risk": c.sync.at_risk,
             "commit_wait_seconds": c.sync.commit_wait_seconds, "error": c.sync.error},
     }
+
+
+def _runway(seconds: float | None) -> dict[str, Any]:
+    # JSON has no infinity: a slot whose safe_wal_size does not shrink has runway_seconds null.
+    return {"runway_seconds": None if seconds is None or math.isinf(seconds) else seconds,
+            "shrinking": None if seconds is None else not math.isinf(seconds)}
 
 
 def pool_status(p: PoolStatus) -> dict[str, Any]:

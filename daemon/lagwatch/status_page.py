@@ -7,11 +7,13 @@ sparklines, a meta refresh. Readable on a phone. Everything shown is escaped.
 from __future__ import annotations
 
 import html
+import math
 import time
 from collections.abc import Sequence
 
 from lagwatch.config import ReplicaSla
 from lagwatch.durations import format_duration
+from lagwatch.rates import describe
 from lagwatch.snapshot import CONDITION_TEXT, ClusterSnapshot, Condition, ReplicaState, Snapshot, replica_condition
 
 REFRESH_SECONDS = 5
@@ -119,7 +121,7 @@ def _replica_row(c: ClusterSnapshot, r: ReplicaState) -> str:
     # data-label: on a phone each row becomes a card of "label  value" lines.
     return (
         f'<tr data-replica="{_e(r.name)}"><td data-label="replica">{_e(r.name)}{unconfigured}</td>'
-        f'<td data-label="state" class="{css}">{_e(state)}</td>'
+        f'<td data-label="state" class="{css}">{_e(state)}{_catch_up(r)}</td>'
         f'<td data-label="pool"><span class="pill {member_css}" title="{_e(reason)}">{_e(member)}</span></td>'
         f'<td data-label="staleness" class="num">{_e(_dur(r.staleness))}</td>'
         f'<td data-label="p95" class="num">{_e(_dur(p95))}</td>'
@@ -127,6 +129,13 @@ def _replica_row(c: ClusterSnapshot, r: ReplicaState) -> str:
         f'<span>{_e(sla_state)} <span class="muted">{_e(sla_rules)}</span></span></td>'
         f'<td data-label="window">{sparkline(r.samples, max_lag)}</td></tr>'
     )
+
+
+def _catch_up(r: ReplicaState) -> str:
+    if r.catch_up is None or r.catch_up.eta_seconds == 0.0:
+        return ""
+    css = "bad" if r.catch_up.falling_behind else "muted"
+    return f'<br><span class="{css} catchup">{_e(describe(r.catch_up))}</span>'
 
 
 def _node_role(role: str, timeline: int | None) -> str:
@@ -154,6 +163,28 @@ def _sync_line(c: ClusterSnapshot) -> str:
     wait = f", commit wait {_dur(s.commit_wait_seconds)}" if s.commit_wait_seconds is not None else ""
     return (f'<div class="meta sync">synchronous: <b>{_e(what)}</b> — sync: {_e(", ".join(sync) or "none")}'
             f"{_e(wait)} — {verdict}</div>")
+
+
+def _compression_line(c: ClusterSnapshot) -> str:
+    """What wal_compression saved since lagwatch started, of the WAL it inspected."""
+    wi = c.walinspect
+    if wi is None or not wi.compressed or not wi.inspected_bytes:
+        return ""
+    saved = sum(max(0, raw - stored) for _, stored, raw in wi.compressed.values())
+    methods = ", ".join(sorted(wi.compressed))
+    share = saved / (wi.inspected_bytes + saved)
+    return (f'<div class="meta compression">WAL compression ({_e(methods)}): saved {share:.0%} of the WAL '
+            f"full-page images would have made ({saved / 2**20:.1f} MiB since start)</div>")
+
+
+def _slots_line(c: ClusterSnapshot) -> str:
+    """Slots whose safe_wal_size shrinks: how long until they lose their WAL."""
+    shrinking = sorted((seconds, name) for name, seconds in c.slot_runways.items() if not math.isinf(seconds))
+    if not shrinking:
+        return ""
+    items = ", ".join(f'<span class="{"bad" if s < 3600 else "warn"}">{_e(n)}: {_e(_dur(s))}</span>'
+                      for s, n in shrinking)
+    return f'<div class="meta slots">slot runway (until safe_wal_size is 0): {items}</div>'
 
 
 def _cluster(c: ClusterSnapshot) -> str:
@@ -187,8 +218,9 @@ def _cluster(c: ClusterSnapshot) -> str:
             f"{' (dry run)' if e.dry_run else ''}: {_e(e.reason)}</li>" for e in reversed(pool.events[-15:]))
         events = f'<h3 class="meta">recent pool events</h3><ul class="events">{items or "<li>none yet</li>"}</ul>'
     return (f'<section data-cluster="{_e(c.name)}"><h2>{_e(c.name)}</h2><div class="meta">nodes: {nodes}</div>'
-            f"{_sync_line(c)}{pool_line}<div class=\"wrap\"><table><thead><tr><th>replica</th><th>state</th>"
-            f"<th>pool</th><th>staleness</th><th>p95</th><th>SLA</th><th>window</th></tr></thead>"
+            f"{_sync_line(c)}{_slots_line(c)}{_compression_line(c)}{pool_line}"
+            f"<div class=\"wrap\"><table><thead><tr><th>replica</th><th>state</th><th>pool</th><th>staleness</th>"
+            f"<th>p95</th><th>SLA</th><th>window</th></tr></thead>"
             f"<tbody>{rows}</tbody></table></div>{events}</section>")
 
 

@@ -11,13 +11,14 @@ import logging
 import math
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TypedDict
 
 from lagwatch.config import ClusterConfig
 from lagwatch.durations import format_duration
 from lagwatch.lag import Commits, HistogramCounts, LagHistogram, LagWindow, LsnClock, Staleness, WindowStats
 from lagwatch.lsn import format_lsn
+from lagwatch.rates import Progress, catch_up, runway
 from lagwatch.roles import Fork, RoleTracker, RoleView
 from lagwatch.snapshot import (
     ClusterSnapshot,
@@ -28,6 +29,7 @@ from lagwatch.snapshot import (
 )
 from lagwatch.syncrep import SyncReplication, assess
 from lagwatch.views.replication import WalSender
+from lagwatch.views.slots import Slot
 
 log = logging.getLogger("lagwatch.tracker")
 
@@ -109,10 +111,14 @@ class _ReplayPosition:
 
 
 class ClusterTracker:
-    def __init__(self, cluster: ClusterConfig, interval: float, window: float) -> None:
+    def __init__(self, cluster: ClusterConfig, interval: float, window: float, horizon: float = 60.0) -> None:
         self.cluster = cluster
         self.interval = interval
         self.window = window
+        self.horizon = horizon  # of the rates that forecasts divide by (catch-up, slot runway)
+        self._generation = Progress(horizon)  # the primary's current LSN
+        self._replayed: dict[str, Progress] = {}  # replica -> its replay LSN
+        self._slot_restart: dict[str, Progress] = {}  # slot -> current LSN minus what it retains
         horizon = max(window * 2, _CLOCK_HORIZON_SECONDS)
         self.clock = LsnClock(min(_CLOCK_MAX_POINTS, math.ceil(horizon / interval) + 16))
         self._window_samples = math.ceil(window / interval) * 2 + 16
@@ -124,6 +130,7 @@ class ClusterTracker:
         self._rate: deque[tuple[float, int]] = deque(maxlen=math.ceil(_RATE_HORIZON_SECONDS / interval) + 1)
         self._xacts: deque[tuple[float, float]] = deque()
         self._inspect = [0, 0, 0, 0]  # inspected, skipped, fpi, record bytes
+        self._compressed: dict[str, tuple[int, int, int]] = {}  # method -> images, stored, raw bytes
         self.roles = RoleTracker(cluster.name)
         self._fork: Fork | None = None  # the promotion the set below is about
         self._followed_since_fork: set[str] = set()  # replicas seen following the new primary since
@@ -139,6 +146,7 @@ class ClusterTracker:
             # Another server's counters: rates over both would mean nothing.
             self._rate.clear()
             self._xacts.clear()
+            self._forget_rates()
         if primary_ok:
             assert primary is not None and primary.position is not None
             primary_lsn = primary.position.current_lsn
@@ -148,6 +156,7 @@ class ClusterTracker:
                     self._went_back(primary_lsn, latest, roles.fork)
                 self.clock.record(primary_lsn, primary.observed_at, primary.asked_at)
                 self._rate.append((primary.observed_at, primary_lsn))
+                self._generation.add(primary.observed_at, primary_lsn)
             self._note_xacts(primary.observed_at, primary.position.xacts_total)
         senders = {s.application_name: s for s in primary.walsenders} if primary_ok and primary else {}
         # The primary's view of a replica is as of the primary's answer, not of the cycle's end.
@@ -171,6 +180,9 @@ class ClusterTracker:
             label = f"{name} (not configured)" if name in configured_labels else name
             replicas.append(self._unconfigured_replica(label, senders[name], senders_at, now))
         self._forget_vanished({r.name for r in replicas}, now)
+        replicas = [self._with_catch_up(r, primary_lsn, now) for r in replicas]
+        slots = primary.slots if primary_ok and primary else ()
+        runways = self._runways(slots, primary_lsn, primary.observed_at if primary_ok and primary else now)
 
         walinspect = self._walinspect(primary) if primary_ok else None
         return ClusterSnapshot(
@@ -178,7 +190,8 @@ class ClusterTracker:
             primary_lsn=primary_lsn,
             wal_rate_bytes_per_second=self._wal_rate(),
             replicas=tuple(replicas),
-            slots=primary.slots if primary_ok and primary else (),
+            slots=slots,
+            slot_runways=runways,
             wal=primary.wal if primary_ok and primary else None,
             wal_dir=primary.wal_dir if primary_ok and primary else None,
             walinspect=walinspect,
@@ -326,12 +339,51 @@ class ClusterTracker:
         self._last_replay = {name: min(lsn, cut) for name, lsn in self._last_replay.items()}
         self._rate.clear()
         self._xacts.clear()
+        self._forget_rates()
+
+    def _forget_rates(self) -> None:
+        self._generation.clear()
+        self._replayed.clear()
+        self._slot_restart.clear()
+
+    # -- forecasts ------------------------------------------------------------------------
+
+    def _with_catch_up(self, replica: ReplicaState, primary_lsn: int | None, now: float) -> ReplicaState:
+        """The replica with its replay rate, backlog and catch-up ETA: the rate since replay
+        last stood still (after a pause, how fast it replays now), against the primary's
+        WAL generation rate, both over the forecast horizon."""
+        if replica.replay_lsn is None or primary_lsn is None:
+            return replica
+        progress = self._replayed.setdefault(replica.name, Progress(self.horizon))
+        progress.add(replica.staleness_at or now, replica.replay_lsn)
+        backlog = max(0, primary_lsn - replica.replay_lsn)
+        return replace(replica, catch_up=catch_up(backlog, progress.rate_since_stall(), self._generation.rate(),
+                                                  within=self.interval))
+
+    def _runways(self, slots: Sequence[Slot], primary_lsn: int | None, at: float) -> dict[str, float]:
+        """Seconds until each limited slot's safe_wal_size reaches 0 at the current net rate
+        (WAL written minus WAL the consumer lets go); +inf when it does not shrink."""
+        out: dict[str, float] = {}
+        for slot in slots:
+            if primary_lsn is None or slot.retained_bytes is None:
+                continue
+            progress = self._slot_restart.setdefault(slot.name, Progress(self.horizon))
+            progress.add(at, primary_lsn - slot.retained_bytes)
+            generation, released = self._generation.rate(), progress.rate()
+            if slot.safe_wal_size is None or generation is None or released is None:
+                continue
+            left = runway(slot.safe_wal_size, generation - released)
+            if left is not None:
+                out[slot.name] = left
+        for name in set(self._slot_restart) - {s.name for s in slots}:
+            del self._slot_restart[name]  # a dropped slot
+        return out
 
     def _forget_vanished(self, present: set[str], now: float) -> None:
         # A replica that stopped streaming drops out of the output at once; its history is
         # kept one window in case it comes back, then dropped so memory stays bounded.
         for name in [n for n, seen in self._last_seen.items() if n not in present and seen < now - self.window]:
-            for table in (self._windows, self._histograms, self._last_replay, self._last_seen):
+            for table in (self._windows, self._histograms, self._last_replay, self._last_seen, self._replayed):
                 table.pop(name, None)
 
     # -- cluster-wide ---------------------------------------------------------------------
@@ -377,6 +429,9 @@ class ClusterTracker:
             for i, value in enumerate((inspection.inspected_bytes, inspection.skipped_bytes,
                                        inspection.fpi_bytes, inspection.record_bytes)):
                 self._inspect[i] += value
+            for c in inspection.compressed or ():
+                images, stored, raw = self._compressed.get(c.method, (0, 0, 0))
+                self._compressed[c.method] = (images + c.images, stored + c.stored_bytes, raw + c.raw_bytes)
         elif not any(self._inspect):
             return None
         return WalInspectTotals(
@@ -386,6 +441,7 @@ class ClusterTracker:
             record_bytes=self._inspect[3],
             last_interval_fpi_bytes=inspection.fpi_bytes if inspection else 0,
             last_interval_bytes=inspection.inspected_bytes if inspection else 0,
+            compressed=dict(self._compressed),
         )
 
     def _say_state_change(self, obs: NodeObservation, counters: _NodeCounters) -> None:

@@ -24,4 +24,6 @@ GRANT EXECUTE ON FUNCTION pg_ls_waldir() TO lagwatch;
 -- Optional: FPI byte statistics from pg_walinspect (PostgreSQL 15+). Only if you want them:
 --   CREATE EXTENSION IF NOT EXISTS pg_walinspect;
 --   GRANT EXECUTE ON FUNCTION pg_get_wal_stats(pg_lsn, pg_lsn, boolean) TO lagwatch;
+-- and what wal_compression saves on full-page images (PostgreSQL 16+):
+--   GRANT EXECUTE ON FUNCTION pg_get_wal_block_info(pg_lsn, pg_lsn, boolean) TO lagwatch;
 -- Without it lagwatch says once in its log that it skips the FPI statistics, and why.

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from lagwatch.views.base import Row
 
 _STATS_FN = "to_regprocedure('pg_get_wal_stats(pg_lsn,pg_lsn,boolean)')"
+_BLOCKS_FN = "to_regprocedure('pg_get_wal_block_info(pg_lsn,pg_lsn,boolean)')"  # 16+
 
 # The grant each view needs, as deploy/sql/lagwatch-role.sql gives them (ROLE: the login).
 GRANTS = {
@@ -15,6 +16,8 @@ GRANTS = {
     "wal_receiver": "GRANT pg_read_all_stats TO ROLE",
     "wal_dir": "GRANT EXECUTE ON FUNCTION pg_ls_waldir() TO ROLE",
     "walinspect": "GRANT EXECUTE ON FUNCTION pg_get_wal_stats(pg_lsn, pg_lsn, boolean) TO ROLE (optional)",
+    "walinspect_blocks": "GRANT EXECUTE ON FUNCTION pg_get_wal_block_info(pg_lsn, pg_lsn, boolean) TO ROLE "
+                         "(optional)",
 }
 
 SQL = f"""SELECT current_setting('server_version_num')::int AS version_num,
@@ -23,6 +26,8 @@ SQL = f"""SELECT current_setting('server_version_num')::int AS version_num,
     {_STATS_FN} IS NOT NULL AS has_walinspect,
     CASE WHEN {_STATS_FN} IS NOT NULL
          THEN has_function_privilege({_STATS_FN}, 'EXECUTE') END AS can_walinspect,
+    coalesce({_BLOCKS_FN} IS NOT NULL AND has_function_privilege({_BLOCKS_FN}, 'EXECUTE'), false)
+        AS can_walinspect_blocks,
     pg_has_role('pg_read_all_stats', 'USAGE') AS can_read_all_stats,
     pg_has_role('pg_read_all_settings', 'USAGE') AS can_read_all_settings"""
 
@@ -36,6 +41,7 @@ class Capabilities:
     can_walinspect: bool
     can_read_all_stats: bool
     can_read_all_settings: bool = False  # more than lagwatch needs: primary_conninfo shows passwords
+    can_walinspect_blocks: bool = False  # pg_get_wal_block_info (16+): what WAL compression saves
 
     @property
     def major(self) -> int:
@@ -50,6 +56,10 @@ class Capabilities:
             out["replication"] = f"not a member of pg_read_all_stats: LSN columns are hidden ({GRANTS['replication']})"
         if self.has_walinspect and not self.can_walinspect and not self.in_recovery:  # used on the primary only
             out["walinspect"] = f"no EXECUTE on pg_get_wal_stats ({GRANTS['walinspect']})"
+        elif self.has_walinspect and not self.can_walinspect_blocks and not self.in_recovery:
+            out["walinspect_blocks"] = ("WAL compression savings are not measured: "
+                                        + ("pg_get_wal_block_info needs PostgreSQL 16" if self.major < 16 else
+                                           f"no EXECUTE on pg_get_wal_block_info ({GRANTS['walinspect_blocks']})"))
         return out
 
 
@@ -63,4 +73,5 @@ def parse(rows: Sequence[Row]) -> Capabilities:
         can_walinspect=bool(row["can_walinspect"]),
         can_read_all_stats=bool(row["can_read_all_stats"]),
         can_read_all_settings=bool(row.get("can_read_all_settings")),
+        can_walinspect_blocks=bool(row.get("can_walinspect_blocks")),
     )

@@ -24,6 +24,44 @@ LEFT JOIN LATERAL pg_get_wal_stats(b.s, b.e, false) w ON true
 GROUP BY b.s, b.e, b.cur"""
 
 
+# What WAL compression saved in the same range (16+): per method, the full-page images
+# stored compressed, their stored bytes, and their bytes uncompressed. The uncompressed size
+# of an image is the page less its hole, the free space between pd_lower and pd_upper that
+# PostgreSQL leaves out of a standard page's image (read from the restored page's header).
+BLOCKS_SQL = """SELECT k.method, count(*)::float8 AS images, sum(k.stored)::float8 AS stored_bytes,
+    sum(k.raw)::float8 AS raw_bytes
+FROM (SELECT i.block_fpi_length AS stored,
+             CASE WHEN 'COMPRESS_PGLZ' = ANY(i.block_fpi_info) THEN 'pglz'
+                  WHEN 'COMPRESS_LZ4' = ANY(i.block_fpi_info) THEN 'lz4'
+                  WHEN 'COMPRESS_ZSTD' = ANY(i.block_fpi_info) THEN 'zstd' END AS method,
+             current_setting('block_size')::int - CASE WHEN 'HAS_HOLE' = ANY(i.block_fpi_info) THEN
+                 (get_byte(i.block_fpi_data, 14) + 256 * get_byte(i.block_fpi_data, 15))
+                 - (get_byte(i.block_fpi_data, 12) + 256 * get_byte(i.block_fpi_data, 13)) ELSE 0 END AS raw
+      FROM pg_get_wal_block_info(%(start)s::pg_lsn, %(end)s::pg_lsn, true) i
+      WHERE i.block_fpi_length > 0) k
+WHERE k.method IS NOT NULL
+GROUP BY k.method"""
+
+
+@dataclass(frozen=True)
+class Compressed:
+    """Full-page images one compression method stored in the inspected WAL."""
+
+    method: str  # pglz | lz4 | zstd
+    images: int
+    stored_bytes: int  # as written, compressed
+    raw_bytes: int  # the same images uncompressed (page less its hole)
+
+    @property
+    def saved_bytes(self) -> int:
+        return max(0, self.raw_bytes - self.stored_bytes)
+
+
+def parse_blocks(rows: Sequence[Row]) -> tuple[Compressed, ...]:
+    return tuple(Compressed(str(r["method"]), int(r["images"]), int(r["stored_bytes"]), int(r["raw_bytes"]))
+                 for r in sorted(rows, key=lambda r: str(r["method"])))
+
+
 @dataclass(frozen=True)
 class WalInspection:
     start_lsn: int
@@ -32,6 +70,7 @@ class WalInspection:
     records: int
     record_bytes: int
     fpi_bytes: int
+    compressed: tuple[Compressed, ...] | None = None  # None: not measured (before 16, or no grant)
 
     @property
     def inspected_bytes(self) -> int:

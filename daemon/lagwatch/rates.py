@@ -1,0 +1,115 @@
+"""Rates and forecasts from a short history of byte positions: pure, the clock passed in.
+
+A ``Progress`` keeps (time, bytes) samples of one counter that only moves forward (a
+replica's replay LSN, the primary's current LSN, WAL a slot retains) over a horizon, and
+gives its rate. ``catch_up`` and ``runway`` turn rates into the answers on call needs: will
+this replica catch up, and when; how long until this slot loses its WAL.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+
+class Progress:
+    """Samples of one position over the last ``horizon`` seconds (at least two kept)."""
+
+    def __init__(self, horizon: float) -> None:
+        self.horizon = horizon
+        self._samples: deque[tuple[float, float]] = deque()
+
+    def add(self, at: float, value: float) -> None:
+        if self._samples and value < self._samples[-1][1] - 0.5:
+            self._samples.clear()  # went back: another server or timeline, the history means nothing
+        self._samples.append((at, value))
+        while len(self._samples) > 2 and at - self._samples[1][0] >= self.horizon:
+            self._samples.popleft()
+
+    def clear(self) -> None:
+        self._samples.clear()
+
+    def rate(self) -> float | None:
+        """Bytes per second over the horizon (None with less than two samples)."""
+        if len(self._samples) < 2:
+            return None
+        (t0, v0), (t1, v1) = self._samples[0], self._samples[-1]
+        return (v1 - v0) / (t1 - t0) if t1 > t0 else None
+
+    def rate_since_stall(self) -> float | None:
+        """The rate since the position last stood still (within the horizon): after a
+        pause, how fast it moves now, not averaged with the time it did not."""
+        samples = list(self._samples)
+        start = 0
+        for i in range(1, len(samples)):
+            if samples[i][1] <= samples[i - 1][1]:
+                start = i
+        if len(samples) - start < 2:
+            return 0.0 if len(samples) >= 2 else None
+        if len(samples) - start >= 3:
+            start += 1  # it began to move at some moment after the last sample that stood still
+        (t0, v0), (t1, v1) = samples[start], samples[-1]
+        return (v1 - v0) / (t1 - t0) if t1 > t0 else None
+
+
+@dataclass(frozen=True)
+class CatchUp:
+    backlog_bytes: int  # WAL the primary wrote that the replica has not replayed
+    replay_rate: float | None  # bytes/s the replica replays now
+    generation_rate: float | None  # bytes/s the primary writes
+    eta_seconds: float | None  # backlog / (replay - generation); +inf when not catching up; None unknown
+
+    @property
+    def falling_behind(self) -> bool:
+        return self.eta_seconds is not None and math.isinf(self.eta_seconds)
+
+
+# Below this backlog a replica is caught up: the WAL of a few commits, not a trend.
+CAUGHT_UP_BYTES = 64 * 1024
+
+
+def catch_up(backlog: int, replay_rate: float | None, generation_rate: float | None,
+             within: float = 0.0) -> CatchUp:
+    """When the replica will have replayed everything, at the current rates. A replica
+    less than ``within`` seconds of WAL behind is caught up: under steady writes a caught-up
+    replica replays exactly as fast as the primary writes, so dividing what one poll finds
+    in flight by a gain of ~0 would read as never catching up."""
+    if backlog <= max(CAUGHT_UP_BYTES, (generation_rate or 0.0) * within):
+        return CatchUp(backlog, replay_rate, generation_rate, 0.0)
+    if replay_rate is None or generation_rate is None:
+        return CatchUp(backlog, replay_rate, generation_rate, None)
+    gaining = replay_rate - generation_rate
+    eta = backlog / gaining if gaining > 0 else math.inf
+    return CatchUp(backlog, replay_rate, generation_rate, eta)
+
+
+def runway(safe_wal_size: float, retained_growth: float | None) -> float | None:
+    """Seconds until a slot's safe_wal_size reaches 0: it shrinks as fast as the WAL the
+    slot retains grows (the primary writes, the consumer does not confirm). +inf when it
+    does not shrink; None before a rate is known."""
+    if retained_growth is None:
+        return None
+    if safe_wal_size <= 0:
+        return 0.0
+    return safe_wal_size / retained_growth if retained_growth > 0 else math.inf
+
+
+def _bytes_per_second(rate: float) -> str:
+    for unit, size in (("GB/s", 1 << 30), ("MB/s", 1 << 20), ("kB/s", 1 << 10)):
+        if rate >= size:
+            return f"{rate / size:.1f} {unit}"
+    return f"{rate:.0f} B/s"
+
+
+def describe(c: CatchUp) -> str:
+    """The words on call reads: "caught up", "catching up, ~40 s", "falling behind, 2.0 MB/s"."""
+    if c.eta_seconds == 0.0:
+        return "caught up"
+    if c.eta_seconds is None:
+        return "behind, rate not known yet"
+    if math.isinf(c.eta_seconds):
+        net = (c.generation_rate or 0.0) - (c.replay_rate or 0.0)
+        return f"falling behind, {_bytes_per_second(net)}" if net > 0 else "not catching up"
+    eta = c.eta_seconds
+    return f"catching up, ~{eta:.0f} s" if eta < 120 else f"catching up, ~{eta / 60:.0f} min"

@@ -1,0 +1,146 @@
+"""Forecasts against what then happens, on real servers: a replica's catch-up ETA against
+the time it really takes to catch up, a replica that cannot catch up reading +Inf, and a
+slot's runway against the moment its wal_status really becomes unreserved or lost.
+
+WAL is written at a steady rate with pg_logical_emit_message (no table grows); the WAL a
+replica gets is capped at a chosen rate by a relay between it and the primary (a replica on
+a capped volume or link), so the oracle knows every rate. (Pausing and resuming replay
+cannot throttle it: such records replay at GB/s, so any resume catches up at once.) What
+is measured does not depend on the server version: one version runs these.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from chaoscluster import ChaosCluster
+from harness import Lagwatch, cluster_config
+from lagwatch.localcluster import LocalReplica
+from lagwatch.ports import free_port
+from throttled_link import ThrottledLink
+
+pytestmark = pytest.mark.one_pg_version
+
+INTERVAL = 0.5
+MB = 1 << 20
+
+
+class SteadyWal(threading.Thread):
+    """Writes ``rate`` bytes of WAL a second on the primary, in 10 steps a second."""
+
+    def __init__(self, cluster: ChaosCluster, rate: float, max_seconds: float = 120) -> None:
+        super().__init__(daemon=True)
+        self.cluster, self.step = cluster, int(rate / 10)
+        self.deadline = time.monotonic() + max_seconds
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        with psycopg.connect(self.cluster.primary.dsn(), autocommit=True) as conn:
+            next_at = time.monotonic()
+            while not self.stopped.is_set() and time.monotonic() < self.deadline:
+                conn.execute("SELECT pg_logical_emit_message(false, 'lagwatch-test', repeat('x', %s))", (self.step,))
+                next_at += 0.1
+                self.stopped.wait(max(0.0, next_at - time.monotonic()))
+
+    def __enter__(self) -> SteadyWal:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopped.set()
+        self.join(10)
+
+
+@pytest.fixture
+def lagwatch(pg_cluster: ChaosCluster, tmp_path: Path) -> Iterator[Lagwatch]:
+    config = cluster_config(pg_cluster, free_port(["127.0.0.1"]), interval=f"{int(INTERVAL * 1000)}ms", window="1m",
+                            state_dir=str(tmp_path / "state"), forecast_horizon="5s")
+    lw = Lagwatch(tmp_path, config)
+    try:
+        lw.wait_ready()
+        yield lw
+    finally:
+        lw.stop()
+
+
+def backlog(cluster: ChaosCluster, replica: LocalReplica) -> int:
+    """What the primary has written and the replica has not replayed, read from both."""
+    current = int(cluster.primary.scalar("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint"))
+    return current - int(replica.scalar("SELECT pg_wal_lsn_diff(pg_last_wal_replay_lsn(), '0/0')::bigint"))
+
+
+def test_the_catch_up_eta_comes_true_and_a_replica_too_slow_reads_inf(pg_cluster: ChaosCluster,
+                                                                       lagwatch: Lagwatch) -> None:
+    lw = lagwatch
+    primary, r1 = pg_cluster.primary, pg_cluster.replicas[0]
+    with ThrottledLink(primary.host, primary.port) as link:
+        r1.set_primary_conninfo(f"host={link.host} port={link.port} user=postgres "
+                                f"application_name={r1.application_name}")
+        lw.wait_for("replica1 streaming through the link", r1.is_streaming, 20)
+        with SteadyWal(pg_cluster, 4 * MB):
+            link.set_rate(0)  # held: replica1 gets nothing
+            time.sleep(6)  # ~24 MB behind
+            # 6 MB/s get through while 4 MB/s are written: the backlog shrinks at 2 MB/s (~12 s).
+            link.set_rate(6 * MB)
+            lw.wait_for("a finite catch-up ETA", lambda: 0 < (lw.value(
+                "lagwatch_replica_catchup_eta_seconds", replica="replica1") or 0) < math.inf, 15)
+            time.sleep(6 * INTERVAL)  # a few cycles into the catch-up
+            predicted = lw.value("lagwatch_replica_catchup_eta_seconds", replica="replica1")
+            predicted_at = time.monotonic()
+            assert predicted is not None and 0 < predicted < math.inf, predicted
+            status = next(r for r in lw.status()["clusters"][0]["replicas"] if r["name"] == "replica1")
+            assert status["catch_up"]["summary"].startswith("catching up, ~"), status["catch_up"]
+            # Caught up: less than a quarter second of writes behind, read from both servers.
+            lw.wait_for("replica1 caught up", lambda: backlog(pg_cluster, r1) <= MB, 120)
+            actual = time.monotonic() - predicted_at
+            print(f"catch-up: ETA {predicted:.1f} s, took {actual:.1f} s")
+            assert abs(predicted - actual) <= 0.3 * actual, (predicted, actual)
+            lw.expect("lagwatch_replica_catchup_eta_seconds", 0, timeout=10, replica="replica1")
+
+            # 2 MB/s get through while 4 MB/s are written: it never catches up.
+            link.set_rate(2 * MB)
+            lw.wait_for("ETA +Inf", lambda: lw.value("lagwatch_replica_catchup_eta_seconds", replica="replica1")
+                        == math.inf, 20)
+            # The rate is taken over the 5 s horizon: once that holds only the capped link, 2 MB/s.
+            lw.wait_for("the replay rate of the capped link", lambda: 1.5 * MB < (lw.value(
+                "lagwatch_replica_replay_rate_bytes_per_second", replica="replica1") or 0) < 2.5 * MB, 15)
+            assert lw.value("lagwatch_replica_catchup_eta_seconds", replica="replica1") == math.inf
+            status = next(r for r in lw.status()["clusters"][0]["replicas"] if r["name"] == "replica1")
+            assert status["catch_up"]["falling_behind"] and status["catch_up"]["summary"].startswith(
+                "falling behind, "), status["catch_up"]
+        link.set_rate(None)
+
+
+def test_a_slots_runway_ends_when_its_wal_becomes_unreserved(pg_cluster: ChaosCluster, lagwatch: Lagwatch) -> None:
+    lw = lagwatch
+    primary = pg_cluster.primary
+    primary.alter_system("max_slot_wal_keep_size", "64MB")
+    primary.reload()
+    # A physical slot reserves from the last checkpoint's redo pointer: make that now.
+    primary.execute("CHECKPOINT")
+    primary.execute("SELECT pg_create_physical_replication_slot('forgotten', true)")  # no consumer, ever
+    try:
+        lw.wait_for("the slot's runway (not shrinking yet)", lambda: lw.value(
+            "lagwatch_slot_runway_seconds", slot="forgotten") is not None, 10)
+        with SteadyWal(pg_cluster, 3 * MB):
+            time.sleep(6)  # a whole forecast horizon (5 s) of writing: the net rate is the current one
+            predicted = lw.value("lagwatch_slot_runway_seconds", slot="forgotten")
+            predicted_at = time.monotonic()
+            assert predicted is not None and 0 < predicted < math.inf, predicted
+
+            def gone() -> bool:
+                return primary.scalar("SELECT wal_status FROM pg_replication_slots WHERE slot_name = 'forgotten'") \
+                    in ("unreserved", "lost")
+
+            lw.wait_for("wal_status unreserved or lost", gone, 120)
+            actual = time.monotonic() - predicted_at
+        print(f"slot runway: forecast {predicted:.1f} s, unreserved after {actual:.1f} s")
+        assert abs(predicted - actual) <= 0.2 * actual, (predicted, actual)
+    finally:
+        primary.execute("SELECT pg_drop_replication_slot('forgotten')")
