@@ -32,6 +32,7 @@ from pydantic import (
 
 from lagwatch.durations import parse_duration
 from lagwatch.errors import ConfigError, validation_problems
+from lagwatch.shard import shard_of
 from lagwatch.webconfig import WebConfig, load_web_config
 from lagwatch.yamlfile import load_yaml
 
@@ -538,6 +539,24 @@ AnyClusterConfig = Annotated[
 ]
 
 
+class ShardConfig(_Strict):
+    """This instance's part of a fleet: clusters are spread over ``count`` shards by
+    rendezvous hashing of their names (lagwatch.shard); run two instances per index for HA
+    (the per-cluster leader lock decides which one acts on the pool)."""
+
+    index: int = Field(ge=0)
+    count: int = Field(ge=1, le=1024)
+
+    @model_validator(mode="after")
+    def _index_in_range(self) -> ShardConfig:
+        if self.index >= self.count:
+            raise ValueError(f"index {self.index} must be below count {self.count} (shards are 0 .. count-1)")
+        return self
+
+    def owns(self, cluster: str) -> bool:
+        return shard_of(cluster, self.count) == self.index
+
+
 class HttpConfig(_Strict):
     """The HTTP server's limits against slow or numerous clients (see httpserver.py)."""
 
@@ -560,6 +579,7 @@ class Config(_Strict):
     state_dir: Path = Path("/var/lib/lagwatch")  # operator holds live here (holds.json)
     web_config_file: Path | None = None  # TLS and basic auth, Prometheus exporters' web config format
     http: HttpConfig = HttpConfig()
+    shard: ShardConfig | None = None  # this instance's part of a fleet (unset: every cluster)
     clusters: tuple[AnyClusterConfig, ...]
     # The web config file's contents, set by load_config (not a key of the file).
     _web: WebConfig | None = PrivateAttr(default=None)
@@ -594,12 +614,16 @@ class Config(_Strict):
     @property
     def clusters_with_nodes(self) -> tuple[ClusterConfig, ...]:
         """The clusters whose nodes are known: those the file names, and (in the config the
-        daemon runs) the discovered ones as their members make them."""
-        return tuple(c for c in self.clusters if isinstance(c, ClusterConfig))
+        daemon runs) the discovered ones as their members make them; of this shard's only."""
+        return tuple(c for c in self.clusters if isinstance(c, ClusterConfig) and self.owns(c.name))
 
     @property
     def patroni_clusters(self) -> tuple[PatroniClusterConfig, ...]:
-        return tuple(c for c in self.clusters if isinstance(c, PatroniClusterConfig))
+        return tuple(c for c in self.clusters if isinstance(c, PatroniClusterConfig) and self.owns(c.name))
+
+    def owns(self, cluster: str) -> bool:
+        """Whether this instance watches ``cluster`` (always, unless the fleet is sharded)."""
+        return self.shard is None or self.shard.owns(cluster)
 
     @property
     def effective_query_timeout(self) -> float:

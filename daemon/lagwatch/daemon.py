@@ -297,8 +297,12 @@ class Daemon:
         self._scheduler = scheduler
         self._add_job()
         scheduler.start()
-        log.info("polling %d cluster(s) every %s, window %s", len(self.config.clusters),
-                 format_duration(self.config.interval), format_duration(self.config.window))
+        shard = self.config.shard
+        log.info("polling %d cluster(s) every %s, window %s%s",
+                 len(self._source.clusters_with_nodes) + len(self._source.patroni_clusters),
+                 format_duration(self.config.interval), format_duration(self.config.window),
+                 f"; shard {shard.index} of 0..{shard.count - 1}: {len(self._source.clusters)} cluster(s) in the file"
+                 if shard is not None else "")
         self.notifier.ensure_watchdog(watchdog_budget(self.config))
         try:
             await self._stopped.wait()
