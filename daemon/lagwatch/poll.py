@@ -229,6 +229,9 @@ class NodePoller:
         if caps.has_walinspect is False and self.cluster.walinspect == "auto" and not caps.in_recovery:
             log.info("%s/%s: pg_walinspect is not installed; FPI byte statistics are off",
                      self.cluster.name, self.node)
+        elif caps.has_walinspect and caps.major < 16 and self.cluster.walinspect == "auto" and not caps.in_recovery:
+            log.info("%s/%s: PostgreSQL %d has no pg_get_wal_block_info (16+): WAL compression savings are not "
+                     "measured", self.cluster.name, self.node, caps.major)
 
     def _views(self, caps: Capabilities) -> list[View[Any]]:
         role: Role = "replica" if caps.in_recovery else "primary"

@@ -56,10 +56,9 @@ class Capabilities:
             out["replication"] = f"not a member of pg_read_all_stats: LSN columns are hidden ({GRANTS['replication']})"
         if self.has_walinspect and not self.can_walinspect and not self.in_recovery:  # used on the primary only
             out["walinspect"] = f"no EXECUTE on pg_get_wal_stats ({GRANTS['walinspect']})"
-        elif self.has_walinspect and not self.can_walinspect_blocks and not self.in_recovery:
-            out["walinspect_blocks"] = ("WAL compression savings are not measured: "
-                                        + ("pg_get_wal_block_info needs PostgreSQL 16" if self.major < 16 else
-                                           f"no EXECUTE on pg_get_wal_block_info ({GRANTS['walinspect_blocks']})"))
+        elif self.has_walinspect and not self.can_walinspect_blocks and not self.in_recovery and self.major >= 16:
+            out["walinspect_blocks"] = ("WAL compression savings are not measured: no EXECUTE on "
+                                        f"pg_get_wal_block_info ({GRANTS['walinspect_blocks']})")
         return out
 
 
