@@ -154,6 +154,9 @@ class SlaConfig(_Strict):
     readmit_after: int = Field(default=5, ge=1)  # consecutive good cycles before readmitting
     min_replicas: int = Field(default=1, ge=0)  # the pool never shrinks below this
     fallback_to_primary: bool = False  # add the primary while fewer than min_replicas are healthy
+    # Route reads to whichever node accepts writes now, always, beside the healthy replicas
+    # (a promoted replica then stays in the pool, as the primary).
+    primary_in_read_pool: bool = False
 
     @model_validator(mode="after")
     def _hysteresis(self) -> SlaConfig:
@@ -375,7 +378,7 @@ class ClusterConfig(_Strict):
     def primary_may_be_pooled(self) -> bool:
         """Whether the pooler may be told to route reads to the primary: the fallback, a
         'primary' HAProxy server, or PgBouncer pointing an emptied entry at the primary."""
-        if self.sla.fallback_to_primary:
+        if self.sla.fallback_to_primary or self.sla.primary_in_read_pool:
             return True
         if isinstance(self.pooler, HAProxyPoolerConfig):
             return "primary" in self.pooler.servers
@@ -422,10 +425,11 @@ class ClusterConfig(_Strict):
             # out of rotation (the adapter ejects every mapped server it is not told to route to).
             if unknown and not (info.context or {}).get(DISCOVERED):
                 raise ValueError(f"pooler.servers names unknown replicas: {', '.join(unknown)}")
-            if self.sla.fallback_to_primary and "primary" not in self.pooler.servers \
-                    and not (info.context or {}).get(DISCOVERED):
-                raise ValueError("sla.fallback_to_primary needs a 'primary' entry in pooler.servers: "
-                                 "HAProxy can only route reads to a server of its backend")
+            for key in ("fallback_to_primary", "primary_in_read_pool"):
+                if getattr(self.sla, key) and "primary" not in self.pooler.servers \
+                        and not (info.context or {}).get(DISCOVERED):
+                    raise ValueError(f"sla.{key} needs a 'primary' entry in pooler.servers: "
+                                     "HAProxy can only route reads to a server of its backend")
         return self
 
     @model_validator(mode="after")

@@ -12,13 +12,17 @@ Rules (hysteresis, so nothing flaps):
   streaming and below ``readmit_below`` (and at or below ``p95`` where that is set, or a
   replica steadily between the two would be ejected again as soon as its p95 fills);
   "unknown" never counts as good;
-- a replica that was promoted (it accepts writes) leaves at once;
+- a replica that was promoted (it accepts writes) leaves at once; one that does not
+  replicate from the current primary (left on the old timeline after a failover, or a
+  demoted old primary not yet following) counts as a bad cycle and is never readmitted;
 - an operator hold (in/out) beats all of the above;
 - the pool never shrinks below ``min_replicas``: the least-behind ejected replicas stay
   (reachable and streaming ones first; one already kept stays unless another is less behind
   by more than its ``max_lag`` and by more than half, so two lagging replicas do not swap
   every cycle), or, with ``fallback_to_primary``, the primary joins while too few
-  replicas are healthy.
+  replicas are healthy;
+- with ``primary_in_read_pool`` the primary is always in the pool beside the replicas
+  (the node that accepts writes now: a promoted replica stays, as the primary).
 """
 
 from __future__ import annotations
@@ -50,12 +54,14 @@ class ReplicaHealth:
     streaming: bool
     samples: tuple[tuple[float, float], ...] = ()  # (monotonic time, staleness) over the window
     promoted: bool = False  # it accepts writes now: a primary, not a replica to read from
+    follows_primary: bool | None = None  # None: cannot tell this cycle (no primary answered)
 
 
 @dataclass(frozen=True)
 class PoolRules:
     min_replicas: int
     fallback_to_primary: bool
+    primary_in_read_pool: bool = False
 
 
 @dataclass(frozen=True)
@@ -112,6 +118,8 @@ def _judge(health: ReplicaHealth, sla: ReplicaSla, prev: ReplicaPolicyState, now
         problem = "unreachable"
     elif not health.streaming:
         problem = "not streaming"
+    elif health.follows_primary is False:
+        problem = "not replicating from the current primary"
     elif health.staleness is None:
         problem = "staleness unknown"
     else:
@@ -175,7 +183,8 @@ def decide(replicas: Sequence[ReplicaHealth], slas: Mapping[str, ReplicaSla], ru
 
             def keep_order(name: str) -> tuple[bool, float, str]:
                 health = by_health[name]
-                usable = health.reachable and health.streaming and health.staleness is not None
+                usable = (health.reachable and health.streaming and health.staleness is not None
+                          and health.follows_primary is not False)
                 lag = _lag_key(health.staleness)
                 if name in state.pool:
                     # Stays kept unless another is clearly less behind: by more than its
@@ -188,6 +197,10 @@ def decide(replicas: Sequence[ReplicaHealth], slas: Mapping[str, ReplicaSla], ru
             for name in candidates[: rules.min_replicas - healthy]:
                 pool.add(name)
                 reasons[name] = f"kept to honour min_replicas {rules.min_replicas} ({reasons[name]})"
+
+    if rules.primary_in_read_pool:
+        pool.add(PRIMARY)
+        reasons[PRIMARY] = "primary_in_read_pool: reads go to the primary too"
 
     new_pool = frozenset(pool)
     changes = tuple(

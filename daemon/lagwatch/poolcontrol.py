@@ -148,7 +148,8 @@ class PoolController:
 
         holds = self._holds()
         decision = decide(self._health(snapshot), {n: self.cluster.replica_sla(n) for n in self._names},
-                          PoolRules(self.cluster.sla.min_replicas, self.cluster.sla.fallback_to_primary),
+                          PoolRules(self.cluster.sla.min_replicas, self.cluster.sla.fallback_to_primary,
+                                    self.cluster.sla.primary_in_read_pool),
                           self._state, holds, now, [r.name for r in self.cluster.replicas if not r.read_pool])
         self._state = decision.state
         self._record(decision, snapshot, is_leader)
@@ -227,7 +228,8 @@ class PoolController:
             elif r is None:
                 out.append(ReplicaHealth(name, None, False, False))
             else:
-                out.append(ReplicaHealth(name, r.staleness, bool(r.node_up), r.streaming is not False, r.samples))
+                out.append(ReplicaHealth(name, r.staleness, bool(r.node_up), r.streaming is not False, r.samples,
+                                         follows_primary=r.follows_primary))
         return out
 
     def _record(self, decision: Decision, snapshot: ClusterSnapshot, is_leader: bool) -> None:

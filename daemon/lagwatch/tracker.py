@@ -99,7 +99,10 @@ def _follows_primary(sender: WalSender | None, obs: NodeObservation | None, role
     timeline = obs.timeline if obs is not None else None
     if timeline is not None and roles.timeline is not None:
         return timeline >= roles.timeline
-    return False
+    # No walsender for it: that says "not following" only if the primary's replication
+    # view was read (a missing grant or a resting view is no evidence; the pool policy
+    # ejects on False).
+    return False if roles.primary.views.get("replication", True) else None
 
 
 @dataclass(frozen=True)

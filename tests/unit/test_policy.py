@@ -26,11 +26,12 @@ def h(name: str, lag: float | None, reachable: bool = True, streaming: bool = Tr
 
 
 def run(cycles: Sequence[Sequence[ReplicaHealth]], *, min_replicas: int = 0, fallback: bool = False,
-        holds: dict[str, Hold] | None = None, sla: ReplicaSla = SLA) -> list[Decision]:
-    state = PolicyState.from_pool(frozenset(NAMES), NAMES, now=0.0)
+        holds: dict[str, Hold] | None = None, sla: ReplicaSla = SLA, primary_in_pool: bool = False,
+        start: frozenset[str] = frozenset(NAMES)) -> list[Decision]:
+    state = PolicyState.from_pool(start, NAMES, now=0.0)
     out = []
     for i, cycle in enumerate(cycles, start=1):
-        decision = decide(cycle, {n: sla for n in NAMES}, PoolRules(min_replicas, fallback), state,
+        decision = decide(cycle, {n: sla for n in NAMES}, PoolRules(min_replicas, fallback, primary_in_pool), state,
                           holds or {}, now=float(i))
         state = decision.state
         out.append(decision)
@@ -186,3 +187,39 @@ def test_promoted_leaves_at_once_and_demoted_earns_its_way_back() -> None:
     assert [(c.member, c.action) for d in decisions for c in d.changes] == [("r1", "eject"), ("r1", "readmit")]
     assert decisions[1].changes[0].reason == "promoted: it accepts writes now"
     assert decisions[3].reasons["r1"] == "recovering (1/3)"
+
+
+def not_following(name: str) -> ReplicaHealth:
+    return ReplicaHealth(name, 0.0, True, True, follows_primary=False)
+
+
+def test_demoted_old_primary_waits_until_it_follows_the_current_primary() -> None:
+    """A replica that streams but not from the current primary (left on the old timeline,
+    or a demoted primary not yet re-pointed) reads 0 lag against its own upstream: it is
+    ejected like any bad cycle and readmitted only after readmit_after cycles following."""
+    cycles = ([[h("r1", 0), h("r2", 0)]] + [[not_following("r1"), h("r2", 0)]] * 4
+              + [[h("r1", 0), h("r2", 0)]] * 3)
+    decisions = run(cycles)
+    assert [("r1" in d.pool) for d in decisions] == [True, True, False, False, False, False, False, True]
+    assert decisions[2].changes[0].reason == "not replicating from the current primary for 2 cycle(s)"
+    assert decisions[4].reasons["r1"] == "not replicating from the current primary"
+
+
+def test_min_replicas_prefers_a_replica_that_follows_the_primary() -> None:
+    cycles = [[not_following("r1"), h("r2", 30)]] * 4
+    decisions = run(cycles, min_replicas=1)
+    assert pools(decisions)[2:] == [{"r2"}, {"r2"}]
+
+
+def test_primary_in_read_pool_is_always_there_beside_the_replicas() -> None:
+    """primary_in_read_pool: the primary is a member from the first cycle and never
+    leaves, whatever the replicas do; the replicas keep their own hysteresis; a promoted
+    replica leaves as a replica (the primary member routes to it from then on)."""
+    cycles = ([[h("r1", 0), h("r2", 0)]] + [[h("r1", 5), h("r2", 5)]] * 3
+              + [[ReplicaHealth("r1", None, True, False, promoted=True), h("r2", 0)]] * 4)
+    decisions = run(cycles, primary_in_pool=True)
+    assert pools(decisions) == [{PRIMARY, "r1", "r2"}, {PRIMARY, "r1", "r2"}, {PRIMARY}, {PRIMARY},
+                                {PRIMARY}, {PRIMARY}, {PRIMARY, "r2"}, {PRIMARY, "r2"}]
+    assert [(c.member, c.action) for c in decisions[0].changes] == [(PRIMARY, "add")]
+    assert decisions[0].reasons[PRIMARY] == "primary_in_read_pool: reads go to the primary too"
+    assert not any(c.member == PRIMARY and c.action == "remove" for d in decisions for c in d.changes)

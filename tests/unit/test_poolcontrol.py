@@ -18,6 +18,7 @@ from lagwatch.poolcontrol import PoolController
 from lagwatch.poolers.base import PoolerError
 from lagwatch.snapshot import ClusterSnapshot, LockHolder, NodeObservation
 from lagwatch.tracker import ClusterTracker
+from lagwatch.views.replication import WalSender
 from lagwatch.views.server import ServerPosition
 from lagwatch.views.wal_receiver import WalReceiver
 
@@ -89,9 +90,16 @@ def observations(t: float, lag1: int) -> list[NodeObservation]:
                                position=ServerPosition(True, None, replay, replay, "not paused", 1.0),
                                receiver=WalReceiver("streaming"))
 
+    def sender(name: str, replay: int) -> WalSender:
+        return WalSender(application_name=name, client_addr=None, state="streaming", sync_state="async",
+                         slot_name=name, current_lsn=lsn, sent_lsn=lsn, write_lsn=lsn, flush_lsn=lsn,
+                         replay_lsn=replay, write_lag=None, flush_lag=None, replay_lag=None)
+
+    replays = {"replica1": max(1000, lsn - 1000 * lag1), "replica2": lsn}
     return [NodeObservation(cluster="main", node="primary", role="primary", observed_at=t, duration=0.001,
-                            position=ServerPosition(False, lsn, None, None, None, None)),
-            replica("replica1", max(1000, lsn - 1000 * lag1)), replica("replica2", lsn)]
+                            position=ServerPosition(False, lsn, None, None, None, None),
+                            walsenders=tuple(sender(n, r) for n, r in replays.items())),
+            *(replica(n, r) for n, r in replays.items())]
 
 
 class Harness:
