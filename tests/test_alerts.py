@@ -231,7 +231,8 @@ def inhibitions(url: str, wanted: dict[Key, bool]) -> dict[Key, bool]:
 
 def test_alertmanager_inhibitions() -> None:
     """Replica/slot alerts are muted while lagwatch is down or not polling for their cluster, or
-    while its primary is unreachable; nothing else, and no other cluster, is. A LagwatchDown /
+    while its primary is unreachable; a replica's "not catching up" while its replay is paused;
+    nothing else, and no other cluster, is. A LagwatchDown /
     LagwatchNotPolling without a cluster label mutes every cluster only when it has no
     `instance` either (the absent() branch: no lagwatch scraped at all)."""
     binary = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
@@ -252,6 +253,8 @@ def test_alertmanager_inhibitions() -> None:
         # The only lagwatch watching cluster e is down: the alert carries cluster="e".
         {"alertname": "LagwatchDown", "severity": "page", "cluster": "e", "instance": "lw-e:9847",
          "job": "lagwatch"},
+        # replica1 of cluster p is paused: it is not catching up, and that needs no second alert.
+        {"alertname": "LagwatchReplicaReplayPaused", "severity": "warning", "cluster": "p", "replica": "replica1"},
     ]
     targets = {
         ("LagwatchReplicaLagFarOverSLA", "a"): True, ("LagwatchSlotInactive", "a"): True,
@@ -263,6 +266,7 @@ def test_alertmanager_inhibitions() -> None:
         ("LagwatchTooFewHealthyReplicas", "h"): False,
         ("LagwatchReplicaLagFarOverSLA", "e"): True, ("LagwatchSlotInactive", "e"): True,
         ("LagwatchTooFewHealthyReplicas", "e"): True,
+        ("LagwatchReplicaNotCatchingUp", "p"): True, ("LagwatchReplicaNotCatchingUp", "c"): False,
     }
     alerts = [{"labels": labels} for labels in sources]
     for (name, cluster) in targets:
@@ -295,7 +299,7 @@ def test_alertmanager_inhibitions() -> None:
             # No lagwatch scraped at all (absent(): neither cluster nor instance label) mutes
             # every replica and slot alert, whatever the cluster.
             http_json(f"{url}/api/v2/alerts", [{"labels": {"alertname": "LagwatchDown", "severity": "page"}}])
-            wanted = {**wanted, ("LagwatchDown", "", ""): False,
+            wanted = {**wanted, ("LagwatchDown", "", ""): False, ("LagwatchReplicaReplayPaused", "p", ""): True,
                       **{key: True for key in target_state if key[0] != "LagwatchTooFewHealthyReplicas"}}
             assert inhibitions(url, wanted) == wanted
         finally:
