@@ -373,6 +373,10 @@ class ClusterConfig(_Strict):
     # A secret from which the leader lock's key is derived, so that no other login can take
     # the lock first; every instance of an HA pair needs the same value.
     leader_lock_key: str | None = Field(default=None, min_length=8)
+    # A standby cluster (a Patroni standby cluster, a DR site): the primary DSN reaches its
+    # standby leader, which replicates from outside the cluster; its replicas' staleness is
+    # measured against what the standby leader has received. Set by discovery from Patroni.
+    standby_cluster: bool = False
 
     @property
     def primary_may_be_pooled(self) -> bool:

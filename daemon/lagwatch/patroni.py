@@ -12,7 +12,9 @@ becomes an ordinary ``ClusterConfig``:
   the member name, as Patroni sets it;
 - the writer DSN lists every member with ``target_session_attrs=read-write``, so it finds
   the leader whoever it is: a switchover changes roles (observed each cycle), not config;
-- a member tagged ``noloadbalance`` never enters the read pool.
+- a member tagged ``noloadbalance`` never enters the read pool;
+- a standby cluster (Patroni's ``standby_leader`` role) is watched as one: the writer DSN
+  reaches the standby leader, and the other members' staleness is measured against it.
 """
 
 from __future__ import annotations
@@ -64,10 +66,15 @@ class Membership:
     source: str  # the URL that answered
 
     @property
-    def addresses(self) -> tuple[tuple[str, str, int, bool], ...]:
+    def addresses(self) -> tuple[tuple[str, str, int, bool, bool], ...]:
         """What the polled nodes and the pool are built from: a change here (a member
-        added or removed, moved, tagged) rebuilds them; roles and states do not."""
-        return tuple((m.name, m.host, m.port, m.noloadbalance) for m in self.members)
+        added or removed, moved, tagged, or another standby leader) rebuilds them; other
+        roles and states do not (they are observed on the servers every cycle)."""
+        return tuple((m.name, m.host, m.port, m.noloadbalance, m.role == "standby_leader") for m in self.members)
+
+    @property
+    def standby_leader(self) -> Member | None:
+        return next((m for m in self.members if m.role == "standby_leader"), None)
 
     @property
     def leader(self) -> Member | None:
@@ -195,14 +202,18 @@ def cluster_config(cluster: PatroniClusterConfig, membership: Membership) -> Clu
     template = cluster.members
     members = membership.members
     password_file, password_env = template.password_file, template.password_env
-    primary = NodeConfig(dsn=_member_dsn(template.dsn, [m.host for m in members], [m.port for m in members],
-                                         target_session_attrs="read-write"),
-                         password_file=password_file, password_env=password_env)
+    standby = membership.standby_leader
+    # A standby cluster has no member that accepts writes: its standby leader stands for the primary.
+    writer = (_member_dsn(template.dsn, [standby.host], [standby.port]) if standby is not None
+              else _member_dsn(template.dsn, [m.host for m in members], [m.port for m in members],
+                               target_session_attrs="read-write"))
+    primary = NodeConfig(dsn=writer, password_file=password_file, password_env=password_env)
     replicas = tuple(ReplicaConfig(name=m.name, dsn=_member_dsn(template.dsn, [m.host], [m.port]),
                                    application_name=m.name, read_pool=not m.noloadbalance,
                                    password_file=password_file, password_env=password_env)
                      for m in members)
     fields = {"name": cluster.name, "primary": primary, "replicas": replicas, "walinspect": cluster.walinspect,
               "walinspect_max_bytes": cluster.walinspect_max_bytes, "sla": cluster.sla, "pooler": cluster.pooler,
-              "dry_run": cluster.dry_run, "leader_lock_key": cluster.leader_lock_key}
+              "dry_run": cluster.dry_run, "leader_lock_key": cluster.leader_lock_key,
+              "standby_cluster": standby is not None}
     return ClusterConfig.model_validate(fields, context={DISCOVERED: True})

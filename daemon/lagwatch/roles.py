@@ -4,8 +4,10 @@ A node's role is what it says (``pg_is_in_recovery()``); the configured ``primar
 the DSN that finds the writer (often multi-host with ``target_session_attrs=read-write``).
 One server may answer under two names (that DSN lands on a promoted replica): servers are
 told apart by ``server_id`` (postmaster start time and port), so one server is never two
-primaries. Pure: observations in, a ``RoleView`` out; the only state is what the last
-cycles showed.
+primaries. In a standby cluster the primary DSN reaches the standby leader: in recovery,
+replicating from outside the cluster, it stands for the primary (its received WAL dates
+the LSN clock) and its role is ``standby_leader``. Pure: observations in, a ``RoleView``
+out; the only state is what the last cycles showed.
 """
 
 from __future__ import annotations
@@ -30,6 +32,17 @@ class Fork:
 
 
 @dataclass(frozen=True)
+class RoleChange:
+    """The last node seen to change role, and when (monotonic)."""
+
+    node: str
+    before: ObservedRole
+    after: ObservedRole
+    timeline: int | None
+    at: float
+
+
+@dataclass(frozen=True)
 class RoleView:
     primary: NodeObservation | None  # the answer that dates the LSN clock this cycle
     primaries: int  # distinct servers accepting writes
@@ -37,30 +50,52 @@ class RoleView:
     fork: Fork | None  # the last promotion seen, while replicas may still be on the old timeline
     changed: bool  # the primary is another server than last cycle's (the LSN history must follow)
     role_changes_total: int
+    last_change: RoleChange | None = None
+    standby_leader: str | None = None  # the standby leader's server_id (a standby cluster)
+
+    def role_of(self, obs: NodeObservation) -> ObservedRole:
+        """The node's role this cycle: a node on the standby leader's server is the standby leader."""
+        return _role(obs, self.standby_leader)
+
+
+def _role(obs: NodeObservation, standby_leader: str | None) -> ObservedRole:
+    role = obs.observed_role
+    if role == "replica" and standby_leader is not None and obs.server_id == standby_leader:
+        return "standby_leader"
+    return role
 
 
 class RoleTracker:
-    def __init__(self, cluster: str) -> None:
+    def __init__(self, cluster: str, standby_cluster: bool = False) -> None:
         self.cluster = cluster
+        self.standby_cluster = standby_cluster
         self._roles: dict[str, ObservedRole] = {}  # node -> last known role (never "unknown")
         self._primary_server: str | None = None
         self._primary_timeline: int | None = None
         self._replica_replay: dict[str, int] = {}  # server_id -> replay LSN, last cycle
         self._fork: Fork | None = None
         self._changes = 0
+        self._last_change: RoleChange | None = None
         self._said_primaries: int | None = None
 
     def observe(self, observations: Sequence[NodeObservation]) -> RoleView:
-        for obs in observations:
-            self._note_role(obs)
         writers = [o for o in observations if o.observed_role == "primary"]
+        # A standby cluster's primary DSN answering in recovery (no member accepts writes):
+        # the standby leader, which every other member replicates from.
+        standby = next((o for o in observations if self.standby_cluster and not writers and o.role == "primary"
+                        and o.observed_role == "replica" and o.server_id), None)
+        standby_leader = standby.server_id if standby is not None else None
+        for obs in observations:
+            self._note_role(obs, _role(obs, standby_leader))
         primaries = len({o.server_id or f"node {o.node}" for o in writers})
-        self._say_primaries(writers, primaries)
+        self._say_primaries(writers, primaries, standby)
         # The configured primary DSN is where applications write: with two writers it is
         # the one that counts. Otherwise the writer on the newest timeline.
         primary = next((o for o in writers if o.role == "primary"), None)
         if primary is None and writers:
             primary = max(writers, key=lambda o: o.timeline or 0)
+        if primary is None:
+            primary = standby
         changed = False
         if primary is not None:
             server = primary.server_id
@@ -73,16 +108,17 @@ class RoleTracker:
                                 if o.observed_role == "replica" and o.server_id and o.position is not None
                                 and o.position.replay_lsn is not None}
         return RoleView(primary=primary, primaries=primaries, timeline=primary.timeline if primary else None,
-                        fork=self._fork, changed=changed, role_changes_total=self._changes)
+                        fork=self._fork, changed=changed, role_changes_total=self._changes,
+                        last_change=self._last_change, standby_leader=standby_leader)
 
-    def _note_role(self, obs: NodeObservation) -> None:
-        role = obs.observed_role
+    def _note_role(self, obs: NodeObservation, role: ObservedRole) -> None:
         if role == "unknown":
             return  # down says nothing about its role: it keeps the last one known
         before = self._roles.get(obs.node)
         self._roles[obs.node] = role
         if before is not None and before != role:
             self._changes += 1
+            self._last_change = RoleChange(obs.node, before, role, obs.timeline, obs.observed_at)
             timeline = f" on timeline {obs.timeline}" if obs.timeline is not None else ""
             log.warning("%s/%s: role changed: was a %s, now a %s%s", self.cluster, obs.node, before, role, timeline)
 
@@ -105,14 +141,19 @@ class RoleTracker:
             log.info("%s: replicas on a timeline before %d count as replayed up to %s at most",
                      self.cluster, timeline, format_lsn(lsn))
 
-    def _say_primaries(self, writers: Sequence[NodeObservation], primaries: int) -> None:
-        if primaries == self._said_primaries:
+    def _say_primaries(self, writers: Sequence[NodeObservation], primaries: int,
+                       standby: NodeObservation | None) -> None:
+        said = -1 if standby is not None else primaries  # -1: a standby leader stands for the primary
+        if said == self._said_primaries:
             return
-        if primaries >= 2:
+        if standby is not None:
+            log.info("%s: a standby cluster: its primary DSN reaches the standby leader (in recovery), which the "
+                     "other members replicate from", self.cluster)
+        elif primaries >= 2:
             log.error("%s: split brain: %d servers accept writes (%s)", self.cluster, primaries,
                       ", ".join(sorted(o.node for o in writers)))
         elif primaries == 0:
             log.warning("%s: no node accepts writes (no primary answers)", self.cluster)
         elif self._said_primaries is not None:
             log.info("%s: one primary again (%s)", self.cluster, ", ".join(sorted(o.node for o in writers)))
-        self._said_primaries = primaries
+        self._said_primaries = said

@@ -250,6 +250,9 @@ class ClusterSnapshot:
     writer_member: str | None = None
     timeline: int | None = None  # the current primary's
     role_changes_total: int = 0  # nodes seen to change role (replica <-> primary) since start
+    # The last role change: "replica1: replica -> primary (timeline 2)", and how long before this cycle.
+    last_role_change: str | None = None
+    last_role_change_ago: float | None = None
     sync: SyncReplication | None = None  # synchronous replication on the primary (None: no answer)
     slot_runways: dict[str, float] = field(default_factory=dict)  # limited slots: seconds until safe_wal_size is 0
 

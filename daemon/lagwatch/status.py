@@ -9,6 +9,7 @@ import math
 from dataclasses import asdict
 from typing import Any
 
+from lagwatch.alerting import conditions
 from lagwatch.config import ReplicaSla
 from lagwatch.lsn import format_lsn
 from lagwatch.rates import describe
@@ -72,6 +73,10 @@ def cluster_status(c: ClusterSnapshot) -> dict[str, Any]:
         "primary_node": c.primary_node,
         "timeline": c.timeline,
         "role_changes_total": c.role_changes_total,
+        "last_role_change": c.last_role_change,
+        "last_role_change_ago_seconds": c.last_role_change_ago,
+        # What the shipped alert rules see now (Prometheus fires each after its for:).
+        "alert_conditions": [asdict(a) for a in conditions(c)],
         "primary_lsn": format_lsn(c.primary_lsn),
         "wal_rate_bytes_per_second": c.wal_rate_bytes_per_second,
         "replicas": [replica_status(r, c.slas.get(r.name)) for r in c.replicas],

@@ -11,6 +11,7 @@ import math
 import time
 from collections.abc import Sequence
 
+from lagwatch.alerting import conditions
 from lagwatch.config import ReplicaSla
 from lagwatch.durations import format_duration
 from lagwatch.rates import describe
@@ -187,6 +188,24 @@ def _slots_line(c: ClusterSnapshot) -> str:
     return f'<div class="meta slots">slot runway (until safe_wal_size is 0): {items}</div>'
 
 
+_SEVERITY_CSS = {"page": "bad", "warning": "warn", "info": "muted"}
+
+
+def _fires(for_seconds: float) -> str:
+    return "fires at once" if not for_seconds else f"fires if it holds {_dur(for_seconds)}"
+
+
+def _alerts_line(c: ClusterSnapshot) -> str:
+    """What the shipped alert rules see now: each fires once its for: has passed."""
+    found = conditions(c)
+    if not found:
+        return ""
+    items = "".join(
+        f'<li><span class="pill {_SEVERITY_CSS[a.severity]}">{_e(a.severity)}</span> <b>{_e(a.alert)}</b>: '
+        f'{_e(a.text)} <span class="muted">({_e(_fires(a.for_seconds))})</span></li>' for a in found)
+    return f'<h3 class="meta">alert conditions now</h3><ul class="events alerts">{items}</ul>'
+
+
 def _cluster(c: ClusterSnapshot) -> str:
     nodes = ", ".join(f'<span class="{"ok" if n.up else "bad"}">{_e(n.name)} '
                       f'{_e(_node_role(n.observed_role, n.timeline)) if n.up else "down"}</span>' for n in c.nodes)
@@ -194,6 +213,8 @@ def _cluster(c: ClusterSnapshot) -> str:
         nodes += f' — <span class="bad">split brain: {c.primaries} servers accept writes</span>'
     elif c.primaries == 0:
         nodes += ' — <span class="bad">no primary answers</span>'
+    if c.last_role_change is not None and c.last_role_change_ago is not None:
+        nodes += f' — last role change: {_e(c.last_role_change)}, {_e(_dur(c.last_role_change_ago))} ago'
     pool = c.pool
     pool_line = ""
     if pool is not None:
@@ -218,7 +239,7 @@ def _cluster(c: ClusterSnapshot) -> str:
             f"{' (dry run)' if e.dry_run else ''}: {_e(e.reason)}</li>" for e in reversed(pool.events[-15:]))
         events = f'<h3 class="meta">recent pool events</h3><ul class="events">{items or "<li>none yet</li>"}</ul>'
     return (f'<section data-cluster="{_e(c.name)}"><h2>{_e(c.name)}</h2><div class="meta">nodes: {nodes}</div>'
-            f"{_sync_line(c)}{_slots_line(c)}{_compression_line(c)}{pool_line}"
+            f"{_sync_line(c)}{_slots_line(c)}{_compression_line(c)}{pool_line}{_alerts_line(c)}"
             f"<div class=\"wrap\"><table><thead><tr><th>replica</th><th>state</th><th>pool</th><th>staleness</th>"
             f"<th>p95</th><th>SLA</th><th>window</th></tr></thead>"
             f"<tbody>{rows}</tbody></table></div>{events}</section>")

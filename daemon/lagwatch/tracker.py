@@ -19,7 +19,7 @@ from lagwatch.durations import format_duration
 from lagwatch.lag import Commits, HistogramCounts, LagHistogram, LagWindow, LsnClock, Staleness, WindowStats
 from lagwatch.lsn import format_lsn
 from lagwatch.rates import Progress, catch_up, runway
-from lagwatch.roles import Fork, RoleTracker, RoleView
+from lagwatch.roles import Fork, RoleChange, RoleTracker, RoleView
 from lagwatch.snapshot import (
     ClusterSnapshot,
     NodeHealth,
@@ -29,6 +29,7 @@ from lagwatch.snapshot import (
 )
 from lagwatch.syncrep import SyncReplication, assess
 from lagwatch.views.replication import WalSender
+from lagwatch.views.server import ServerPosition
 from lagwatch.views.slots import Slot
 
 log = logging.getLogger("lagwatch.tracker")
@@ -77,6 +78,16 @@ class _PrimaryClock:
         epoch = primary.position.clock_epoch if primary.position is not None else None
         return None if epoch is None else cls(primary.observed_at, epoch)
 
+    @classmethod
+    def of_standby_leader(cls, leader: NodeObservation) -> _PrimaryClock | None:
+        """A standby cluster's commits were stamped by a primary lagwatch does not poll:
+        their ages are read against the standby leader's last replayed commit, taken as
+        of the moment it was asked (only differences between that primary's stamps, no
+        two hosts' clocks). Measured this way a replica's commit lag behind the standby
+        leader is short by at most the age of the standby leader's own last commit."""
+        epoch = leader.position.last_replay_epoch if leader.position is not None else None
+        return None if epoch is None else cls(leader.asked_at or leader.observed_at, epoch)
+
     def monotonic(self, epoch: float) -> float:
         return self.observed_at - (self.epoch - epoch)
 
@@ -103,6 +114,19 @@ def _follows_primary(sender: WalSender | None, obs: NodeObservation | None, role
     # view was read (a missing grant or a resting view is no evidence; the pool policy
     # ejects on False).
     return False if roles.primary.views.get("replication", True) else None
+
+
+def _received(position: ServerPosition) -> int | None:
+    """What a standby leader has of the WAL: what its cascaded replicas can get from it."""
+    known = [lsn for lsn in (position.receive_lsn, position.replay_lsn) if lsn is not None]
+    return max(known) if known else None
+
+
+def _describe_change(change: RoleChange | None) -> str | None:
+    if change is None:
+        return None
+    timeline = f" (timeline {change.timeline})" if change.timeline is not None else ""
+    return f"{change.node}: {change.before} -> {change.after}{timeline}"
 
 
 @dataclass(frozen=True)
@@ -134,16 +158,18 @@ class ClusterTracker:
         self._xacts: deque[tuple[float, float]] = deque()
         self._inspect = [0, 0, 0, 0]  # inspected, skipped, fpi, record bytes
         self._compressed: dict[str, tuple[int, int, int]] = {}  # method -> images, stored, raw bytes
-        self.roles = RoleTracker(cluster.name)
+        self.roles = RoleTracker(cluster.name, cluster.standby_cluster)
         self._fork: Fork | None = None  # the promotion the set below is about
         self._followed_since_fork: set[str] = set()  # replicas seen following the new primary since
         self._sync_error: str | None = None  # the last synchronous_standby_names parse error said
 
     def update(self, observations: Sequence[NodeObservation], now: float) -> ClusterSnapshot:
         by_node = {o.node: o for o in observations}
+        self.roles.standby_cluster = self.cluster.standby_cluster  # a reload or discovery may change it
         roles = self.roles.observe(observations)
         primary = roles.primary
         primary_ok = primary is not None and primary.position is not None
+        standby = roles.standby_leader is not None  # primary is the standby leader, in recovery
         primary_lsn = None
         if roles.changed:
             # Another server's counters: rates over both would mean nothing.
@@ -152,7 +178,7 @@ class ClusterTracker:
             self._forget_rates()
         if primary_ok:
             assert primary is not None and primary.position is not None
-            primary_lsn = primary.position.current_lsn
+            primary_lsn = primary.position.current_lsn if not standby else _received(primary.position)
             if primary_lsn is not None:
                 latest = self.clock.latest_lsn
                 if latest is not None and primary_lsn < latest:
@@ -160,15 +186,21 @@ class ClusterTracker:
                 self.clock.record(primary_lsn, primary.observed_at, primary.asked_at)
                 self._rate.append((primary.observed_at, primary_lsn))
                 self._generation.add(primary.observed_at, primary_lsn)
-            self._note_xacts(primary.observed_at, primary.position.xacts_total)
+            if not standby:  # a standby's transactions are its readers', not the writes to replicate
+                self._note_xacts(primary.observed_at, primary.position.xacts_total)
         senders = {s.application_name: s for s in primary.walsenders} if primary_ok and primary else {}
         # The primary's view of a replica is as of the primary's answer, not of the cycle's end.
         senders_at = (primary.asked_at or primary.observed_at) if primary_ok and primary else now
-        primary_clock = _PrimaryClock.of(primary) if primary_ok and primary else None
+        primary_clock = None
+        if primary_ok and primary is not None:
+            primary_clock = _PrimaryClock.of_standby_leader(primary) if standby else _PrimaryClock.of(primary)
         commit_times = {r.name: _last_commit_at(by_node.get(r.name), primary_clock) for r in self.cluster.replicas}
         known = [t for t in commit_times.values() if t is not None]
-        newest_commit = max(known) if known else None
-        interval = self._commit_interval()
+        # In a standby cluster how often its primary commits is not known (its transaction
+        # counters are out of reach): a commit's age then only caps an interpolation, and
+        # a newer commit elsewhere says nothing (Commits with neither never over-reads).
+        newest_commit = max(known) if known and not standby else None
+        interval = self._commit_interval() if not standby else 0.0
 
         # A configured replica that now accepts writes is a primary, not a replica that lags.
         replicas = [self._configured_replica(r.name, r.walsender_name, by_node.get(r.name), senders, senders_at,
@@ -198,15 +230,17 @@ class ClusterTracker:
             wal=primary.wal if primary_ok and primary else None,
             wal_dir=primary.wal_dir if primary_ok and primary else None,
             walinspect=walinspect,
-            nodes=tuple(self._health(o) for o in observations),
+            nodes=tuple(self._health(o, roles) for o in observations),
             slas={r.name: self.cluster.replica_sla(r.name) for r in self.cluster.replicas},
             min_replicas=self.cluster.sla.min_replicas,
             primaries=roles.primaries,
             primary_node=primary.node if primary is not None else None,
             writer_member=writer_member(primary, observations),
-            sync=self._sync(primary, by_node) if primary_ok else None,
+            sync=self._sync(primary, by_node) if primary_ok and not standby else None,
             timeline=roles.timeline,
             role_changes_total=roles.role_changes_total,
+            last_role_change=_describe_change(roles.last_change),
+            last_role_change_ago=max(0.0, now - roles.last_change.at) if roles.last_change is not None else None,
         )
 
     def _sync(self, primary: NodeObservation | None, by_node: dict[str, NodeObservation]) -> SyncReplication | None:
@@ -464,7 +498,7 @@ class ClusterTracker:
             counters.down_since = obs.observed_at
         counters.up = obs.ok
 
-    def _health(self, obs: NodeObservation) -> NodeHealth:
+    def _health(self, obs: NodeObservation, roles: RoleView) -> NodeHealth:
         counters = self._counters.setdefault(obs.node, _NodeCounters())
         counters.polls += 1
         if obs.error_kind is not None:
@@ -483,7 +517,7 @@ class ClusterTracker:
             skipped=caps.skipped() if caps else {},
             views=dict(obs.views),
             view_errors_total=dict(obs.view_errors_total),
-            observed_role=obs.observed_role,
+            observed_role=roles.role_of(obs),
             timeline=obs.timeline,
         )
 

@@ -29,6 +29,7 @@ from lagwatch.ports import free_port
 PATRONI = Path("/opt/lagwatch-test/patroni/bin/patroni")
 ETCD = Path("/usr/bin/etcd")
 SCOPE = "lagwatch-test"
+LEADER_ROLES = ("leader", "standby_leader")
 
 
 def available() -> str | None:
@@ -101,8 +102,19 @@ class PatroniMember:
         folder = self.folder
         folder.mkdir(mode=0o700, exist_ok=True)
         tls = self.cluster.tls
+        dcs: dict[str, Any] = {
+            "ttl": 20, "loop_wait": 1, "retry_timeout": 5, "maximum_lag_on_failover": 16 * 1024 * 1024,
+            # A killed leader comes back as a replica: rewound, or cloned again.
+            "postgresql": {"use_pg_rewind": True, "use_slots": True,
+                           "parameters": {"wal_level": "replica", "hot_standby": "on",
+                                          "max_wal_senders": 10, "max_replication_slots": 10,
+                                          "max_connections": 50, "fsync": "off",
+                                          "shared_buffers": "32MB", "wal_keep_size": "64MB"}}}
+        if self.cluster.standby_of is not None:  # a standby cluster: its leader replicates from there
+            host, port = self.cluster.standby_of
+            dcs["standby_cluster"] = {"host": host, "port": port, "create_replica_methods": ["basebackup"]}
         config = {
-            "scope": SCOPE, "namespace": f"/{self.cluster.namespace}/", "name": self.name,
+            "scope": self.cluster.scope, "namespace": f"/{self.cluster.namespace}/", "name": self.name,
             "log": {"level": "WARNING"},
             "restapi": {"listen": f"{self.host}:{self.rest_port}", "connect_address": f"{self.host}:{self.rest_port}",
                         "certfile": str(tls.server[0]), "keyfile": str(tls.server[1]), "cafile": str(tls.ca),
@@ -110,16 +122,7 @@ class PatroniMember:
             # Members call each other's REST API too (a switchover asks the candidate).
             "ctl": {"certfile": str(tls.server[0]), "keyfile": str(tls.server[1]), "cacert": str(tls.ca)},
             "etcd3": {"hosts": [f"127.0.0.1:{self.cluster.etcd_port}"]},
-            "bootstrap": {
-                "dcs": {"ttl": 20, "loop_wait": 1, "retry_timeout": 5, "maximum_lag_on_failover": 16 * 1024 * 1024,
-                        # A killed leader comes back as a replica: rewound, or cloned again.
-                        "postgresql": {"use_pg_rewind": True, "use_slots": True,
-                                       "parameters": {"wal_level": "replica", "hot_standby": "on",
-                                                      "max_wal_senders": 10, "max_replication_slots": 10,
-                                                      "max_connections": 50, "fsync": "off",
-                                                      "shared_buffers": "32MB", "wal_keep_size": "64MB"}}},
-                "initdb": [{"encoding": "UTF8"}, {"locale": "C"}],
-            },
+            "bootstrap": {"dcs": dcs, "initdb": [{"encoding": "UTF8"}, {"locale": "C"}]},
             "postgresql": {
                 "listen": f"{self.host}:{self.pg_port}", "connect_address": f"{self.host}:{self.pg_port}",
                 "data_dir": str(folder / "data"), "bin_dir": str(self.cluster.bindir),
@@ -129,6 +132,8 @@ class PatroniMember:
                 "pg_hba": ["local all all trust", "host all all 127.0.0.0/8 trust",
                            "host replication all 127.0.0.0/8 trust"],
                 "parameters": {"unix_socket_directories": str(folder)},
+                # Patroni owns recovery settings: a replica's apply delay goes through it.
+                "recovery_conf": self.cluster.recovery_conf.get(self.name, {}),
                 "remove_data_directory_on_rewind_failure": True,
                 "remove_data_directory_on_diverged_timelines": True,
             },
@@ -199,9 +204,14 @@ class PatroniMember:
 
 class PatroniCluster:
     """``with PatroniCluster(tags={"m3": {"noloadbalance": True}}) as c:`` three members on
-    127.0.0.21-23 (one PostgreSQL port for all, as a pooler entry needs), one etcd."""
+    127.0.0.21-23 (one PostgreSQL port for all, as a pooler entry needs), one etcd.
 
-    def __init__(self, tags: dict[str, dict[str, Any]] | None = None) -> None:
+    ``standby_of=(host, port)``: a standby cluster of that primary (its leader is Patroni's
+    ``standby_leader``, streaming from there), members named s1, s2... on ``hosts``."""
+
+    def __init__(self, tags: dict[str, dict[str, Any]] | None = None, standby_of: tuple[str, int] | None = None,
+                 hosts: list[str] | None = None, size: int = 3,
+                 recovery_conf: dict[str, dict[str, str]] | None = None) -> None:
         self.workdir = Path(tempfile.mkdtemp(prefix="lagwatch-patroni-"))
         os.chmod(self.workdir, 0o755)
         self.namespace = f"lw{os.getpid()}"
@@ -209,13 +219,17 @@ class PatroniCluster:
         self.etcd_port = free_port(["127.0.0.1"])
         self.etcd_peer_port = free_port(["127.0.0.1"], exclude={self.etcd_port})
         self.etcd: subprocess.Popen[bytes] | None = None
+        self.standby_of = standby_of
+        self.recovery_conf = recovery_conf or {}  # member -> recovery settings (recovery_min_apply_delay)
+        self.scope = SCOPE if standby_of is None else f"{SCOPE}-standby"
+        prefix = "m" if standby_of is None else "s"
         # A fourth address for a member added later (add_member).
-        hosts = ["127.0.0.21", "127.0.0.22", "127.0.0.23", "127.0.0.24"]
+        hosts = hosts or ["127.0.0.21", "127.0.0.22", "127.0.0.23", "127.0.0.24"]
         self.pg_port = free_port(hosts, exclude={self.etcd_port, self.etcd_peer_port})
         self.tags = tags or {}
-        self.members = [PatroniMember(self, f"m{i}", host, self.pg_port, self.tags.get(f"m{i}", {}))
-                        for i, host in enumerate(hosts[:3], start=1)]
-        self._spare_hosts = hosts[3:]
+        self.members = [PatroniMember(self, f"{prefix}{i}", host, self.pg_port, self.tags.get(f"{prefix}{i}", {}))
+                        for i, host in enumerate(hosts[:size], start=1)]
+        self._spare_hosts = hosts[size:]
         self.tls = RestTls(self.workdir / "tls", hosts)
 
     def give_to_server_user(self, path: Path) -> None:
@@ -251,8 +265,8 @@ class PatroniCluster:
         _wait("etcd answering", self._etcd_healthy, 20)
         first, *others = self.members
         first.write_config()
-        first.start()  # the first bootstraps (initdb) and leads; the others clone from it
-        _wait("m1 leading", lambda: self.leader() == "m1", timeout)
+        first.start()  # the first bootstraps (initdb, or a copy of standby_of) and leads; the others clone from it
+        _wait(f"{first.name} leading", lambda: self.leader() == first.name, timeout)
         for member in others:
             member.write_config()
             member.start()
@@ -288,15 +302,18 @@ class PatroniCluster:
         return {"members": []}
 
     def leader(self) -> str | None:
-        return next((m["name"] for m in self.cluster_view()["members"] if m.get("role") == "leader"
-                     and m.get("state") == "running"), None)
+        """The running leader (a standby cluster's: its standby leader, once it streams)."""
+        return next((m["name"] for m in self.cluster_view()["members"] if m.get("role") in LEADER_ROLES
+                     and m.get("state") in ("running", "streaming")), None)
 
     def wait_streaming(self, timeout: float = 60, names: set[str] | None = None) -> None:
         """Until one leader runs and every other member (of ``names``) streams from it."""
         def ready() -> bool:
             members = self.cluster_view()["members"]
-            running = {m["name"] for m in members if m.get("role") == "leader" and m.get("state") == "running"}
-            streaming = {m["name"] for m in members if m.get("role") != "leader" and m.get("state") == "streaming"}
+            running = {m["name"] for m in members if m.get("role") in LEADER_ROLES
+                       and m.get("state") in ("running", "streaming")}
+            streaming = {m["name"] for m in members if m.get("role") not in LEADER_ROLES
+                         and m.get("state") == "streaming"}
             want = names or {m.name for m in self.members if m.proc is not None and m.proc.poll() is None}
             return len(running) == 1 and want <= running | streaming
 

@@ -1,7 +1,8 @@
 """`lagwatch demo --switchover`: comes up with two streaming replicas, shows lag and a read
 pool (a real PgBouncer) that replica1 leaves while its replay is paused (on /status, in
 headless Chromium, in PgBouncer's include file and in a read through it), then switches
-over (replica2 promoted) and shows roles and pool follow; on SIGTERM it removes every
+over (replica2 promoted) and shows roles, the alert conditions it raises and the pool
+follow; on SIGTERM it removes every
 process and data directory it made."""
 
 from __future__ import annotations
@@ -94,6 +95,9 @@ def test_demo_runs_and_cleans_up(tmp_path: Path) -> None:
         dom = chromium("--dump-dom", f"http://127.0.0.1:{port}/status").stdout
         assert "replica2 primary (timeline 2)" in dom, dom[-3000:]
         assert re.search(r"<b>eject</b> replica2: promoted: it accepts writes now", dom), dom[-3000:]
+        # What the shipped rules are about to raise: the role change, for the record.
+        assert re.search(r"<b>LagwatchRoleChanged</b>: replica2: replica -&gt; primary \(timeline 2\) \d", dom), \
+            dom[-3000:]
         assert hosts["replica1"] in Path(pool_file.group(1)).read_text()  # never empty: replica1 serves
     finally:
         proc.send_signal(signal.SIGTERM)

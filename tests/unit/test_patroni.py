@@ -145,3 +145,22 @@ def test_example_discovery_config_in_the_readme_validates(tmp_path: Path) -> Non
 
     config = load_config(tmp_path / "c.yaml")
     assert config.patroni_clusters
+
+
+def test_a_standby_cluster_is_reached_through_its_standby_leader() -> None:
+    """Patroni's standby cluster: no leader, a standby_leader streaming from outside. The
+    writer DSN is the standby leader's address (no target_session_attrs=read-write, which
+    no member would ever accept), and another standby leader is a new membership."""
+    answer = {"members": [
+        {"name": "dr-a", "role": "standby_leader", "state": "streaming", "host": "10.1.0.1", "port": 5432},
+        {"name": "dr-b", "role": "replica", "state": "streaming", "host": "10.1.0.2", "port": 5432}]}
+    cluster = PatroniClusterConfig.model_validate(CLUSTER)
+    membership = parse_cluster(answer, "u")
+    config = cluster_config(cluster, membership)
+    assert config.standby_cluster
+    assert psycopg.conninfo.conninfo_to_dict(config.primary.dsn) == {
+        "host": "10.1.0.1", "port": "5432", "user": "lagwatch", "dbname": "postgres", "sslmode": "prefer"}
+    moved = parse_cluster({"members": [{**answer["members"][0], "role": "replica"},
+                                       {**answer["members"][1], "role": "standby_leader"}]}, "u")
+    assert moved.addresses != membership.addresses
+    assert not cluster_config(cluster, parse_cluster(ANSWER, "u")).standby_cluster

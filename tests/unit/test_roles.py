@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from lagwatch.alerting import conditions
 from lagwatch.config import ReplicaSla, parse_config
 from lagwatch.lag import LsnClock
 from lagwatch.policy import PolicyState, PoolRules, ReplicaHealth, decide
@@ -143,3 +144,44 @@ def test_a_promoted_replica_leaves_the_pool_at_once_and_is_not_kept_for_min_repl
     assert "replica1" not in decision.pool
     assert decision.reasons["replica1"] == "promoted: it accepts writes now"
     assert decision.pool == {"replica2"}  # kept for min_replicas: the replica, not the new primary
+
+
+STANDBY = parse_config({"interval": "1s", "window": "1m", "clusters": [{
+    "name": "dr", "standby_cluster": True, "primary": {"dsn": "host=s1"},
+    "replicas": [{"name": "s1", "dsn": "host=s1"}, {"name": "s2", "dsn": "host=s2"}]}]})
+
+
+def standby_member(node: str, server: str, at: float, received: int, replay: int, timeline: int = 1) -> NodeObservation:
+    return NodeObservation(cluster="dr", node=node, role="primary" if node == "primary" else "replica",
+                           observed_at=at, duration=0.001, receiver=WalReceiver("streaming", timeline=timeline),
+                           position=ServerPosition(True, None, received, replay, "not paused", None, server_id=server))
+
+
+def test_a_standby_cluster_is_measured_against_its_standby_leader() -> None:
+    """A standby cluster: the primary DSN reaches s1, in recovery, streaming from a primary
+    outside the cluster; s2 cascades from it. s1 is the standby leader (not a lagging
+    replica of nothing), the cluster has no writer and no 'no primary' condition, and s2's
+    staleness is dated by what s1 has received: 0 while it keeps up, growing a second a
+    second while its replay stands still."""
+    tracker = ClusterTracker(STANDBY.clusters[0], 1.0, 60.0)
+    for t in range(5):
+        lsn = 1000 + 100 * t
+        snap = tracker.update([standby_member("primary", "S1", t, lsn, lsn), standby_member("s1", "S1", t, lsn, lsn),
+                               standby_member("s2", "S2", t, lsn, lsn)], now=t)
+    assert snap.primaries == 0 and snap.primary_node == "primary" and snap.timeline == 1
+    assert [role_of(snap, n) for n in ("primary", "s1", "s2")] == ["standby_leader", "standby_leader", "replica"]
+    assert replica(snap, "s2").staleness == 0.0 and replica(snap, "s2").follows_primary is True
+    assert replica(snap, "s1").staleness == 0.0  # the standby leader serves reads too
+    assert snap.sync is None and snap.role_changes_total == 0
+    assert [a.alert for a in conditions(snap)] == []
+    for t in range(5, 10):  # s2's replay stands at 1400 while s1 receives on
+        lsn = 1000 + 100 * t
+        snap = tracker.update([standby_member("primary", "S1", t, lsn, lsn), standby_member("s1", "S1", t, lsn, lsn),
+                               standby_member("s2", "S2", t, lsn, 1400)], now=t)
+        assert replica(snap, "s2").staleness == t - 5, (t, replica(snap, "s2").staleness)
+    # The same servers watched as an ordinary cluster: no writer, and that is a page.
+    plain = ClusterTracker(STANDBY.clusters[0].model_copy(update={"standby_cluster": False}), 1.0, 60.0)
+    snap = plain.update([standby_member("primary", "S1", 0, 1000, 1000), standby_member("s1", "S1", 0, 1000, 1000),
+                         standby_member("s2", "S2", 0, 1000, 1000)], now=0)
+    assert role_of(snap, "primary") == "replica"
+    assert [a.alert for a in conditions(snap)] == ["LagwatchNoPrimary"]

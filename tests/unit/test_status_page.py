@@ -120,3 +120,22 @@ def test_the_quorum_who_is_sync_and_whether_commits_stall() -> None:
     assert "COMMITS STALLED" in page and "FIRST 2: 0 healthy" in page
     unset = assess("", "on", [])
     assert "synchronous:" not in render(replace(base, clusters=(replace(cluster, sync=unset),)))
+
+
+def test_alert_conditions_and_the_last_role_change_show_with_when_they_fire() -> None:
+    from dataclasses import replace
+
+    base = snapshot()
+    cluster = replace(base.clusters[0], primaries=2, last_role_change="replica1: replica -> primary (timeline 2)",
+                      last_role_change_ago=12.0)
+    page = render(replace(base, clusters=(cluster,)))
+    assert "last role change: replica1: replica -&gt; primary (timeline 2), 12s ago" in page
+    alerts = page[page.index("alert conditions now"):]
+    assert alerts.index("LagwatchSplitBrain") < alerts.index("LagwatchReplicaEjected") < alerts.index(
+        "LagwatchRoleChanged")
+    assert ('<b>LagwatchSplitBrain</b>: 2 servers accept writes <span class="muted">(fires if it holds 15s)'
+            in alerts)
+    assert "<b>LagwatchRoleChanged</b>: replica1: replica -&gt; primary (timeline 2) 12s ago" in alerts
+    assert "fires at once" in alerts
+    assert "alert conditions now" not in render(replace(base, clusters=(replace(
+        base.clusters[0], pool=None, primaries=1, replicas=base.clusters[0].replicas[1:]),)))
