@@ -76,6 +76,26 @@ class _Process:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
+def rules_with_shorter_for(rules: Path, folder: Path, factor: int = 4, floor: float = 5.0) -> Path:
+    """A copy of a rules file whose every ``for:`` is ``factor`` times shorter (at least
+    ``floor`` seconds; 0 stays 0), in ``folder``. The end-to-end tests show the shipped
+    expressions, labels and annotations going through a real Prometheus and Alertmanager
+    without waiting out production-length ``for:``s; promtool's tests
+    (alerts/lagwatch.rules.test.yml) hold each rule to its shipped ``for:``."""
+    from lagwatch.durations import parse_duration
+
+    data = yaml.safe_load(rules.read_text())
+    for group in data["groups"]:
+        for rule in group["rules"]:
+            if rule.get("for"):
+                seconds = parse_duration(str(rule["for"]))
+                # Prometheus takes whole units only ("7.5s" is refused): milliseconds.
+                rule["for"] = f"{round(max(floor, seconds / factor) * 1000)}ms" if seconds else "0s"
+    out = folder / f"{rules.stem}.for-div{factor}{rules.suffix}"
+    out.write_text(yaml.safe_dump(data, sort_keys=False))
+    return out
+
+
 class Prometheus(_Process):
     """Scrapes the given targets every second and evaluates ``rule_files`` every second."""
 
