@@ -58,7 +58,7 @@ def cpu_seconds(pid: int) -> float:
 
 
 def lagwatch_backends(server: LocalServer) -> list[int]:
-    rows = server.execute("SELECT pid FROM pg_stat_activity WHERE application_name = 'lagwatch'")
+    rows = server.execute("SELECT pid FROM pg_stat_activity WHERE application_name LIKE 'lagwatch/%'")
     return [int(pid) for (pid,) in rows]
 
 

@@ -402,6 +402,40 @@ SYNC_STATE = _mapping({"1": ("async", "text"), "2": ("potential", "blue"), "3": 
                        "4": ("quorum", "green")})
 
 
+def _fleet_table(title: str, description: str, expr: str, unit: str, value_name: str,
+                 must_have_data: bool) -> Panel:
+    """An instant table of one value per cluster (or replica, or slot): at 300 clusters it
+    scrolls, sorted worst first, where a graph would be 300 lines."""
+    return Panel(
+        title, "table", description, [Query(expr, must_have_data=must_have_data, instant=True)], 8, 9,
+        {"defaults": {"unit": unit, "custom": {"align": "auto", "cellOptions": {"type": "auto"}}}, "overrides": []},
+        {"showHeader": True, "cellHeight": "sm", "footer": {"show": False}},
+        [{"id": "organize", "options": {"excludeByName": {"Time": True}, "renameByName": {"Value": value_name}}}])
+
+
+def _fleet_row() -> list[Panel]:
+    return [
+        _fleet_table(
+            "Clusters by worst p95 staleness",
+            "Every cluster, worst first: the highest p95 staleness of any of its replicas over lagwatch's "
+            "window (one row per cluster however many lagwatch instances or shards report it).",
+            f'sort_desc(max by (cluster) (lagwatch_replica_lag_window_seconds{{{C}, quantile="0.95"}}))',
+            "s", "worst p95", True),
+        _fleet_table(
+            "Replicas out of the read pool",
+            "Every replica lagwatch keeps out of its cluster's read pool now (ejected, held out, or not "
+            "replicating from the current primary): the reason is on /status and in lagwatch's log.",
+            f'max by (cluster, replica) (lagwatch_pool_member{{{C}, replica!="primary"}}) == 0',
+            "none", "in pool", False),
+        _fleet_table(
+            "Slots by runway",
+            "Slots whose safe_wal_size shrinks, soonest lost first: seconds until max_slot_wal_keep_size "
+            "invalidates them at the current net rate (slots that do not shrink are left out).",
+            f"sort(min by (cluster, slot) (lagwatch_slot_runway_seconds{{{C}}}) < Inf)",
+            "s", "runway", False),
+    ]
+
+
 def _sync_row() -> list[Panel]:
     by_replica = "{{cluster}}/{{replica}}"
     return [
@@ -515,6 +549,7 @@ def _lagwatch_row() -> list[Panel]:
 
 ROWS: tuple[tuple[str, Callable[[], list[Panel]]], ...] = (
     ("Lag", _lag_row),
+    ("Fleet", _fleet_row),
     ("Synchronous replication", _sync_row),
     ("Slots & WAL", _slots_wal_row),
     ("lagwatch itself", _lagwatch_row),

@@ -66,6 +66,18 @@ def test_promtool_unit_tests() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+FLEET_RULES = ALERTS / "lagwatch.fleet.rules.yml"
+
+
+def test_fleet_recording_rules_check_and_pass_their_promtool_tests() -> None:
+    checked = run(tool("promtool"), "check", "rules", "--lint=all", "--lint-fatal", str(FLEET_RULES))
+    assert checked.returncode == 0 and "SUCCESS" in checked.stdout + checked.stderr, checked.stdout + checked.stderr
+    tested = run(tool("promtool"), "test", "rules", str(ALERTS / "lagwatch.fleet.rules.test.yml"))
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+    groups = yaml.safe_load(FLEET_RULES.read_text())["groups"]
+    assert all("record" in rule and "alert" not in rule for group in groups for rule in group["rules"])
+
+
 def test_amtool_check_config() -> None:
     result = run(tool("amtool"), "check-config", str(AM_EXAMPLE))
     assert result.returncode == 0, result.stdout + result.stderr
@@ -85,7 +97,8 @@ def test_one_group_and_the_alerts_we_promise() -> None:
         "LagwatchSlotRetainedWalHigh": "warning", "LagwatchSlotWalUnreservedOrLost": "page",
         "LagwatchSlotWalKeepSizeSoon": "warning", "LagwatchDown": "page", "LagwatchNotPolling": "page",
         "LagwatchNodeDown": "warning", "LagwatchPoolerApplyErrors": "warning",
-        "LagwatchConfigReloadFailed": "warning", "LagwatchPoolControlNotApplied": "page",
+        "LagwatchConfigReloadFailed": "warning", "LagwatchClusterFileInvalid": "warning",
+        "LagwatchPoolControlNotApplied": "page",
         "LagwatchSplitBrain": "page", "LagwatchNoPrimary": "page", "LagwatchReplicaNotFollowingPrimary": "warning",
         "LagwatchRoleChanged": "info", "LagwatchDiscoveryDown": "warning",
         "LagwatchSyncCommitsStalled": "page", "LagwatchSyncOneLossFromStall": "warning",

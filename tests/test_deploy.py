@@ -23,6 +23,19 @@ def test_prometheus_example_loads_the_shipped_rules() -> None:
     assert jobs == ["lagwatch"]
 
 
+def test_the_fleet_example_scrapes_every_shard_in_one_job_with_the_fleet_rules() -> None:
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is missing: apt-get install prometheus"
+    config = DEPLOY / "prometheus" / "fleet.yml"
+    result = subprocess.run([promtool, "check", "config", str(config)], capture_output=True, text=True, timeout=60)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert "lagwatch.rules.yml" in output and "lagwatch.fleet.rules.yml" in output
+    (job,) = yaml.safe_load(config.read_text())["scrape_configs"]
+    assert job["job_name"] == "lagwatch"
+    assert [group["labels"]["shard"] for group in job["static_configs"]] == ["0", "1", "2"]
+
+
 def test_grafana_provisioning_examples() -> None:
     datasources = yaml.safe_load((DEPLOY / "grafana/provisioning/datasources/lagwatch.yml").read_text())
     assert datasources["apiVersion"] == 1 and datasources["datasources"][0]["type"] == "prometheus"

@@ -64,13 +64,36 @@ def _load(path: str, web_config_file: str | None = None) -> Config | None:
         return None
 
 
+def _with_cluster_dir(config: Config) -> Config:
+    """The one-shot commands' config: with its clusters_dir's valid clusters (each broken
+    file said on stderr, as `run` would say it and skip it)."""
+    from lagwatch.clusterdir import with_cluster_dir
+
+    merged, files = with_cluster_dir(config)
+    for f in files:
+        if f.error is not None:
+            print(f"{f.path}: {f.error} (run skips this file)", file=sys.stderr)
+    return merged
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     config = _load(args.config, args.web_config_file)
     if config is None:
         return EXIT_CONFIG
-    replicas = sum(len(c.replicas) for c in config.clusters_with_nodes)
-    discovered = f", {len(config.patroni_clusters)} discovered through Patroni" if config.patroni_clusters else ""
-    print(f"{args.config}: ok ({len(config.clusters)} cluster(s), {replicas} replica(s){discovered})")
+    from lagwatch.clusterdir import with_cluster_dir
+
+    merged, files = with_cluster_dir(config)
+    broken = [f for f in files if f.error is not None]
+    for f in broken:
+        print(f"{f.path}: {f.error}", file=sys.stderr)
+    replicas = sum(len(c.replicas) for c in merged.clusters_with_nodes)
+    discovered = f", {len(merged.patroni_clusters)} discovered through Patroni" if merged.patroni_clusters else ""
+    in_dir = f", {len(files) - len(broken)} from {config.clusters_dir}" if config.clusters_dir is not None else ""
+    if broken:
+        print(f"{args.config}: {len(broken)} cluster file(s) in {config.clusters_dir} do not validate: `run` skips "
+              f"them and watches the other {len(merged.clusters)} cluster(s)", file=sys.stderr)
+        return EXIT_CONFIG
+    print(f"{args.config}: ok ({len(merged.clusters)} cluster(s){in_dir}, {replicas} replica(s){discovered})")
     return 0
 
 
@@ -90,6 +113,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     config = _load(args.config)
     if config is None:
         return EXIT_CONFIG
+    config = _with_cluster_dir(config)
     setup_logging(args.log_level, args.log_format)
     if args.grants:
         from lagwatch.grants import run_grants_check
@@ -112,6 +136,7 @@ def cmd_pool(args: argparse.Namespace) -> int:
     config = _load(args.config)
     if config is None:
         return EXIT_CONFIG
+    config = _with_cluster_dir(config)
     clusters = [c for c in config.clusters if args.cluster in (None, c.name)]
     if args.cluster is not None and not clusters:
         print(f"no cluster named {args.cluster!r} in {args.config}", file=sys.stderr)

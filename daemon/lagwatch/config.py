@@ -11,6 +11,7 @@ import re
 import string
 import urllib.parse
 from collections.abc import Iterator
+from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -76,7 +77,7 @@ class NodeConfig(_Strict):
             raise ValueError(f"not a valid libpq connection string ({_dsn_problem(str(exc))}); expected "
                              "key=value pairs (host=db user=lagwatch) or a postgresql:// URI") from None
         if "application_name" in params:
-            raise ValueError("must not set application_name: lagwatch connects as 'lagwatch'")
+            raise ValueError("must not set application_name: lagwatch names its sessions 'lagwatch/CLUSTER/NODE'")
         # libpq only parses the string here; a bad port would surface at the first connect.
         for port in str(params.get("port", "")).split(","):
             if port.strip() and not (port.strip().isdigit() and 0 < int(port) < 65536):
@@ -391,8 +392,12 @@ class ClusterConfig(_Strict):
         return False
 
     def replica_sla(self, name: str) -> ReplicaSla:
-        replica = next(r for r in self.replicas if r.name == name)
-        return self.sla.for_replica(replica.sla)
+        return self.replica_slas[name]
+
+    @cached_property
+    def replica_slas(self) -> dict[str, ReplicaSla]:
+        """Every replica's SLA, resolved once per config (each cycle reads them all)."""
+        return {r.name: self.sla.for_replica(r.sla) for r in self.replicas}
 
     @model_validator(mode="after")
     def _pooled_nodes_have_one_address(self, info: ValidationInfo) -> ClusterConfig:
@@ -588,7 +593,9 @@ class Config(_Strict):
     web_config_file: Path | None = None  # TLS and basic auth, Prometheus exporters' web config format
     http: HttpConfig = HttpConfig()
     shard: ShardConfig | None = None  # this instance's part of a fleet (unset: every cluster)
-    clusters: tuple[AnyClusterConfig, ...]
+    # One YAML file per cluster (lagwatch.clusterdir), beside or instead of ``clusters``.
+    clusters_dir: Path | None = None
+    clusters: tuple[AnyClusterConfig, ...] = Field(default=(), validate_default=True)
     # The web config file's contents, set by load_config (not a key of the file).
     _web: WebConfig | None = PrivateAttr(default=None)
 
@@ -596,11 +603,19 @@ class Config(_Strict):
     def web(self) -> WebConfig | None:
         return self._web
 
+    @field_validator("clusters_dir")
+    @classmethod
+    def _a_directory(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_dir():
+            raise ValueError(f"{str(value)!r} is not a directory")
+        return value
+
     @field_validator("clusters")
     @classmethod
-    def _some_clusters(cls, value: tuple[AnyClusterConfig, ...]) -> tuple[AnyClusterConfig, ...]:
-        if not value:
-            raise ValueError("at least one cluster is needed")
+    def _some_clusters(cls, value: tuple[AnyClusterConfig, ...], info: ValidationInfo) -> tuple[AnyClusterConfig, ...]:
+        # (A clusters_dir that failed its own check is not in info.data: one error is enough.)
+        if not value and "clusters_dir" in info.data and info.data["clusters_dir"] is None:
+            raise ValueError("at least one cluster is needed (or a clusters_dir)")
         return value
 
     @field_validator("listen")

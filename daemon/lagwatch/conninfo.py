@@ -10,12 +10,13 @@ import psycopg.conninfo
 from lagwatch.config import NodeConfig
 
 
-def build_conninfo(node: NodeConfig, connect_timeout: float, statement_timeout: float) -> str:
+def build_conninfo(node: NodeConfig, connect_timeout: float, statement_timeout: float,
+                   application_name: str = "lagwatch") -> str:
     """The node's DSN plus what lagwatch always sets; the password is added only here."""
     params = psycopg.conninfo.conninfo_to_dict(node.dsn)
     options = str(params.get("options", ""))
     extra: dict[str, Any] = {
-        "application_name": "lagwatch",
+        "application_name": application_name,
         # libpq's connect_timeout is whole seconds, minimum 2; the client-side deadline
         # in NodePoller is the real budget.
         "connect_timeout": max(2, round(connect_timeout)),
@@ -25,6 +26,13 @@ def build_conninfo(node: NodeConfig, connect_timeout: float, statement_timeout: 
     if password is not None:
         extra["password"] = password
     return psycopg.conninfo.make_conninfo(node.dsn, **extra)
+
+
+def poller_application_name(cluster: str, node: str) -> str:
+    """What a node's polling session calls itself on the server: ``lagwatch/CLUSTER/NODE``
+    (PostgreSQL keeps 63 bytes of it), so an operator, or a test, finds each node's one
+    session in pg_stat_activity."""
+    return f"lagwatch/{cluster}/{node}"
 
 
 _ADDRESS_KEYS = ("host", "hostaddr", "port")

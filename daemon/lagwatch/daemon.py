@@ -12,6 +12,7 @@ import asyncio
 import logging
 import signal
 import time
+from collections import deque
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -21,12 +22,14 @@ from typing import Any
 from apscheduler.events import EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED, JobEvent
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
+from lagwatch.clusterdir import ClusterDir
 from lagwatch.config import ClusterConfig, Config, NodeConfig, load_config
 from lagwatch.conninfo import serves_as
 from lagwatch.discovery import Discovery
 from lagwatch.durations import format_duration
 from lagwatch.errors import ConfigError
 from lagwatch.holds import HoldStore
+from lagwatch.lag import nearest_rank
 from lagwatch.poll import NodePoller, poll_all, pollers_for
 from lagwatch.poolcontrol import PoolController, Reconfiguration
 from lagwatch.sdnotify import Notifier
@@ -34,6 +37,17 @@ from lagwatch.snapshot import CONDITION_TEXT, ClusterSnapshot, Snapshot, Snapsho
 from lagwatch.tracker import ClusterTracker
 
 log = logging.getLogger("lagwatch.daemon")
+
+CLUSTER_DIR_SCAN_SECONDS = 1.0  # how often clusters_dir is looked at (every cycle, at most once a second)
+CLUSTER_LINES_UP_TO = 5  # more clusters than this log one INFO line per cycle, not one per cluster
+FLEET_LINE_NAMES = 10  # replicas and nodes a fleet's cycle line names before "and N more"
+CYCLE_HISTORY = 600  # cycles whose durations give lagwatch_cycle_duration_window_seconds
+CYCLE_QUANTILES = (0.5, 0.9, 0.99, 1.0)
+
+
+def _quantiles(durations: deque[float]) -> tuple[tuple[float, float], ...]:
+    ordered = sorted(durations)
+    return tuple((q, nearest_rank(ordered, q)) for q in CYCLE_QUANTILES) if ordered else ()
 
 
 # Prepares a reloaded config's part that lives outside the daemon (the web server's TLS
@@ -68,15 +82,23 @@ class Daemon:
         # systemd's notify protocol; a no-op unless given one built from NOTIFY_SOCKET.
         self.notifier = notifier or Notifier({})
         self.reload_hooks: list[ReloadHook] = []
-        # The config as loaded; what runs is that plus the members discovery found.
-        self._source = config
+        # The config file as loaded; the source is that plus its clusters_dir's clusters;
+        # what runs is the source plus the members discovery found.
+        self._file_config = config
+        self._dir = ClusterDir(config.clusters_dir) if config.clusters_dir is not None else None
+        if self._dir is not None:
+            self._dir.scan(_names(config))
+        self._dir_scanned_at = time.monotonic()
+        self._source = self._with_dir(config, self._dir)
         self.discovery = Discovery()
         # One-shot commands ask once (discover_now) and must not wait on a second ask at exit.
         self.discover_every_cycle = True
         self._runtime = _Runtime(config, {}, {}, {})
-        self._commit(self._build(self._effective(config)))
+        self._commit(self._build(self._effective(self._source)))
         self._cycles = 0
         self._overruns = 0
+        self._durations: deque[float] = deque(maxlen=CYCLE_HISTORY)
+        self._first_cycle: float | None = None
         self._reload_ok = True
         self._reload_success_at = time.time()  # the config loaded at start counts, as in Prometheus
         self._background_errors = 0
@@ -90,6 +112,14 @@ class Daemon:
     def config(self) -> Config:
         """The config in force: the file's, discovered clusters as their members make them."""
         return self._runtime.config
+
+    @staticmethod
+    def _with_dir(config: Config, cluster_dir: ClusterDir | None) -> Config:
+        """The file's clusters and the cluster directory's (their names are unique: the
+        directory keeps out a file whose name is taken)."""
+        if cluster_dir is None:
+            return config
+        return config.model_copy(update={"clusters": (*config.clusters, *cluster_dir.clusters)})
 
     def _effective(self, source: Config) -> Config:
         clusters = (*source.clusters_with_nodes, *self.discovery.cluster_configs(source.patroni_clusters))
@@ -188,13 +218,24 @@ class Daemon:
             if self._discovering is None and self._source.patroni_clusters and self.discover_every_cycle:
                 self._discovering = asyncio.ensure_future(
                     self.discovery.refresh(self._source.patroni_clusters, budget))
-            results = await asyncio.gather(*(poll_all(runtime.pollers[c.name], budget) for c in clusters))
+            # Every node of every cluster at once, with one deadline for all.
+            pollers = [p for c in clusters for p in runtime.pollers[c.name]]
+            answers = iter(await poll_all(pollers, budget))
+            results = [[next(answers) for _ in runtime.pollers[c.name]] for c in clusters]
             now = time.monotonic()
             tracked = [runtime.trackers[c.name].update(obs, now) for c, obs in zip(clusters, results, strict=True)]
-            snapshots = tuple(await asyncio.gather(*(self._control(cs, now) for cs in tracked)))
+            controlled = [cs for cs in tracked if cs.name in runtime.controllers]
+            with_pools = dict(zip((cs.name for cs in controlled),
+                                  await asyncio.gather(*(self._control(cs, now) for cs in controlled)), strict=True))
+            snapshots = tuple(with_pools.get(cs.name, cs) for cs in tracked)
             await self._take_discovery()
+            await self._take_cluster_files()
             duration = time.monotonic() - started
             self._cycles += 1
+            if self._cycles > 1:  # the first connects to every node: lagwatch_first_cycle_duration_seconds
+                self._durations.append(duration)
+            else:
+                self._first_cycle = duration
             if duration > self.config.interval:
                 self._overruns += 1
                 log.warning("cycle took %s, longer than the %s interval", format_duration(duration),
@@ -203,15 +244,31 @@ class Daemon:
                                 overruns_total=self._overruns, clusters=snapshots,
                                 reload_successful=self._reload_ok, reload_success_at=self._reload_success_at,
                                 background_errors_total=self._background_errors,
-                                discovery=self.discovery.statuses(self._source.patroni_clusters))
+                                discovery=self.discovery.statuses(self._source.patroni_clusters),
+                                cluster_files=self._cluster_files(),
+                                shard=(self.config.shard.index, self.config.shard.count) if self.config.shard else None,
+                                cycle_quantiles=_quantiles(self._durations), first_cycle_duration=self._first_cycle)
             self.holder.publish(snapshot)
-            for cluster_snapshot in snapshots:
-                log.info("%s", cycle_line(cluster_snapshot))
-                for node in cluster_snapshot.nodes:
-                    if not node.up:
-                        log.debug("%s/%s down: %s", cluster_snapshot.name, node.name, node.last_error)
+            self._log_cycle(snapshot)
             self._notify(snapshot)
             return snapshot
+
+    @staticmethod
+    def _log_cycle(snapshot: Snapshot) -> None:
+        """One INFO line per cluster and cycle for a few clusters; for a fleet one line per
+        cycle that names only what is wrong (the per-cluster lines go to DEBUG)."""
+        few = len(snapshot.clusters) <= CLUSTER_LINES_UP_TO
+        level = logging.INFO if few else logging.DEBUG
+        if log.isEnabledFor(level):
+            for c in snapshot.clusters:
+                log.log(level, "%s", cycle_line(c))
+        if log.isEnabledFor(logging.DEBUG):
+            for c in snapshot.clusters:
+                for node in c.nodes:
+                    if not node.up:
+                        log.debug("%s/%s down: %s", c.name, node.name, node.last_error)
+        if not few:
+            log.info("%s", fleet_line(snapshot))
 
     async def discover_now(self, timeout: float = 2.0) -> None:
         """Ask for every discovered cluster's members and put them in force before the
@@ -234,6 +291,20 @@ class Daemon:
         if changed or self._members_pending:
             await self._members_changed()
 
+    async def _take_cluster_files(self) -> None:
+        """Cluster files added, changed, broken or removed since the last look (at most one
+        look a second): the clusters they make are polled from the next cycle, and every
+        other cluster keeps its connections, history and pool state."""
+        if self._dir is None or time.monotonic() - self._dir_scanned_at < CLUSTER_DIR_SCAN_SECONDS:
+            return
+        self._dir_scanned_at = time.monotonic()
+        if self._dir.scan(_names(self._file_config)):
+            self._source = self._with_dir(self._file_config, self._dir)
+            await self._members_changed()
+
+    def _cluster_files(self) -> tuple[tuple[str, str | None], ...]:
+        return tuple((f.path, f.error) for f in self._dir.files) if self._dir is not None else ()
+
     async def _members_changed(self) -> None:
         """Put the new memberships in force as a reload would (called holding the lock):
         the changed clusters' new nodes are polled from the next cycle, every node that
@@ -254,7 +325,10 @@ class Daemon:
         await self._close_replaced(self._commit(runtime))
 
     def _notify(self, snapshot: Snapshot) -> None:
-        status = "; ".join(cycle_line(c) for c in snapshot.clusters)
+        if not self.notifier.enabled:
+            return  # not under systemd: no status line to build
+        few = len(snapshot.clusters) <= CLUSTER_LINES_UP_TO
+        status = "; ".join(cycle_line(c) for c in snapshot.clusters) if few else fleet_line(snapshot)
         if snapshot.cycles_total == 1:
             self.notifier.ready(status)
         # The watchdog is only fed while polling works: if no node has answered for longer
@@ -301,8 +375,11 @@ class Daemon:
         log.info("polling %d cluster(s) every %s, window %s%s",
                  len(self._source.clusters_with_nodes) + len(self._source.patroni_clusters),
                  format_duration(self.config.interval), format_duration(self.config.window),
-                 f"; shard {shard.index} of 0..{shard.count - 1}: {len(self._source.clusters)} cluster(s) in the file"
+                 f"; shard {shard.index} of 0..{shard.count - 1}: {len(self._source.clusters)} cluster(s) configured"
                  if shard is not None else "")
+        if self._dir is not None:
+            log.info("clusters_dir %s: %d cluster file(s) in force, %d with errors", self._dir.path,
+                     len(self._dir.clusters), sum(1 for f in self._dir.files if f.error is not None))
         self.notifier.ensure_watchdog(watchdog_budget(self.config))
         try:
             await self._stopped.wait()
@@ -353,11 +430,20 @@ class Daemon:
             new = load_config(self.config_path, self.web_config_file)
         except ConfigError as exc:
             return self._rejected(str(exc))
+        # The cluster directory is rescanned on a copy: a rejected reload must leave the
+        # running one's record of what it read as it was.
+        cluster_dir = None
+        if new.clusters_dir is not None:
+            same = self._dir is not None and self._dir.path == new.clusters_dir
+            cluster_dir = self._dir.copy() if same and self._dir is not None else ClusterDir(new.clusters_dir)
+        if cluster_dir is not None:
+            cluster_dir.scan(_names(new))
+        source = self._with_dir(new, cluster_dir)
         # Built and put in force under the lock: a membership change committed by a cycle
         # meanwhile is then built upon, never undone by a runtime built before it.
         async with self._lock:
             try:
-                runtime = self._build(self._effective(new))
+                runtime = self._build(self._effective(source))
             except ConfigError as exc:
                 return self._rejected(str(exc))
             except Exception as exc:  # a rule the schema missed: still nothing changes
@@ -366,7 +452,8 @@ class Daemon:
             if new.listen != self.config.listen:
                 log.warning("listen changed to %s: takes effect on restart", new.listen)
             old = self._commit(runtime)
-            self._source = new
+            self._file_config, self._dir, self._source = new, cluster_dir, source
+            self._dir_scanned_at = time.monotonic()
             if self._scheduler is not None and new.interval != old.config.interval:
                 self._add_job()
         await self._close_replaced(old)
@@ -384,11 +471,33 @@ class Daemon:
         return False
 
 
+def _names(config: Config) -> set[str]:
+    return {c.name for c in config.clusters}
+
+
 def watchdog_budget(config: Config) -> float:
     """How long systemd must wait for a WATCHDOG=1: a slow cycle may take up to 3 intervals
     plus the query timeout. A WatchdogSec= below that would get lagwatch restarted for every
     slow cycle, so it is raised at runtime (WATCHDOG_USEC=, systemd 236+)."""
     return 3 * config.interval + config.effective_query_timeout
+
+
+def fleet_line(snapshot: Snapshot) -> str:
+    """The one INFO line per cycle for a fleet: its size and what is wrong, worst first."""
+    replicas = [(c, r) for c in snapshot.clusters for r in c.replicas]
+    conditions = [(f"{c.name}/{r.name}", replica_condition(r, c.slas.get(r.name))) for c, r in replicas]
+    wrong = [(name, condition) for name, condition in conditions if condition != "streaming"]
+    down = [f"{c.name}/{n.name}" for c in snapshot.clusters for n in c.nodes if not n.up]
+    took = format_duration(snapshot.cycle_duration)
+    parts = [f"{len(snapshot.clusters)} clusters, {len(replicas)} replicas in {took}"]
+    if wrong:
+        shown = ", ".join(f"{name} {CONDITION_TEXT[condition]}" for name, condition in wrong[:FLEET_LINE_NAMES])
+        more = f" and {len(wrong) - FLEET_LINE_NAMES} more" if len(wrong) > FLEET_LINE_NAMES else ""
+        parts.append(f"{len(wrong)} not streaming within SLA: {shown}{more}")
+    if down:
+        more = f" and {len(down) - FLEET_LINE_NAMES} more" if len(down) > FLEET_LINE_NAMES else ""
+        parts.append(f"down: {', '.join(down[:FLEET_LINE_NAMES])}{more}")
+    return "; ".join(parts)
 
 
 def cycle_line(c: ClusterSnapshot) -> str:

@@ -1,22 +1,25 @@
 """Prometheus exposition of the last published snapshot: a custom collector, no I/O.
 
 A scrape renders whatever the last cycle published; a replica or slot that is gone from
-the snapshot is gone from the output. No timestamps are set.
+the snapshot is gone from the output. No timestamps are set. The families are built as
+lagwatch.exposition's, which write their text as they are built: /metrics joins it
+(``families`` then ``exposition.render_text``), and ``SnapshotCollector`` hands the same
+text, read back, to a prometheus_client registry.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    InfoMetricFamily,
-    Metric,
-)
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
+from lagwatch.exposition import Counter as CounterMetricFamily
+from lagwatch.exposition import Family, collecting, to_prometheus
+from lagwatch.exposition import Gauge as GaugeMetricFamily
+from lagwatch.exposition import Histogram as HistogramMetricFamily
+from lagwatch.exposition import Info as InfoMetricFamily
 from lagwatch.snapshot import OBSERVED_ROLES, ClusterSnapshot, Snapshot
 from lagwatch.views.replication import STAGES
 
@@ -30,7 +33,23 @@ def _gauge(name: str, doc: str, labels: list[str], unit_doc: str = "") -> GaugeM
     return GaugeMetricFamily(name, doc + unit_doc + AS_OF, labels=labels)
 
 
+def families(snapshot: Snapshot | None) -> list[Family]:
+    """Every family of ``snapshot``: the daemon's own, then the clusters', each cluster's
+    samples in the one family of each name (exposition.collecting)."""
+    if snapshot is None:
+        return []
+    with collecting() as made:
+        for _ in _daemon_metrics(snapshot):
+            pass
+        for cluster in snapshot.clusters:
+            for _ in _cluster_metrics(cluster):
+                pass
+    return list(made.values())
+
+
 class SnapshotCollector(Collector):
+    """The last snapshot's families for a prometheus_client registry."""
+
     def __init__(self, current: Callable[[], Snapshot | None]) -> None:
         self._current = current
 
@@ -39,24 +58,20 @@ class SnapshotCollector(Collector):
         return []
 
     def collect(self) -> Iterator[Metric]:
-        snapshot = self._current()
-        if snapshot is None:
-            return
-        yield from _daemon_metrics(snapshot)
-        families: dict[str, Metric] = {}
-        for cluster in snapshot.clusters:
-            for metric in _cluster_metrics(cluster):
-                existing = families.get(metric.name)
-                if existing is None:
-                    families[metric.name] = metric
-                else:
-                    existing.samples.extend(metric.samples)
-        yield from families.values()
+        yield from to_prometheus(families(self._current()))
 
 
-def _daemon_metrics(snapshot: Snapshot) -> Iterator[Metric]:
+def _daemon_metrics(snapshot: Snapshot) -> Iterator[Family]:
     yield GaugeMetricFamily("lagwatch_cycle_duration_seconds", "Duration of the last poll cycle" + AS_OF,
                             value=snapshot.cycle_duration)
+    window = _gauge("lagwatch_cycle_duration_window_seconds", "Quantiles of the last 600 cycles' durations "
+                    "(nearest rank; quantile=1 is the max; the first cycle, which connects, left out)", ["quantile"])
+    for q, seconds in snapshot.cycle_quantiles:
+        window.add_metric([_fmt_q(q)], seconds)
+    yield window
+    if snapshot.first_cycle_duration is not None:
+        yield GaugeMetricFamily("lagwatch_first_cycle_duration_seconds", "Duration of the first cycle after start, "
+                                "which connects to every node", value=snapshot.first_cycle_duration)
     yield CounterMetricFamily("lagwatch_cycles", "Poll cycles completed", value=snapshot.cycles_total)
     yield CounterMetricFamily("lagwatch_cycle_overruns", "Cycles that took longer than the interval, "
                               "or were skipped because the previous one was still running",
@@ -72,9 +87,20 @@ def _daemon_metrics(snapshot: Snapshot) -> Iterator[Metric]:
     yield CounterMetricFamily("lagwatch_background_errors", "Background tasks that failed (each logged "
                               "with its trace)", value=snapshot.background_errors_total)
     yield from _discovery_metrics(snapshot)
+    if snapshot.shard is not None:
+        shard = _gauge("lagwatch_shard", "1: this instance watches the clusters rendezvous hashing gives shard index "
+                       "of count", ["index", "count"])
+        shard.add_metric([str(snapshot.shard[0]), str(snapshot.shard[1])], 1.0)
+        yield shard
+    if snapshot.cluster_files:
+        errors = _gauge("lagwatch_cluster_config_errors", "1 if the clusters_dir file does not validate as it is "
+                        "(a new one is not watched; a changed one keeps its last good version), else 0", ["file"])
+        for path, error in snapshot.cluster_files:
+            errors.add_metric([path], 0.0 if error is None else 1.0)
+        yield errors
 
 
-def _discovery_metrics(snapshot: Snapshot) -> Iterator[Metric]:
+def _discovery_metrics(snapshot: Snapshot) -> Iterator[Family]:
     if not snapshot.discovery:
         return
     up = _gauge("lagwatch_discovery_up", "1 if the cluster's members were discovered in the last cycle; 0 if "
@@ -99,7 +125,7 @@ def _discovery_metrics(snapshot: Snapshot) -> Iterator[Metric]:
     yield from (up, members, errors, success, member)
 
 
-def _cluster_metrics(c: ClusterSnapshot) -> Iterator[Metric]:
+def _cluster_metrics(c: ClusterSnapshot) -> Iterator[Family]:
     yield from _node_metrics(c)
     yield from _role_metrics(c)
     yield from _replica_metrics(c)
@@ -112,7 +138,7 @@ def _cluster_metrics(c: ClusterSnapshot) -> Iterator[Metric]:
 SYNC_STATES = ("async", "potential", "sync", "quorum")
 
 
-def _sync_metrics(c: ClusterSnapshot) -> Iterator[Metric]:
+def _sync_metrics(c: ClusterSnapshot) -> Iterator[Family]:
     """Whether commits can complete: absent while the primary does not answer."""
     s = c.sync
     if s is None:
@@ -138,8 +164,7 @@ def _sync_metrics(c: ClusterSnapshot) -> Iterator[Metric]:
     for r in c.replicas:
         if r.walsender is not None:
             current = r.walsender.sync_state or "async"
-            for name in SYNC_STATES:
-                state.add_metric([c.name, r.name, name], 1.0 if current == name else 0.0)
+            state.add_metrics([c.name, r.name], ((name, 1.0 if current == name else 0.0) for name in SYNC_STATES))
     yield state
     info = InfoMetricFamily("lagwatch_sync", "synchronous_standby_names and synchronous_commit on the primary"
                             + AS_OF, labels=["cluster", "standby_names", "synchronous_commit", "method", "error"])
@@ -147,14 +172,13 @@ def _sync_metrics(c: ClusterSnapshot) -> Iterator[Metric]:
     yield info
 
 
-def _role_metrics(c: ClusterSnapshot) -> Iterator[Metric]:
+def _role_metrics(c: ClusterSnapshot) -> Iterator[Family]:
     role = _gauge("lagwatch_node_role", "1 for the node's role as observed in the last poll (primary: accepts "
                   "writes; unknown: no answer), 0 for the others", ["cluster", "node", "role"])
     timeline = _gauge("lagwatch_node_timeline", "The timeline a primary writes on, or a replica's WAL receiver "
                       "last received on", ["cluster", "node"])
     for n in c.nodes:
-        for name in OBSERVED_ROLES:
-            role.add_metric([c.name, n.name, name], 1.0 if n.observed_role == name else 0.0)
+        role.add_metrics([c.name, n.name], ((name, 1.0 if n.observed_role == name else 0.0) for name in OBSERVED_ROLES))
         if n.timeline is not None:
             timeline.add_metric([c.name, n.name], n.timeline)
     primaries = _gauge("lagwatch_cluster_primaries", "Distinct servers of the cluster that accept writes "
@@ -166,10 +190,12 @@ def _role_metrics(c: ClusterSnapshot) -> Iterator[Metric]:
     yield from (role, timeline, primaries, changes)
 
 
-def _node_metrics(c: ClusterSnapshot) -> Iterator[Metric]:
+def _node_metrics(c: ClusterSnapshot) -> Iterator[Family]:
     up = _gauge("lagwatch_up", "1 if the node answered the last poll, else 0", ["cluster", "node"])
     duration = _gauge("lagwatch_poll_duration_seconds", "Time spent polling the node", ["cluster", "node"])
     polls = CounterMetricFamily("lagwatch_polls", "Polls attempted per node", labels=["cluster", "node"])
+    connects = CounterMetricFamily("lagwatch_connects", "Connection attempts per node (one persistent session "
+                                   "each: this grows only on reconnects)", labels=["cluster", "node"])
     errors = CounterMetricFamily("lagwatch_poll_errors", "Failed polls per node by kind "
                                  "(connect, timeout, query)", labels=["cluster", "node", "kind"])
     view_up = _gauge("lagwatch_view_up", "1 if the view was read from the node in the last poll; 0 if it failed, "
@@ -182,17 +208,16 @@ def _node_metrics(c: ClusterSnapshot) -> Iterator[Metric]:
         up.add_metric([c.name, n.name], 1.0 if n.up else 0.0)
         duration.add_metric([c.name, n.name], n.poll_duration)
         polls.add_metric([c.name, n.name], n.polls_total)
-        for kind in ERROR_KINDS:
-            errors.add_metric([c.name, n.name, kind], n.errors_total.get(kind, 0))
+        connects.add_metric([c.name, n.name], n.connects_total)
+        errors.add_metrics([c.name, n.name], ((kind, n.errors_total.get(kind, 0)) for kind in ERROR_KINDS))
         info.add_metric([c.name, n.name, n.observed_role, str(n.version_num or "")], {})
-        for view, ok in sorted(n.views.items()):
-            view_up.add_metric([c.name, n.name, view], 1.0 if ok else 0.0)
+        view_up.add_metrics([c.name, n.name], ((view, 1.0 if ok else 0.0) for view, ok in sorted(n.views.items())))
         for view, count in sorted(n.view_errors_total.items()):
             view_errors.add_metric([c.name, n.name, view], count)
-    yield from (up, duration, polls, errors, view_up, view_errors, info)
+    yield from (up, duration, polls, connects, errors, view_up, view_errors, info)
 
 
-def _replica_metrics(c: ClusterSnapshot) -> Iterator[Metric]:
+def _replica_metrics(c: ClusterSnapshot) -> Iterator[Family]:
     labels = ["cluster", "replica"]
     lag = _gauge("lagwatch_replica_lag_seconds", "Staleness: age of the oldest change the replica has not "
              "replayed, measured on lagwatch's monotonic clock; 0 when fully replayed", labels)
@@ -228,21 +253,15 @@ def _replica_metrics(c: ClusterSnapshot) -> Iterator[Metric]:
         if r.staleness is not None:
             lag.add_metric(key, r.staleness)
         if r.window is not None:
-            for q, value in r.window.quantiles:
-                window.add_metric(key + [_fmt_q(q)], value)
+            window.add_metrics(key, ((_fmt_q(q), value) for q, value in r.window.quantiles))
             samples.add_metric(key, r.window.count)
         h = r.histogram
-        hist.add_metric(key, [(_fmt_le(b), float(n)) for b, n in zip(h.bounds, h.cumulative, strict=True)],
-                        sum_value=h.total)
+        hist.add_metric(key, list(zip(_les(h.bounds), h.cumulative, strict=True)), sum_value=h.total)
         if r.walsender is not None:
-            for stage in STAGES:
-                behind = r.walsender.lag_bytes(stage)
-                if behind is not None:
-                    lag_bytes.add_metric(key + [stage], behind)
-            for stage in STAGES[1:]:
-                seconds = r.walsender.lag_seconds(stage)
-                if seconds is not None:
-                    ws_lag.add_metric(key + [stage], seconds)
+            sender = r.walsender
+            lag_bytes.add_metrics(key, ((stage, b) for stage in STAGES if (b := sender.lag_bytes(stage)) is not None))
+            ws_lag.add_metrics(key, ((stage, t) for stage in STAGES[1:]
+                                     if (t := sender.lag_seconds(stage)) is not None))
         if r.replay_paused is not None:
             paused.add_metric(key, 1.0 if r.replay_paused else 0.0)
         if r.receive_replay_bytes is not None:
@@ -285,7 +304,7 @@ def _replica_metrics(c: ClusterSnapshot) -> Iterator[Metric]:
                              ["cluster"]), [c.name], c.min_replicas)
 
 
-def _slot_metrics(c: ClusterSnapshot) -> Iterator[Metric]:
+def _slot_metrics(c: ClusterSnapshot) -> Iterator[Family]:
     labels = ["cluster", "slot"]
     retained = _gauge("lagwatch_slot_retained_bytes", "WAL the slot holds back: pg_current_wal_lsn() - restart_lsn",
                       labels)
@@ -307,8 +326,7 @@ def _slot_metrics(c: ClusterSnapshot) -> Iterator[Metric]:
         if s.safe_wal_size is not None:
             safe.add_metric(key, s.safe_wal_size)
         if s.wal_status is not None:
-            for value in WAL_STATUSES:
-                status.add_metric(key + [value], 1.0 if s.wal_status == value else 0.0)
+            status.add_metrics(key, ((value, 1.0 if s.wal_status == value else 0.0) for value in WAL_STATUSES))
         if s.inactive_seconds is not None:
             inactive.add_metric(key, s.inactive_seconds)
         if s.confirmed_flush_lag_bytes is not None:
@@ -331,7 +349,7 @@ def _slot_metrics(c: ClusterSnapshot) -> Iterator[Metric]:
     yield from (runway, share)
 
 
-def _wal_metrics(c: ClusterSnapshot) -> Iterator[Metric]:
+def _wal_metrics(c: ClusterSnapshot) -> Iterator[Family]:
     labels = ["cluster"]
     key = [c.name]
     if c.primary_lsn is not None:
@@ -375,7 +393,7 @@ def _wal_metrics(c: ClusterSnapshot) -> Iterator[Metric]:
             yield _counter(name, doc, labels, key, value)
         if wi.last_interval_bytes:
             yield _one_sample(_gauge("lagwatch_wal_fpi_share", "Share of full-page image bytes in the WAL inspected "
-                           "last cycle (0-1)", labels), key, wi.last_interval_fpi_bytes / wi.last_interval_bytes)
+                           "last (every 10 s; 0-1)", labels), key, wi.last_interval_fpi_bytes / wi.last_interval_bytes)
         if wi.compressed:
             saved = CounterMetricFamily("lagwatch_wal_fpi_saved_bytes", "Bytes WAL compression saved on full-page "
                                         "images: their size uncompressed (page less its hole) minus as stored, by "
@@ -408,11 +426,13 @@ def _fmt_q(q: float) -> str:
     return "1" if q == 1.0 else repr(q)
 
 
-def _fmt_le(bound: float) -> str:
-    return "+Inf" if bound == float("inf") else repr(bound)
+@functools.lru_cache(maxsize=8)
+def _les(bounds: tuple[float, ...]) -> tuple[str, ...]:
+    """The le label of each bucket bound (the bounds are the same for every replica)."""
+    return tuple("+Inf" if bound == float("inf") else repr(bound) for bound in bounds)
 
 
-def _pool_metrics(c: ClusterSnapshot) -> Iterator[Metric]:
+def _pool_metrics(c: ClusterSnapshot) -> Iterator[Family]:
     pool = c.pool
     if pool is None:
         return

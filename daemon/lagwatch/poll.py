@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
+import random
 import time
 from collections.abc import Coroutine, Sequence
 from dataclasses import replace
@@ -18,15 +20,16 @@ from typing import Any, TypeVar
 import psycopg
 import psycopg.conninfo
 import psycopg.errors
-from psycopg.rows import dict_row
+from psycopg.rows import dict_row, tuple_row
 
 from lagwatch.config import ClusterConfig, Config, NodeConfig, PasswordUnavailableError
-from lagwatch.conninfo import build_conninfo, connected_address
+from lagwatch.conninfo import build_conninfo, connected_address, poller_application_name
 from lagwatch.lsn import format_lsn
 from lagwatch.redact import redact_text
 from lagwatch.snapshot import ErrorKind, NodeObservation, Role
 from lagwatch.views import CYCLE_VIEWS, probe, walinspect
 from lagwatch.views.base import View
+from lagwatch.views.combined import combined_sql, parse_combined
 from lagwatch.views.probe import Capabilities
 from lagwatch.views.walinspect import WalInspection
 
@@ -34,6 +37,8 @@ log = logging.getLogger("lagwatch.poll")
 
 MIN_VERSION_NUM = 130000
 T = TypeVar("T")
+# pg_walinspect's FPI statistics are read at most this often (seconds).
+WALINSPECT_EVERY = 10.0
 # A view that failed (a grant missing, a function gone) is retried after this long.
 VIEW_RETRY_SECONDS = 300
 _GRANT_HINTS = {
@@ -69,10 +74,17 @@ class NodePoller:
         self.query_timeout = config.effective_query_timeout
         self.backoff_max = config.reconnect_backoff_max
         self._conn: psycopg.AsyncConnection[dict[str, Any]] | None = None
+        self._cursor: psycopg.AsyncCursor[tuple[Any, ...]] | None = None  # the cycle's, on _conn
+        # The statement under way: its deadline and the task running it (see _within).
+        self._guard: tuple[float, asyncio.Task[Any]] | None = None
+        self._expired = False
         self._caps: Capabilities | None = None
         self._failures = 0
         self._next_attempt = 0.0
+        self._connects = 0  # connection attempts since start: a reconnect storm would show here
         self._walinspect_from: int | None = None
+        self._walinspect_due = 0.0  # monotonic time of the next WAL inspection
+        self._walinspected_at = time.monotonic()
         self._walinspect_failures = 0
         self._last_error = ""
         self._said_skipped = False
@@ -105,6 +117,7 @@ class NodePoller:
         now = time.monotonic()
         return NodeObservation(cluster=self.cluster.name, node=self.node, role=self.role, observed_at=now,
                                duration=waited, capabilities=self._caps, error_kind="timeout",
+                               connects_total=self._connects,
                                error=f"no answer within the cycle's {waited:.3g}s (still trying)")
 
     async def poll(self) -> NodeObservation:
@@ -120,7 +133,7 @@ class NodePoller:
         now = time.monotonic()
         return NodeObservation(cluster=self.cluster.name, node=self.node, role=self.role,
                                observed_at=now, duration=now - started, view_errors_total=dict(self._view_errors),
-                               **fields)
+                               connects_total=self._connects, **fields)
 
     def _failed(self, error: NodeError, started: float) -> NodeObservation:
         kind = error.kind
@@ -128,13 +141,11 @@ class NodePoller:
         if not error.backing_off:
             self._last_error = message
             self._failures += 1
-            # Retry at once after the first failure, then back off up to backoff_max.
-            delay = min(self.backoff_max, self.interval * (2 ** (self._failures - 2))) if self._failures > 1 else 0
-            self._next_attempt = time.monotonic() + delay
+            self._next_attempt = time.monotonic() + reconnect_delay(self._failures, self.interval, self.backoff_max)
         now = time.monotonic()
         return NodeObservation(cluster=self.cluster.name, node=self.node, role=self.role,
                                observed_at=now, duration=now - started, capabilities=self._caps,
-                               error_kind=kind, error=message)
+                               connects_total=self._connects, error_kind=kind, error=message)
 
     def _password_for_redaction(self) -> str | None:
         try:
@@ -172,9 +183,11 @@ class NodePoller:
             if time.monotonic() < self._next_attempt:
                 raise NodeError("connect", f"waiting to reconnect after: {self._last_error}", backing_off=True)
             try:
-                conninfo = build_conninfo(self.node_config, self.connect_timeout, self.query_timeout)
+                conninfo = build_conninfo(self.node_config, self.connect_timeout, self.query_timeout,
+                                          poller_application_name(self.cluster.name, self.node))
             except PasswordUnavailableError as exc:
                 raise NodeError("connect", str(exc)) from None
+            self._connects += 1
             try:
                 self._conn = await asyncio.wait_for(
                     psycopg.AsyncConnection.connect(conninfo, autocommit=True, row_factory=dict_row),
@@ -202,29 +215,52 @@ class NodePoller:
         return probe.parse(await cursor.fetchall())
 
     async def _within(self, operation: Coroutine[Any, Any, T], timeout: float) -> T:
-        """Run ``operation`` on the connection with a client-side deadline.
+        """Run ``operation`` on the connection with a client-side deadline, which poll_all
+        enforces (``expire_overdue``) when it stops waiting for the cycle's answers: no
+        timer per statement (a fleet's event loop would keep hundreds of them in its heap),
+        one check per node and cycle. A statement past its deadline when the cycle stops
+        waiting has its socket closed and its task cancelled; with a query_timeout longer
+        than the cycle's wait, that is at the end of the first cycle past its deadline."""
+        task = asyncio.current_task()
+        assert task is not None
+        self._guard, self._expired = (time.monotonic() + timeout, task), False
+        try:
+            result = await operation
+        except asyncio.CancelledError:
+            if self._expired and task.uncancel() == 0:
+                raise TimeoutError from None
+            raise
+        except psycopg.Error:
+            if not self._expired:
+                raise
+            await _take_cancellation(task)  # the closed socket spoke first: the cancel is still due
+            raise TimeoutError from None
+        finally:
+            self._guard = None
+        if self._expired:  # answered in the very step the deadline was enforced: the connection is closed
+            await _take_cancellation(task)
+            raise TimeoutError
+        return result
 
-        On timeout the socket is closed first and only then is the operation cancelled:
-        cancelling a psycopg query the usual way sends a cancel request to the server and
-        waits for it, which against a hung host would stall the cycle for seconds.
-        """
-        task = asyncio.ensure_future(operation)
-        done, _ = await asyncio.wait({task}, timeout=timeout)
-        if task in done:
-            return task.result()
+    def expire_overdue(self, now: float) -> None:
+        """End the statement under way if its deadline has passed: the socket is closed
+        first and only then is its task cancelled. Cancelling a psycopg query the usual
+        way sends a cancel request to the server and waits for it, which against a hung
+        host would stall for seconds; with the socket closed psycopg has nothing to cancel."""
+        guard = self._guard
+        if guard is None or self._expired or now < guard[0]:
+            return
+        self._expired = True
         conn, self._conn, self._caps = self._conn, None, None
         if conn is not None:
             conn.pgconn.finish()
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
-        raise TimeoutError
+        guard[1].cancel()
 
     def _say_skipped(self, caps: Capabilities) -> None:
         if self._said_skipped:
             return
         self._said_skipped = True
-        for view, why in caps.skipped().items():
+        for view, why in caps.skipped.items():
             log.warning("%s/%s: not reading %s: %s", self.cluster.name, self.node, view, self._for_role(why))
         if caps.has_walinspect is False and self.cluster.walinspect == "auto" and not caps.in_recovery:
             log.info("%s/%s: pg_walinspect is not installed; FPI byte statistics are off",
@@ -263,7 +299,7 @@ class NodePoller:
             raise NodeError("query", failed.get("server", "no answer from the server view"))
         position = results["server"]
         view_health = {v.name: v.name in results for v in CYCLE_VIEWS if v.name in results or v.name in failed
-                       or v.name in self._resting or v.name in caps.skipped()}
+                       or v.name in self._resting or v.name in caps.skipped}
         fields: dict[str, Any] = {
             "capabilities": caps,
             "position": position,
@@ -279,19 +315,17 @@ class NodePoller:
         fields["views"] = view_health
         return fields
 
-    @staticmethod
-    async def _pipelined(conn: psycopg.AsyncConnection[dict[str, Any]], caps: Capabilities,
+    async def _pipelined(self, conn: psycopg.AsyncConnection[dict[str, Any]], caps: Capabilities,
                          views: Sequence[View[Any]]) -> dict[str, Any]:
-        cursors = []
-        # All views go out in one pipeline: one network round trip per node.
-        async with conn.pipeline():
-            for view in views:
-                sql = view.sql_for(caps.version_num)
-                assert sql is not None
-                cursor = conn.cursor()
-                await cursor.execute(sql)
-                cursors.append((view, cursor))
-        return {view.name: view.parse(await cursor.fetchall()) for view, cursor in cursors}
+        # All views in one statement (views/combined.py): one round trip, one result, on a
+        # cursor kept with its connection.
+        cursor = self._cursor
+        if cursor is None or cursor.connection is not conn:
+            cursor = self._cursor = conn.cursor(row_factory=tuple_row)
+        await cursor.execute(combined_sql(views, caps.version_num))
+        row = await cursor.fetchone()
+        assert row is not None
+        return parse_combined(views, row[0])
 
     @staticmethod
     async def _one_by_one(conn: psycopg.AsyncConnection[dict[str, Any]], caps: Capabilities,
@@ -327,24 +361,28 @@ class NodePoller:
 
     async def _inspect_wal(self, conn: psycopg.AsyncConnection[dict[str, Any]], caps: Capabilities,
                            current: int | None) -> WalInspection | None:
-        """FPI statistics of the WAL since the last cycle: a second round trip, only on the
-        primary's DSN, when pg_walinspect is usable and the primary has written something. Its failures are
-        its own: they never mark the node down."""
+        """FPI statistics of the WAL since the last inspection: a second round trip, only on
+        the primary's DSN, when pg_walinspect is usable and the primary has written
+        something, at most every WALINSPECT_EVERY seconds (the counters add up the same;
+        a fleet's primaries need not each pay two more statements a second). At most
+        walinspect_max_bytes per cycle since the last inspection is read. Its failures
+        are its own: they never mark the node down."""
         if self.cluster.walinspect == "off" or caps.in_recovery or not caps.has_walinspect or self.role != "primary":
             self._walinspect_state = None  # not a view of this node
             return None
         if not caps.can_walinspect or self._resting.get("walinspect", 0.0) > time.monotonic():
             self._walinspect_state = False
             return None
-        if current is None:
+        if current is None or time.monotonic() < self._walinspect_due:
             return None
         start = self._walinspect_from
         if start is None or current <= start:
             self._walinspect_from = start if start is not None else current
             return None
         try:
+            cycles = max(1, math.ceil((time.monotonic() - self._walinspected_at) / self.interval))
             cursor = await conn.execute(walinspect.SQL, {"start": format_lsn(start),
-                                                         "max_bytes": self.cluster.walinspect_max_bytes})
+                                                         "max_bytes": self.cluster.walinspect_max_bytes * cycles})
             inspection = walinspect.parse(await cursor.fetchall())
         except psycopg.OperationalError:
             raise
@@ -363,6 +401,8 @@ class NodePoller:
             return None
         self._walinspect_failures = 0
         self._walinspect_from = inspection.flush_lsn
+        self._walinspected_at = time.monotonic()
+        self._walinspect_due = self._walinspected_at + max(self.interval, WALINSPECT_EVERY) - self.interval / 2
         self._walinspect_state = True
         return await self._compression_saved(conn, caps, inspection)
 
@@ -398,6 +438,27 @@ class NodePoller:
                 pass
 
 
+def reconnect_delay(failures: int, interval: float, backoff_max: float, draw: float | None = None) -> float:
+    """How long to wait before the next attempt after ``failures`` failures in a row: at
+    once after the first, then 1, 2, 4 ... intervals up to ``backoff_max``, each drawn
+    between half and all of that ("equal jitter"), so that the hundreds of nodes a
+    restarted server takes down do not all come back at the same instant, cycle after
+    cycle. ``draw``: the random share (0-1), for tests."""
+    if failures <= 1:
+        return 0.0
+    ceiling: float = min(backoff_max, interval * 2.0 ** (failures - 2))
+    share = random.random() if draw is None else draw
+    return ceiling * (0.5 + 0.5 * share)
+
+
+async def _take_cancellation(task: asyncio.Task[Any]) -> None:
+    """Receive a cancellation requested of ``task`` (the current one) and withdraw it."""
+    try:
+        await asyncio.sleep(0)
+    except asyncio.CancelledError:
+        task.uncancel()
+
+
 def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())
 
@@ -414,6 +475,11 @@ async def poll_all(pollers: Sequence[NodePoller], budget: float) -> list[NodeObs
     spent reads as unanswered this cycle, and its poll goes on for a later cycle to take."""
     started = time.monotonic()
     polls = [p.start() for p in pollers]
-    await asyncio.wait(polls, timeout=budget)
-    waited = time.monotonic() - started
+    if polls:
+        await asyncio.wait(polls, timeout=budget)
+    now = time.monotonic()
+    for p, poll in zip(pollers, polls, strict=True):
+        if not poll.done():
+            p.expire_overdue(now)  # a hung host's statement: its socket closed, its poll ends soon
+    waited = now - started
     return [p.take(poll) if poll.done() else p.unanswered(waited) for p, poll in zip(pollers, polls, strict=True)]

@@ -19,16 +19,27 @@ class Progress:
     def __init__(self, horizon: float) -> None:
         self.horizon = horizon
         self._samples: deque[tuple[float, float]] = deque()
+        # Samples are counted as they come: ``_first`` is the number of samples[0], and
+        # ``_stall`` that of the last sample that did not move past the one before it,
+        # so rate_since_stall needs no walk over the horizon every cycle.
+        self._first = 0
+        self._stall: int | None = None
 
     def add(self, at: float, value: float) -> None:
         if self._samples and value < self._samples[-1][1] - 0.5:
-            self._samples.clear()  # went back: another server or timeline, the history means nothing
+            self.clear()  # went back: another server or timeline, the history means nothing
+        number = self._first + len(self._samples)
+        if self._samples and value <= self._samples[-1][1]:
+            self._stall = number
         self._samples.append((at, value))
         while len(self._samples) > 2 and at - self._samples[1][0] >= self.horizon:
             self._samples.popleft()
+            self._first += 1
 
     def clear(self) -> None:
+        self._first += len(self._samples)
         self._samples.clear()
+        self._stall = None
 
     def rate(self) -> float | None:
         """Bytes per second over the horizon (None with less than two samples)."""
@@ -40,11 +51,9 @@ class Progress:
     def rate_since_stall(self) -> float | None:
         """The rate since the position last stood still (within the horizon): after a
         pause, how fast it moves now, not averaged with the time it did not."""
-        samples = list(self._samples)
-        start = 0
-        for i in range(1, len(samples)):
-            if samples[i][1] <= samples[i - 1][1]:
-                start = i
+        samples = self._samples
+        # A stall at samples[0] or before (dropped) leaves the whole horizon in motion.
+        start = max(0, self._stall - self._first) if self._stall is not None else 0
         if len(samples) - start < 2:
             return 0.0 if len(samples) >= 2 else None
         if len(samples) - start >= 3:

@@ -7,6 +7,7 @@ A poll yields one ``NodeObservation`` per node; the tracker folds them into a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -56,6 +57,7 @@ class NodeObservation:
     # the role may not read it). Views that do not apply to the node's role are absent.
     views: dict[str, bool] = field(default_factory=dict)
     view_errors_total: dict[str, int] = field(default_factory=dict)  # failed reads since start, by view
+    connects_total: int = 0  # connection attempts to the node since start
     error_kind: ErrorKind | None = None
     error: str | None = None  # one line, never containing a password
 
@@ -162,6 +164,7 @@ class NodeHealth:
     view_errors_total: dict[str, int] = field(default_factory=dict)
     observed_role: ObservedRole = "unknown"
     timeline: int | None = None
+    connects_total: int = 0  # connection attempts since start (a poll still under way: as last known)
 
 
 @dataclass(frozen=True)
@@ -283,6 +286,12 @@ class Snapshot:
     reload_success_at: float = 0.0  # wall clock of the last config put in force (the start counts)
     background_errors_total: int = 0  # background tasks that failed (each logged with its trace)
     discovery: tuple[DiscoveryStatus, ...] = ()  # one per cluster whose members Patroni names
+    # (quantile, seconds) of the recent cycles' durations: how close cycles come to the interval.
+    cycle_quantiles: tuple[tuple[float, float], ...] = ()  # the first cycle's left out: it connects to every node
+    first_cycle_duration: float | None = None
+    # clusters_dir: each cluster file and why it cannot be used as it is (None: in force as is).
+    cluster_files: tuple[tuple[str, str | None], ...] = ()
+    shard: tuple[int, int] | None = None  # (index, count) of this instance's part of a sharded fleet
 
 
 class SnapshotHolder:
@@ -291,9 +300,13 @@ class SnapshotHolder:
 
     def __init__(self) -> None:
         self._snapshot: Snapshot | None = None
+        # Called with each snapshot just published (in the publisher's thread; must not raise).
+        self.on_publish: list[Callable[[Snapshot], None]] = []
 
     def get(self) -> Snapshot | None:
         return self._snapshot
 
     def publish(self, snapshot: Snapshot) -> None:
         self._snapshot = snapshot
+        for hook in self.on_publish:
+            hook(snapshot)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import html
 import math
 import time
+import urllib.parse
 from collections.abc import Sequence
 
 from lagwatch.alerting import conditions
@@ -245,12 +246,74 @@ def _cluster(c: ClusterSnapshot) -> str:
             f"<tbody>{rows}</tbody></table></div>{events}</section>")
 
 
-def render(snapshot: Snapshot | None) -> str:
+# Above this many clusters /status shows one line per cluster, worst first, each linking to
+# its own page (/status?cluster=NAME): a fleet's page of 300 detailed sections would not load.
+DETAILED_UP_TO = 20
+_CONDITION_ORDER = {c: i for i, c in enumerate(CONDITION_TEXT)}  # worst first
+
+
+def _worst(c: ClusterSnapshot) -> tuple[int, int, float, str]:
+    """How a cluster sorts in the fleet summary: pages first, then by condition, then p95."""
+    pages = sum(1 for a in conditions(c) if a.severity == "page")
+    worst = min((_CONDITION_ORDER[replica_condition(r, c.slas.get(r.name))] for r in c.replicas),
+                default=len(_CONDITION_ORDER))
+    p95 = max((r.window.p95 for r in c.replicas if r.window is not None), default=0.0)
+    return (-pages, worst, -p95, c.name)
+
+
+def _summary_row(c: ClusterSnapshot) -> str:
+    found = conditions(c)
+    worst_replica = min(c.replicas, key=lambda r: _CONDITION_ORDER[replica_condition(r, c.slas.get(r.name))],
+                        default=None)
+    condition = replica_condition(worst_replica, c.slas.get(worst_replica.name)) if worst_replica else None
+    state = (f'<span class="{_CONDITION_CSS[condition]}">{_e(worst_replica.name if worst_replica else "")}: '
+             f"{_e(CONDITION_TEXT[condition])}</span>" if condition and condition != "streaming"
+             else '<span class="ok">all streaming</span>' if c.replicas else '<span class="muted">no replicas</span>')
+    staleness = max((r.staleness for r in c.replicas if r.staleness is not None), default=None)
+    p95 = max((r.window.p95 for r in c.replicas if r.window is not None), default=None)
+    out_of_pool = "" if c.pool is None or c.pool.members is None else str(
+        sum(1 for r in c.replicas if r.configured and r.name not in c.pool.members))
+    down = sum(1 for n in c.nodes if not n.up)
+    alerts = ", ".join(sorted({a.alert.removeprefix("Lagwatch") for a in found}))
+    pages = any(a.severity == "page" for a in found)
+    link = f'<a href="/status?cluster={urllib.parse.quote(c.name, safe="")}">{_e(c.name)}</a>'
+    return (f'<tr data-cluster="{_e(c.name)}"><td data-label="cluster">{link}</td>'
+            f'<td data-label="replicas">{state}</td>'
+            f'<td data-label="primaries" class="num{" bad" if c.primaries != 1 else ""}">{c.primaries}</td>'
+            f'<td data-label="staleness" class="num">{_e(_dur(staleness))}</td>'
+            f'<td data-label="worst p95" class="num">{_e(_dur(p95))}</td>'
+            f'<td data-label="out of pool" class="num">{_e(out_of_pool)}</td>'
+            f'<td data-label="nodes down" class="num{" bad" if down else ""}">{down}</td>'
+            f'<td data-label="alert conditions" class="{"bad" if pages else "warn" if found else "muted"}">'
+            f"{_e(alerts or 'none')}</td></tr>")
+
+
+def _summary(snapshot: Snapshot) -> str:
+    clusters = sorted(snapshot.clusters, key=_worst)
+    rows = "".join(_summary_row(c) for c in clusters)
+    troubled = sum(1 for c in clusters if conditions(c))
+    return (f'<h2>{len(clusters)} clusters</h2><div class="meta">worst first; {troubled} with alert conditions; '
+            f"select one for its replicas, pool and events</div>"
+            f'<div class="wrap"><table class="fleet"><thead><tr><th>cluster</th><th>replicas</th><th>primaries</th>'
+            f"<th>staleness</th><th>worst p95</th><th>out of pool</th><th>nodes down</th><th>alert conditions</th>"
+            f"</tr></thead><tbody>{rows}</tbody></table></div>")
+
+
+def render(snapshot: Snapshot | None, cluster: str | None = None) -> str:
+    """The page: every cluster in detail, or for more than DETAILED_UP_TO clusters a summary
+    line per cluster; ``cluster``: that one cluster in detail (``/status?cluster=NAME``)."""
     if snapshot is None:
         body = '<p class="muted">Waiting for the first poll…</p>'
         stamp = ""
     else:
-        body = "".join(_cluster(c) for c in snapshot.clusters)
+        if cluster is not None:
+            chosen = [c for c in snapshot.clusters if c.name == cluster]
+            body = ('<div class="meta"><a href="/status">all clusters</a></div>'
+                    + ("".join(_cluster(c) for c in chosen) or f'<p class="bad">no cluster named {_e(cluster)}</p>'))
+        elif len(snapshot.clusters) > DETAILED_UP_TO:
+            body = _summary(snapshot)
+        else:
+            body = "".join(_cluster(c) for c in snapshot.clusters)
         stamp = (f"as of {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(snapshot.taken_at))}, "
                  f"cycle {snapshot.cycle_duration * 1000:.1f} ms")
     return ("<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">"

@@ -11,14 +11,14 @@ import logging
 import math
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TypedDict
 
 from lagwatch.config import ClusterConfig
 from lagwatch.durations import format_duration
 from lagwatch.lag import Commits, HistogramCounts, LagHistogram, LagWindow, LsnClock, Staleness, WindowStats
 from lagwatch.lsn import format_lsn
-from lagwatch.rates import Progress, catch_up, runway
+from lagwatch.rates import CatchUp, Progress, catch_up, runway
 from lagwatch.roles import Fork, RoleChange, RoleTracker, RoleView
 from lagwatch.snapshot import (
     ClusterSnapshot,
@@ -48,6 +48,7 @@ _XACT_MIN_SPAN_SECONDS = 2.0
 @dataclass
 class _NodeCounters:
     polls: int = 0
+    connects: int = 0  # connection attempts, as the node's poller last counted them
     errors: dict[str, int] = field(default_factory=dict)
     up: bool | None = None  # as last said in the log (None: nothing said yet)
     down_since: float | None = None
@@ -62,6 +63,7 @@ class _LagFields(TypedDict):
     window: WindowStats | None
     histogram: HistogramCounts
     samples: tuple[tuple[float, float], ...]
+    catch_up: CatchUp | None
 
 
 @dataclass(frozen=True)
@@ -157,6 +159,7 @@ class ClusterTracker:
         self._rate: deque[tuple[float, int]] = deque(maxlen=math.ceil(_RATE_HORIZON_SECONDS / interval) + 1)
         self._xacts: deque[tuple[float, float]] = deque()
         self._inspect = [0, 0, 0, 0]  # inspected, skipped, fpi, record bytes
+        self._last_inspection = (0, 0)  # fpi and inspected bytes of the last inspection
         self._compressed: dict[str, tuple[int, int, int]] = {}  # method -> images, stored, raw bytes
         self.roles = RoleTracker(cluster.name, cluster.standby_cluster)
         self._fork: Fork | None = None  # the promotion the set below is about
@@ -204,7 +207,8 @@ class ClusterTracker:
 
         # A configured replica that now accepts writes is a primary, not a replica that lags.
         replicas = [self._configured_replica(r.name, r.walsender_name, by_node.get(r.name), senders, senders_at,
-                                             Commits(commit_times[r.name], newest_commit, interval), now, roles)
+                                             Commits(commit_times[r.name], newest_commit, interval), now, roles,
+                                             primary_lsn)
                     for r in self.cluster.replicas if by_node.get(r.name) is None
                     or by_node[r.name].observed_role != "primary"]
         configured_names = {r.walsender_name for r in self.cluster.replicas}
@@ -213,9 +217,8 @@ class ClusterTracker:
             # A walsender named like a configured replica (that replica matched by another
             # application_name) must not share its series nor its window.
             label = f"{name} (not configured)" if name in configured_labels else name
-            replicas.append(self._unconfigured_replica(label, senders[name], senders_at, now))
+            replicas.append(self._unconfigured_replica(label, senders[name], senders_at, now, primary_lsn))
         self._forget_vanished({r.name for r in replicas}, now)
-        replicas = [self._with_catch_up(r, primary_lsn, now) for r in replicas]
         slots = primary.slots if primary_ok and primary else ()
         runways = self._runways(slots, primary_lsn, primary.observed_at if primary_ok and primary else now)
 
@@ -231,7 +234,7 @@ class ClusterTracker:
             wal_dir=primary.wal_dir if primary_ok and primary else None,
             walinspect=walinspect,
             nodes=tuple(self._health(o, roles) for o in observations),
-            slas={r.name: self.cluster.replica_sla(r.name) for r in self.cluster.replicas},
+            slas=self.cluster.replica_slas,
             min_replicas=self.cluster.sla.min_replicas,
             primaries=roles.primaries,
             primary_node=primary.node if primary is not None else None,
@@ -264,7 +267,7 @@ class ClusterTracker:
 
     def _configured_replica(self, name: str, walsender_name: str, obs: NodeObservation | None,
                             senders: dict[str, WalSender], senders_at: float, commits: Commits,
-                            now: float, roles: RoleView) -> ReplicaState:
+                            now: float, roles: RoleView, primary_lsn: int | None) -> ReplicaState:
         sender = senders.get(walsender_name)
         own = obs.position if obs is not None and obs.ok and obs.position is not None else None
         if own is not None and own.in_recovery and own.replay_lsn is not None:
@@ -308,17 +311,19 @@ class ClusterTracker:
             last_replay_age_seconds=own.last_replay_age_seconds if own else None,
             wal_receiver_status=receiver.status if receiver else None,
             follows_primary=follows,
-            **self._lag_fields(name, replay, sender, now),
+            **self._lag_fields(name, replay, sender, now, primary_lsn),
         )
 
-    def _unconfigured_replica(self, name: str, sender: WalSender, senders_at: float, now: float) -> ReplicaState:
+    def _unconfigured_replica(self, name: str, sender: WalSender, senders_at: float, now: float,
+                              primary_lsn: int | None) -> ReplicaState:
         return ReplicaState(
             name=name,
             configured=False,
             node_up=None,
             walsender=sender,
             streaming=sender.state == "streaming",
-            **self._lag_fields(name, self._replay_from_sender(name, sender, senders_at), sender, now),
+            **self._lag_fields(name, self._replay_from_sender(name, sender, senders_at), sender, now,
+                               primary_lsn),
         )
 
     def _replay_from_sender(self, name: str, sender: WalSender | None, at: float) -> _ReplayPosition | None:
@@ -331,7 +336,7 @@ class ClusterTracker:
         return None
 
     def _lag_fields(self, name: str, replay: _ReplayPosition | None, sender: WalSender | None,
-                    now: float) -> _LagFields:
+                    now: float, primary_lsn: int | None) -> _LagFields:
         window = self._windows.setdefault(name, LagWindow(self.window, self._window_samples))
         histogram = self._histograms.setdefault(name, LagHistogram())
         self._last_seen[name] = now
@@ -361,6 +366,9 @@ class ClusterTracker:
             "window": window.stats(now),
             "histogram": histogram.snapshot(),
             "samples": window.samples(now),
+            "catch_up": self._catch_up(name, replay.lsn if replay is not None else None,
+                                       replay.at if replay is not None and reading is not None else None,
+                                       primary_lsn, now),
         }
 
     def _went_back(self, now_lsn: int, before_lsn: int, fork: Fork | None) -> None:
@@ -385,17 +393,17 @@ class ClusterTracker:
 
     # -- forecasts ------------------------------------------------------------------------
 
-    def _with_catch_up(self, replica: ReplicaState, primary_lsn: int | None, now: float) -> ReplicaState:
-        """The replica with its replay rate, backlog and catch-up ETA: the rate since replay
-        last stood still (after a pause, how fast it replays now), against the primary's
-        WAL generation rate, both over the forecast horizon."""
-        if replica.replay_lsn is None or primary_lsn is None:
-            return replica
-        progress = self._replayed.setdefault(replica.name, Progress(self.horizon))
-        progress.add(replica.staleness_at or now, replica.replay_lsn)
-        backlog = max(0, primary_lsn - replica.replay_lsn)
-        return replace(replica, catch_up=catch_up(backlog, progress.rate_since_stall(), self._generation.rate(),
-                                                  within=self.interval))
+    def _catch_up(self, name: str, replay_lsn: int | None, replay_at: float | None, primary_lsn: int | None,
+                  now: float) -> CatchUp | None:
+        """A replica's replay rate, backlog and catch-up ETA: the rate since replay last
+        stood still (after a pause, how fast it replays now), against the primary's WAL
+        generation rate, both over the forecast horizon."""
+        if replay_lsn is None or primary_lsn is None:
+            return None
+        progress = self._replayed.setdefault(name, Progress(self.horizon))
+        progress.add(replay_at or now, replay_lsn)
+        backlog = max(0, primary_lsn - replay_lsn)
+        return catch_up(backlog, progress.rate_since_stall(), self._generation.rate(), within=self.interval)
 
     def _runways(self, slots: Sequence[Slot], primary_lsn: int | None, at: float) -> dict[str, float]:
         """Seconds until each limited slot's safe_wal_size reaches 0 at the current net rate
@@ -463,6 +471,7 @@ class ClusterTracker:
             return None
         inspection = primary.walinspect
         if inspection is not None:
+            self._last_inspection = (inspection.fpi_bytes, inspection.inspected_bytes)
             for i, value in enumerate((inspection.inspected_bytes, inspection.skipped_bytes,
                                        inspection.fpi_bytes, inspection.record_bytes)):
                 self._inspect[i] += value
@@ -476,8 +485,8 @@ class ClusterTracker:
             skipped_bytes=self._inspect[1],
             fpi_bytes=self._inspect[2],
             record_bytes=self._inspect[3],
-            last_interval_fpi_bytes=inspection.fpi_bytes if inspection else 0,
-            last_interval_bytes=inspection.inspected_bytes if inspection else 0,
+            last_interval_fpi_bytes=self._last_inspection[0],
+            last_interval_bytes=self._last_inspection[1],
             compressed=dict(self._compressed),
         )
 
@@ -501,6 +510,7 @@ class ClusterTracker:
     def _health(self, obs: NodeObservation, roles: RoleView) -> NodeHealth:
         counters = self._counters.setdefault(obs.node, _NodeCounters())
         counters.polls += 1
+        counters.connects = max(counters.connects, obs.connects_total)
         if obs.error_kind is not None:
             counters.errors[obs.error_kind] = counters.errors.get(obs.error_kind, 0) + 1
         self._say_state_change(obs, counters)
@@ -514,11 +524,12 @@ class ClusterTracker:
             polls_total=counters.polls,
             errors_total=dict(counters.errors),
             last_error=obs.error,
-            skipped=caps.skipped() if caps else {},
+            skipped=caps.skipped if caps else {},
             views=dict(obs.views),
             view_errors_total=dict(obs.view_errors_total),
             observed_role=roles.role_of(obs),
             timeline=obs.timeline,
+            connects_total=counters.connects,
         )
 
 

@@ -6,23 +6,22 @@ behind basic auth.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable
+import urllib.parse
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.exposition import choose_encoder
-from prometheus_client.registry import Collector
-
 from lagwatch import status_page
 from lagwatch.config import Config
-from lagwatch.export import SnapshotCollector
+from lagwatch.export import families
+from lagwatch.exposition import CONTENT_TYPE, Counter, Family, Gauge, render_text
 from lagwatch.httpserver import HttpServer, Request, Response
-from lagwatch.snapshot import SnapshotHolder
+from lagwatch.snapshot import Snapshot, SnapshotHolder
 from lagwatch.status import snapshot_status
 from lagwatch.webconfig import BasicAuth, WebConfig, client_has_allowed_san, ssl_context
 
@@ -50,6 +49,28 @@ class WebSettings:
         return client_has_allowed_san(cert, tls.client_allowed_sans)
 
 
+class ScrapeRhythm:
+    """When the next /metrics scrape is due, from the last ones: Prometheus scrapes each
+    target at a fixed interval, so the next comes a median gap after the last."""
+
+    def __init__(self) -> None:
+        self._at: deque[float] = deque(maxlen=5)
+
+    def scraped(self, at: float) -> None:
+        self._at.append(at)
+
+    def due_within(self, now: float, horizon: float) -> bool:
+        """Whether a scrape is expected from ``now`` to ``now + horizon`` (False while the
+        pace is not known, and once an expected scrape is more than half a period late:
+        scrapes stopped, or changed pace)."""
+        if len(self._at) < 3:
+            return False
+        gaps = sorted(b - a for a, b in itertools.pairwise(self._at))
+        period = gaps[len(gaps) // 2]
+        expected = self._at[-1] + period
+        return now - period / 2 <= expected <= now + horizon
+
+
 class WebServer:
     """lagwatch's endpoints on an ``HttpServer``; every response is rendered from the last
     snapshot.
@@ -65,10 +86,9 @@ class WebServer:
         web = config().web
         self.settings = WebSettings.of(web)
         self._context = ssl_context(web) if web is not None else None
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(SnapshotCollector(holder.get))
-        self.registry.register(_HttpCollector(self))
-        self._rendered: tuple[object, str, bytes] | None = None
+        self._rendered: tuple[object, bytes] | None = None
+        self._scrapes = ScrapeRhythm()
+        holder.on_publish.append(self._render_ahead)
         self.http = HttpServer(host, port, self.handle, limits=lambda: config().http,
                                tls_context=lambda: self._context,
                                extra_headers=lambda: self.settings.headers,
@@ -131,22 +151,41 @@ class WebServer:
             body = json.dumps(snapshot_status(self.holder.get()), indent=1).encode()
             return Response(200, body, "application/json")
         if path == "/status":
-            return Response(200, status_page.render(self.holder.get()).encode(), "text/html; charset=utf-8")
+            chosen = urllib.parse.parse_qs(request.target.partition("?")[2]).get("cluster", [None])[0]
+            return Response(200, status_page.render(self.holder.get(), chosen).encode(), "text/html; charset=utf-8")
         if path == "/":
             return Response(200, b"lagwatch: /status /metrics /healthz /readyz /api/status\n")
         return Response(404, b"not found\n")
 
     def metrics(self, accept: str) -> tuple[bytes, str]:
-        """The exposition of the current snapshot, rendered once per snapshot and format:
-        scrapes between two cycles are served from memory."""
-        encoder, content_type = choose_encoder(accept)
+        """The exposition of the current snapshot, rendered once per snapshot: scrapes
+        between two cycles are served from memory. Always the text format (version 0.0.4),
+        which every Prometheus accepts whatever it prefers, written straight from the
+        snapshot (lagwatch.exposition: a 300-cluster fleet's 64,000 series in ~60 ms, where
+        prometheus_client's encoders take ~10 times that)."""
+        self._scrapes.scraped(time.monotonic())
         snapshot = self.holder.get()
         cached = self._rendered
-        if cached is not None and cached[0] is snapshot and cached[1] == content_type:
-            return cached[2], content_type
-        body = encoder(self.registry)
-        self._rendered = (snapshot, content_type, body)
-        return body, content_type
+        if cached is not None and cached[0] is snapshot:
+            return cached[1], CONTENT_TYPE
+        return self._render(snapshot), CONTENT_TYPE
+
+    def _render(self, snapshot: Snapshot | None) -> bytes:
+        body = render_text([*families(snapshot), *self._http_families()])
+        self._rendered = (snapshot, body)
+        return body
+
+    def _render_ahead(self, snapshot: Snapshot) -> None:
+        """Render a snapshot as it is published when a scrape is due before the next one:
+        Prometheus scrapes at a steady pace, so the scrape that follows is served from
+        memory instead of waiting for a fleet's render (~0.1 s for 300 clusters). Renders no
+        more than a scrape would, and nothing while nobody scrapes."""
+        if not self._scrapes.due_within(time.monotonic(), self._config().interval):
+            return
+        try:
+            self._render(snapshot)
+        except Exception:  # the scrape will render it, and say what failed
+            log.exception("rendering /metrics ahead of the next scrape failed")
 
     def healthy(self) -> tuple[bool, str]:
         snapshot = self.holder.get()
@@ -160,22 +199,17 @@ class WebServer:
         return True, "ok"
 
 
-class _HttpCollector(Collector):
-    """The HTTP server's own figures: open connections and why connections were closed
-    early (deadline, evicted to make room, refused at the cap, failed handshakes...)."""
-
-    def __init__(self, web: WebServer) -> None:
-        self.web = web
-
-    def collect(self) -> Iterable[Metric]:
-        http = self.web.http
-        yield GaugeMetricFamily("lagwatch_http_connections", "Open HTTP connections.", http.open_connections)
-        yield GaugeMetricFamily("lagwatch_http_connection_cap",
-                                "Open HTTP connections allowed (kept below the descriptor limit).",
-                                http.connection_cap())
-        closed = CounterMetricFamily("lagwatch_http_connections_closed", "HTTP connections closed early, by reason.",
-                                     labels=["reason"])
+    def _http_families(self) -> list[Family]:
+        """The HTTP server's own figures: open connections and why connections were closed
+        early (deadline, evicted to make room, refused at the cap, failed handshakes...)."""
+        http = self.http
+        closed = Counter("lagwatch_http_connections_closed", "HTTP connections closed early, by reason.",
+                         labels=["reason"])
         for reason in ("deadline", "evicted", "refused", "handshake", "client_cert", "reset", "bad_request",
                        "slow_reader"):
             closed.add_metric([reason], http.closed[reason])
-        yield closed
+        return [Gauge("lagwatch_http_connections", "Open HTTP connections.", http.open_connections),
+                Gauge("lagwatch_http_connection_cap", "Open HTTP connections allowed (kept below the descriptor "
+                      "limit).", http.connection_cap()),
+                closed]
+

@@ -156,7 +156,7 @@ def build(folder: Path, listen_port: int, dsn: str = "host=127.0.0.1 port=1 user
     bad("unknown-pooler-key", _set(base, "clusters.0.pooler", {**kinds["haproxy"], "server": {}}),
         "clusters[0].pooler.server: unknown key")
     bad("no-clusters", {"interval": "1s", "clusters": []}, "clusters: at least one cluster is needed")
-    bad("clusters-missing", {"interval": "1s"}, "clusters: required key is missing")
+    bad("clusters-missing", {"interval": "1s"}, "clusters: at least one cluster is needed (or a clusters_dir)")
     bad("listen-bad", _set(base, "listen", "localhost"), "listen:")
     bad("listen-port", _set(base, "listen", "127.0.0.1:99999"), "listen:")
     bad("replica-named-primary", _set(base, "clusters.0.replicas.0.name", "primary"), "reserved")

@@ -237,3 +237,38 @@ def test_a_slot_without_a_limit_shows_its_share_of_pg_wal_and_one_with_a_limit_i
     assert share == pytest.approx(0.75)  # 48 of the 64 MiB in pg_wal
     assert registry.get_sample_value("lagwatch_slot_wal_dir_share", {"cluster": "main", "slot": "replica1"}) is None
     assert registry.get_sample_value("lagwatch_slot_runway_seconds", {"cluster": "main", "slot": "archiver"}) is None
+
+
+def test_the_text_exposition_reads_back_as_written_with_hostile_label_values() -> None:
+    """lagwatch.exposition writes the text format itself: prometheus_client's parser reads
+    back every name, label (quotes, backslashes, newlines escaped), value (+Inf, NaN) and
+    help text, and a family made again under the same name while collecting is the one."""
+    import math
+
+    from lagwatch.exposition import Counter, Gauge, Histogram, Info, collecting, render_text
+    from prometheus_client.parser import text_string_to_metric_families
+
+    nasty = 'a "quoted"\\back\nslash'
+    with collecting() as made:
+        for cluster in ("c1", nasty):
+            g = Gauge("lagwatch_x_seconds", 'help with \\ and\nnewline', labels=["cluster", "state"])
+            g.add_metric([cluster, "up"], math.inf)
+            g.add_metrics([cluster], [("a", 1.0), ("b", math.nan)])
+            Counter("lagwatch_n", "a counter", labels=["cluster"]).add_metric([cluster], 7)
+            Info("lagwatch_i", "an info", labels=["cluster"]).add_metric([cluster], {})
+            Histogram("lagwatch_h_seconds", "a histogram", labels=["cluster"]).add_metric(
+                [cluster], [("0.5", 1), ("+Inf", 3)], sum_value=2.25)
+    assert list(made) == ["lagwatch_x_seconds", "lagwatch_n", "lagwatch_i", "lagwatch_h_seconds"]
+    parsed = {f.name: f for f in text_string_to_metric_families(render_text(made.values()).decode())}
+    x = parsed["lagwatch_x_seconds"]
+    assert x.documentation == "help with \\ and\nnewline"
+    got = {(s.labels["cluster"], s.labels["state"]): s.value for s in x.samples}
+    assert got[(nasty, "up")] == math.inf and got[(nasty, "a")] == 1.0 and math.isnan(got[(nasty, "b")])
+    assert len(got) == 6
+    assert {s.name: s.value for s in parsed["lagwatch_n"].samples if s.labels["cluster"] == nasty} == {
+        "lagwatch_n_total": 7.0}
+    assert [s.labels["cluster"] for s in parsed["lagwatch_i_info"].samples] == ["c1", nasty]  # a gauge, as 0.0.4 has it
+    h = [(s.name, s.labels.get("le"), s.value) for s in parsed["lagwatch_h_seconds"].samples
+         if s.labels["cluster"] == nasty]
+    assert h == [("lagwatch_h_seconds_bucket", "0.5", 1.0), ("lagwatch_h_seconds_bucket", "+Inf", 3.0),
+                 ("lagwatch_h_seconds_count", None, 3.0), ("lagwatch_h_seconds_sum", None, 2.25)]

@@ -219,3 +219,17 @@ def pki_cert(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
                     "-days", "2", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost",
                     "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True, timeout=60)
     return cert, key
+
+
+def test_the_scrape_rhythm_says_when_the_next_scrape_is_due() -> None:
+    from lagwatch.web import ScrapeRhythm
+
+    rhythm = ScrapeRhythm()
+    for at in (100.0, 115.0):
+        rhythm.scraped(at)
+    assert not rhythm.due_within(129.5, 1.0)  # two scrapes: no pace yet
+    rhythm.scraped(130.2)  # Prometheus' own jitter
+    assert rhythm.due_within(144.5, 1.0)  # expected at 145.2
+    assert not rhythm.due_within(140.0, 1.0)  # not before the next cycle
+    assert rhythm.due_within(150.0, 1.0)  # a little late is still due
+    assert not rhythm.due_within(160.0, 1.0)  # half a period late: scrapes stopped

@@ -53,3 +53,15 @@ def test_a_slow_node_costs_the_others_nothing_and_is_taken_later() -> None:
     # Each slow answer (0.25 s) is taken by the cycle after the one that started it.
     assert [r[1].ok for r in results] == [False, True, False, True, False]
     assert results[0][1].error_kind == "timeout" and "still trying" in (results[0][1].error or "")
+
+
+def test_reconnects_back_off_with_jitter_so_a_fleet_does_not_come_back_in_step() -> None:
+    from lagwatch.poll import reconnect_delay
+
+    assert reconnect_delay(1, 1.0, 5.0) == 0.0  # the first retry is at once
+    # Then 1, 2, 4, 5 (the cap) intervals, each drawn between half and all of that.
+    for failures, ceiling in ((2, 1.0), (3, 2.0), (4, 4.0), (5, 5.0), (9, 5.0)):
+        assert reconnect_delay(failures, 1.0, 5.0, draw=0.0) == ceiling / 2
+        assert reconnect_delay(failures, 1.0, 5.0, draw=1.0) == ceiling
+    spread = {round(reconnect_delay(4, 1.0, 5.0), 3) for _ in range(200)}
+    assert len(spread) > 100 and min(spread) >= 2.0 and max(spread) <= 4.0

@@ -96,3 +96,37 @@ def test_a_replica_an_interval_of_wal_behind_under_steady_writes_is_caught_up() 
     # 4 MB/s written, 400 kB in flight when polled, replaying as fast as written: caught up.
     assert catch_up(400_000, 4e6, 4e6, within=0.5).eta_seconds == 0.0
     assert math.isinf(catch_up(4_000_000, 4e6, 4e6, within=0.5).eta_seconds or 0)  # a second behind: not
+
+
+def _rate_since_stall_by_walking(samples: list[tuple[float, float]]) -> float | None:
+    """The definition, walked over the horizon's samples (what Progress keeps incrementally)."""
+    start = 0
+    for i in range(1, len(samples)):
+        if samples[i][1] <= samples[i - 1][1]:
+            start = i
+    if len(samples) - start < 2:
+        return 0.0 if len(samples) >= 2 else None
+    if len(samples) - start >= 3:
+        start += 1
+    (t0, v0), (t1, v1) = samples[start], samples[-1]
+    return (v1 - v0) / (t1 - t0) if t1 > t0 else None
+
+
+def test_rate_since_stall_kept_incrementally_is_the_walked_definition() -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+    from lagwatch.rates import Progress
+
+    steps = st.lists(st.tuples(st.floats(0.05, 3.0), st.sampled_from([0, 0, 5, 100, 1000, -1, -10_000])),
+                     min_size=1, max_size=120)
+
+    @settings(max_examples=300, deadline=None)
+    @given(steps)
+    def check(moves: list[tuple[float, int]]) -> None:
+        progress, at, value = Progress(horizon=20.0), 0.0, 1_000_000.0
+        for dt, dv in moves:
+            at, value = at + dt, value + dv
+            progress.add(at, value)
+            assert progress.rate_since_stall() == _rate_since_stall_by_walking(list(progress._samples))
+
+    check()

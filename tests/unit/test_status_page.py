@@ -139,3 +139,29 @@ def test_alert_conditions_and_the_last_role_change_show_with_when_they_fire() ->
     assert "fires at once" in alerts
     assert "alert conditions now" not in render(replace(base, clusters=(replace(
         base.clusters[0], pool=None, primaries=1, replicas=base.clusters[0].replicas[1:]),)))
+
+
+def test_a_fleet_gets_one_line_per_cluster_worst_first_and_a_page_per_cluster() -> None:
+    from dataclasses import replace
+
+    from lagwatch.status_page import DETAILED_UP_TO
+
+    base = snapshot()
+    healthy = replace(base.clusters[0], pool=None,
+                      replicas=tuple(replace(r, replay_pause_state="not paused", staleness=0.0)
+                                     for r in base.clusters[0].replicas), primaries=1)
+    fleet = [replace(healthy, name=f"c{i:02d}") for i in range(DETAILED_UP_TO + 5)]
+    fleet[13] = replace(base.clusters[0], name="c13", primaries=1)  # paused and out of pool: first
+    fleet[7] = replace(healthy, name='c07 <"x">', primaries=2)  # split brain: a page, before it
+    page = render(replace(base, clusters=tuple(fleet)))
+    assert f"<h2>{DETAILED_UP_TO + 5} clusters</h2>" in page and "data-replica" not in page  # no details
+    order = re.findall(r'<tr data-cluster="([^"]+)"', page)
+    assert order[:2] == ["c07 &lt;&quot;x&quot;&gt;", "c13"] and len(order) == DETAILED_UP_TO + 5
+    row = page[page.index('<tr data-cluster="c13"'):]
+    row = row[:row.index("</tr>")]
+    assert "replica1: replay paused" in row and '<a href="/status?cluster=c13">c13</a>' in row
+    assert "ReplicaEjected" in row and "ReplicaReplayPaused" in row
+    assert '<a href="/status?cluster=c07%20%3C%22x%22%3E">' in page
+    one = render(replace(base, clusters=tuple(fleet)), "c13")
+    assert 'data-cluster="c13"' in one and 'data-replica="replica1"' in one and "c14" not in one
+    assert "no cluster named c99" in render(replace(base, clusters=tuple(fleet)), "c99")

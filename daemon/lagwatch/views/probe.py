@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 from lagwatch.views.base import Row
 
@@ -47,8 +48,10 @@ class Capabilities:
     def major(self) -> int:
         return self.version_num // 10000
 
+    @cached_property
     def skipped(self) -> dict[str, str]:
-        """What this connection cannot read, and why: said once in the log."""
+        """What this connection cannot read, and why: said once in the log (worked out once
+        per connection, as every poll asks; read it, never change it)."""
         out = {}
         if not self.can_ls_waldir:
             out["wal_dir"] = f"no EXECUTE on pg_ls_waldir() ({GRANTS['wal_dir']})"

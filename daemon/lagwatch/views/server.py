@@ -23,7 +23,10 @@ _COMMON = """
         AS last_replay_age_seconds,
     extract(epoch FROM pg_last_xact_replay_timestamp())::float8 AS last_replay_epoch,
     extract(epoch FROM clock_timestamp())::float8 AS clock_epoch,
-    (SELECT sum(xact_commit + xact_rollback) FROM pg_stat_database)::float8 AS xacts_total,
+    -- (on the primary only: a replica's own transactions are its readers', and summing them
+    -- costs every replica's server a statistics snapshot each cycle)
+    CASE WHEN NOT pg_is_in_recovery() THEN
+        (SELECT sum(xact_commit + xact_rollback) FROM pg_stat_database)::float8 END AS xacts_total,
     -- The timeline a primary writes on: the first 8 hex digits of its current WAL file's
     -- name (pg_walfile_name() refuses to run in recovery; a replica's comes from its WAL
     -- receiver). Needs no privilege, unlike pg_control_checkpoint().

@@ -23,4 +23,5 @@ def parse(rows: Sequence[Row]) -> WalDir:
     return WalDir(bytes=int(row["bytes"]), files=int(row["files"]))
 
 
-VIEW = View("wal_dir", frozenset({"primary", "replica"}), QUERIES, parse)
+# Read on the primary only: lagwatch exports the primary's pg_wal (what slots make it keep).
+VIEW = View("wal_dir", frozenset({"primary"}), QUERIES, parse)

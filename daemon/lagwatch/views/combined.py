@@ -1,0 +1,41 @@
+"""All of a node's per-cycle views in one statement: one row, one JSON object.
+
+Each view keeps its own SQL and parser (its module); this only wraps them, so that a poll
+is one statement, one round trip and one value to decode rather than one per view: the
+client's per-statement cost (and the server's) is what a fleet of hundreds of nodes pays
+every second. The object has one key per view, whose value is the view's rows as a JSON
+array of objects, which the view's parser reads as it reads rows (every column lagwatch
+reads is text, a number, a boolean or NULL, which JSON carries unchanged). If any view
+fails the whole statement does, and the poller falls back to reading them one by one to
+find which (poll.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from lagwatch.views.base import View
+
+_CACHE: dict[tuple[tuple[str, ...], int], str] = {}  # (view names, version) -> statement
+
+
+def combined_sql(views: Sequence[View[Any]], version_num: int) -> str:
+    """The one statement that reads ``views`` on a server of ``version_num`` (built once per
+    set of views and version: every poll asks for it)."""
+    key = (tuple(v.name for v in views), version_num)
+    sql = _CACHE.get(key)
+    if sql is None:
+        pairs = []
+        for view in views:
+            query = view.sql_for(version_num)
+            assert query is not None
+            # coalesce: a view with no rows is an empty list, never NULL.
+            pairs.append(f"'{view.name}', (SELECT coalesce(json_agg(v), '[]'::json) FROM ({query}) v)")
+        sql = _CACHE[key] = "SELECT json_build_object(" + ",\n".join(pairs) + ")"
+    return sql
+
+
+def parse_combined(views: Sequence[View[Any]], value: Mapping[str, Any]) -> dict[str, Any]:
+    """Each view's value from the combined statement's one JSON object."""
+    return {view.name: view.parse(value[view.name]) for view in views}
