@@ -504,7 +504,7 @@ def _lagwatch_row() -> list[Panel]:
             10, 7, _state([UP]), STATE_OPTIONS),
         Panel(
             "Poll duration per node", "timeseries",
-            "Time lagwatch spent on each node in the last cycle: one pipelined round trip per node, bounded "
+            "Time lagwatch spent on each node in the last cycle: one statement and round trip per node, bounded "
             "by query_timeout. Close to the interval means polls are about to time out.",
             [Query(f"lagwatch_poll_duration_seconds{{{C}}}", by_node)],
             10, 7, _timeseries("s"), TIMESERIES_OPTIONS),

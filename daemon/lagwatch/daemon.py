@@ -25,6 +25,7 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from lagwatch.clusterdir import ClusterDir
 from lagwatch.config import ClusterConfig, Config, NodeConfig, load_config
 from lagwatch.conninfo import serves_as
+from lagwatch.cyclelog import log_cycle, status_line
 from lagwatch.discovery import Discovery
 from lagwatch.durations import format_duration
 from lagwatch.errors import ConfigError
@@ -33,14 +34,12 @@ from lagwatch.lag import nearest_rank
 from lagwatch.poll import NodePoller, poll_all, pollers_for
 from lagwatch.poolcontrol import PoolController, Reconfiguration
 from lagwatch.sdnotify import Notifier
-from lagwatch.snapshot import CONDITION_TEXT, ClusterSnapshot, Snapshot, SnapshotHolder, replica_condition
+from lagwatch.snapshot import ClusterSnapshot, Snapshot, SnapshotHolder
 from lagwatch.tracker import ClusterTracker
 
 log = logging.getLogger("lagwatch.daemon")
 
 CLUSTER_DIR_SCAN_SECONDS = 1.0  # how often clusters_dir is looked at (every cycle, at most once a second)
-CLUSTER_LINES_UP_TO = 5  # more clusters than this log one INFO line per cycle, not one per cluster
-FLEET_LINE_NAMES = 10  # replicas and nodes a fleet's cycle line names before "and N more"
 CYCLE_HISTORY = 600  # cycles whose durations give lagwatch_cycle_duration_window_seconds
 CYCLE_QUANTILES = (0.5, 0.9, 0.99, 1.0)
 
@@ -249,26 +248,9 @@ class Daemon:
                                 shard=(self.config.shard.index, self.config.shard.count) if self.config.shard else None,
                                 cycle_quantiles=_quantiles(self._durations), first_cycle_duration=self._first_cycle)
             self.holder.publish(snapshot)
-            self._log_cycle(snapshot)
+            log_cycle(snapshot)
             self._notify(snapshot)
             return snapshot
-
-    @staticmethod
-    def _log_cycle(snapshot: Snapshot) -> None:
-        """One INFO line per cluster and cycle for a few clusters; for a fleet one line per
-        cycle that names only what is wrong (the per-cluster lines go to DEBUG)."""
-        few = len(snapshot.clusters) <= CLUSTER_LINES_UP_TO
-        level = logging.INFO if few else logging.DEBUG
-        if log.isEnabledFor(level):
-            for c in snapshot.clusters:
-                log.log(level, "%s", cycle_line(c))
-        if log.isEnabledFor(logging.DEBUG):
-            for c in snapshot.clusters:
-                for node in c.nodes:
-                    if not node.up:
-                        log.debug("%s/%s down: %s", c.name, node.name, node.last_error)
-        if not few:
-            log.info("%s", fleet_line(snapshot))
 
     async def discover_now(self, timeout: float = 2.0) -> None:
         """Ask for every discovered cluster's members and put them in force before the
@@ -327,8 +309,7 @@ class Daemon:
     def _notify(self, snapshot: Snapshot) -> None:
         if not self.notifier.enabled:
             return  # not under systemd: no status line to build
-        few = len(snapshot.clusters) <= CLUSTER_LINES_UP_TO
-        status = "; ".join(cycle_line(c) for c in snapshot.clusters) if few else fleet_line(snapshot)
+        status = status_line(snapshot)
         if snapshot.cycles_total == 1:
             self.notifier.ready(status)
         # The watchdog is only fed while polling works: if no node has answered for longer
@@ -480,35 +461,3 @@ def watchdog_budget(config: Config) -> float:
     plus the query timeout. A WatchdogSec= below that would get lagwatch restarted for every
     slow cycle, so it is raised at runtime (WATCHDOG_USEC=, systemd 236+)."""
     return 3 * config.interval + config.effective_query_timeout
-
-
-def fleet_line(snapshot: Snapshot) -> str:
-    """The one INFO line per cycle for a fleet: its size and what is wrong, worst first."""
-    replicas = [(c, r) for c in snapshot.clusters for r in c.replicas]
-    conditions = [(f"{c.name}/{r.name}", replica_condition(r, c.slas.get(r.name))) for c, r in replicas]
-    wrong = [(name, condition) for name, condition in conditions if condition != "streaming"]
-    down = [f"{c.name}/{n.name}" for c in snapshot.clusters for n in c.nodes if not n.up]
-    took = format_duration(snapshot.cycle_duration)
-    parts = [f"{len(snapshot.clusters)} clusters, {len(replicas)} replicas in {took}"]
-    if wrong:
-        shown = ", ".join(f"{name} {CONDITION_TEXT[condition]}" for name, condition in wrong[:FLEET_LINE_NAMES])
-        more = f" and {len(wrong) - FLEET_LINE_NAMES} more" if len(wrong) > FLEET_LINE_NAMES else ""
-        parts.append(f"{len(wrong)} not streaming within SLA: {shown}{more}")
-    if down:
-        more = f" and {len(down) - FLEET_LINE_NAMES} more" if len(down) > FLEET_LINE_NAMES else ""
-        parts.append(f"down: {', '.join(down[:FLEET_LINE_NAMES])}{more}")
-    return "; ".join(parts)
-
-
-def cycle_line(c: ClusterSnapshot) -> str:
-    """The one INFO line per cycle: enough to read the cluster's health at a glance."""
-    parts = []
-    for r in c.replicas:
-        lag = "?" if r.staleness is None else format_duration(r.staleness)
-        p95 = "?" if r.window is None else format_duration(r.window.p95)
-        condition = replica_condition(r, c.slas.get(r.name))
-        flag = "" if condition == "streaming" else " " + CONDITION_TEXT[condition].upper().replace(" ", "-")
-        parts.append(f"{r.name}={lag} (p95 {p95}){flag}")
-    down = [n.name for n in c.nodes if not n.up]
-    tail = f"; down: {', '.join(down)}" if down else ""
-    return f"{c.name}: " + (", ".join(parts) or "no replicas") + tail

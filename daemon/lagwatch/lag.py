@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from array import array
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -88,14 +89,16 @@ class LsnClock:
         if max_points < 4:
             raise ValueError("max_points must be at least 4")
         self.max_points = max_points
-        self._lsns: list[int] = []
-        self._first: list[float] = []
-        self._last: list[float] = []
+        # Typed arrays, not lists: 26 bytes a point instead of ~120 (an hour of history at
+        # 1 s is 3,600 points per cluster; a fleet of 300 would hold 130 MB in lists).
+        self._lsns = array("Q")
+        self._first = array("d")
+        self._last = array("d")
         # _repeated[i]: point i was seen at more than one poll (the primary sat there idle).
-        self._repeated: list[bool] = []
+        self._repeated = array("b")
         # _steady[i]: the primary was writing through the poll before point i (that point
         # was seen only once), so the bytes up to point i may be interpolated in time.
-        self._steady: list[bool] = []
+        self._steady = array("b")
 
     def record(self, lsn: int, now: float, asked: float | None = None) -> None:
         """The primary was at ``lsn`` at some moment between ``asked`` (when the query was
@@ -105,7 +108,7 @@ class LsnClock:
         if self._lsns and lsn <= self._lsns[-1]:
             if lsn == self._lsns[-1]:
                 self._last[-1] = max(self._last[-1], asked)
-                self._repeated[-1] = True
+                self._repeated[-1] = 1
             return
         if len(self._lsns) >= self.max_points:
             self._thin(now)
@@ -113,8 +116,8 @@ class LsnClock:
         self._lsns.append(lsn)
         self._first.append(now)
         self._last.append(asked)
-        self._repeated.append(False)
-        self._steady.append(steady)
+        self._repeated.append(0)
+        self._steady.append(1 if steady else 0)
 
     def _thin(self, now: float) -> None:
         # Runs when full and leaves at most 3/4 of the capacity: amortised O(1) per record.
@@ -125,11 +128,12 @@ class LsnClock:
                 break
             resolution *= 2
         # A merged interval may hide an idle stretch: it is no longer interpolated.
-        self._steady = [self._steady[j] and (n > 0 and kept[n - 1] == j - 1) for n, j in enumerate(kept)]
-        self._lsns = [self._lsns[j] for j in kept]
-        self._first = [self._first[j] for j in kept]
-        self._last = [self._last[j] for j in kept]
-        self._repeated = [self._repeated[j] for j in kept]
+        self._steady = array("b", (1 if self._steady[j] and n > 0 and kept[n - 1] == j - 1 else 0
+                                   for n, j in enumerate(kept)))
+        self._lsns = array("Q", (self._lsns[j] for j in kept))
+        self._first = array("d", (self._first[j] for j in kept))
+        self._last = array("d", (self._last[j] for j in kept))
+        self._repeated = array("b", (self._repeated[j] for j in kept))
 
     def truncate(self, lsn: int) -> None:
         """Forget the points past ``lsn``: the primary's WAL went back there (a failover to a
@@ -219,7 +223,7 @@ def _rate(nbytes: int, seconds: float) -> float | None:
     return nbytes / seconds if seconds > 0 else None
 
 
-def _kept_points(lsns: list[int], first: list[float], last: list[float], resolution: float,
+def _kept_points(lsns: Sequence[int], first: Sequence[float], last: Sequence[float], resolution: float,
                  now: float) -> list[int]:
     """Indexes of the points worth keeping. Dropping point i makes replay LSNs in
     (lsn[i-1], lsn[i]] date from the next kept point instead: under-read by at most that

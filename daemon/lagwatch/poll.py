@@ -273,7 +273,7 @@ class NodePoller:
         role: Role = "replica" if caps.in_recovery else "primary"
         # Without pg_read_all_stats the replication view still answers (LSNs are NULL);
         # pg_ls_waldir() would fail outright, so it is left out. A view that failed lately
-        # rests (VIEW_RETRY_SECONDS) so it does not cost the others their pipeline.
+        # rests (VIEW_RETRY_SECONDS) so it does not cost the others their one statement.
         now = time.monotonic()
         return [v for v in CYCLE_VIEWS if role in v.roles and not (v.name == "wal_dir" and not caps.can_ls_waldir)
                 and self._resting.get(v.name, 0.0) <= now]
@@ -281,12 +281,12 @@ class NodePoller:
     async def _query(self, conn: psycopg.AsyncConnection[dict[str, Any]], caps: Capabilities) -> dict[str, Any]:
         views = self._views(caps)
         try:
-            results = await self._pipelined(conn, caps, views)
+            results = await self._read_views(conn, caps, views)
             failed: dict[str, str] = {}
         except psycopg.OperationalError:
             raise
         except psycopg.Error:
-            # One view failed and aborted the rest of the pipeline: read them one by one to
+            # One view failed and with it the statement: read them one by one to
             # learn which, so that the others still count this cycle.
             results, failed = await self._one_by_one(conn, caps, views)
         receiver = results.get("wal_receiver")
@@ -315,7 +315,7 @@ class NodePoller:
         fields["views"] = view_health
         return fields
 
-    async def _pipelined(self, conn: psycopg.AsyncConnection[dict[str, Any]], caps: Capabilities,
+    async def _read_views(self, conn: psycopg.AsyncConnection[dict[str, Any]], caps: Capabilities,
                          views: Sequence[View[Any]]) -> dict[str, Any]:
         # All views in one statement (views/combined.py): one round trip, one result, on a
         # cursor kept with its connection.

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from lagwatch.check import CRITICAL, OK, UNKNOWN, WARNING, evaluate
 from lagwatch.config import ReplicaSla
-from lagwatch.daemon import cycle_line
+from lagwatch.cyclelog import cycle_line
 from lagwatch.lag import LagHistogram
 from lagwatch.snapshot import (
     CONDITION_TEXT,

@@ -165,3 +165,22 @@ def test_a_fleet_gets_one_line_per_cluster_worst_first_and_a_page_per_cluster() 
     one = render(replace(base, clusters=tuple(fleet)), "c13")
     assert 'data-cluster="c13"' in one and 'data-replica="replica1"' in one and "c14" not in one
     assert "no cluster named c99" in render(replace(base, clusters=tuple(fleet)), "c99")
+
+
+def test_a_fleet_logs_one_line_per_cycle_naming_only_what_is_wrong() -> None:
+    from dataclasses import replace
+
+    from lagwatch.cyclelog import FLEET_LINE_NAMES, fleet_line
+
+    base = snapshot()
+    healthy = replace(base.clusters[0], replicas=tuple(replace(r, replay_pause_state="not paused", staleness=0.0)
+                                                       for r in base.clusters[0].replicas))
+    fleet = [replace(healthy, name=f"c{i:02d}") for i in range(30)]
+    fleet[4] = replace(base.clusters[0], name="c04")  # replica1 paused
+    fleet[9] = replace(healthy, name="c09", nodes=(replace(healthy.nodes[0], up=False), healthy.nodes[1]))
+    line = fleet_line(replace(base, cycle_duration=0.0421, clusters=tuple(fleet)))
+    assert line == "30 clusters, 60 replicas in 42ms; 1 not streaming within SLA: c04/replica1 replay paused; " \
+                   "down: c09/primary"
+    many = [replace(base.clusters[0], name=f"c{i:02d}") for i in range(FLEET_LINE_NAMES + 3)]
+    assert line != (crowded := fleet_line(replace(base, clusters=tuple(many))))
+    assert crowded.endswith("and 3 more")
