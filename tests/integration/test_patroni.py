@@ -234,12 +234,13 @@ def test_one_shot_commands_ask_patroni(patroni: PatroniCluster, lagwatch: Lagwat
 
 
 def leader_and_primaries(patroni: PatroniCluster, lagwatch: Lagwatch) -> tuple[str | None, set[str]]:
-    """Patroni's running leader and the nodes lagwatch exports as primaries, read at one moment."""
+    """Patroni's running leader and the members lagwatch exports as primaries, read at one
+    moment (the writer DSN's node, "primary", lands on whichever member leads: not a member)."""
     members = patroni.cluster_view()["members"]
     leader = next((m["name"] for m in members if m.get("role") == "leader" and m.get("state") == "running"), None)
     samples = lagwatch.samples()
     primaries = {dict(k)["node"] for (name, k), v in samples.items() if name == "lagwatch_node_role"
-                 and v == 1 and dict(k).get("role") == "primary"}
+                 and v == 1 and dict(k).get("role") == "primary" and dict(k)["node"] != "primary"}
     return leader, primaries
 
 
