@@ -1,6 +1,7 @@
 """Forecasts against what then happens, on real servers: a replica's catch-up ETA against
-the time it really takes to catch up, a replica that cannot catch up reading +Inf, and a
-slot's runway against the moment its wal_status really becomes unreserved or lost.
+the time it really takes to catch up, a replica that cannot catch up reading +Inf (and its
+alert firing on a real Prometheus), and a slot's runway against the moment its wal_status
+really becomes unreserved or lost.
 
 WAL is written at a steady rate with pg_logical_emit_message (no table grows); the WAL a
 replica gets is capped at a chosen rate by a relay between it and the primary (a replica on
@@ -11,6 +12,7 @@ is measured does not depend on the server version: one version runs these.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import time
@@ -20,14 +22,16 @@ from pathlib import Path
 import psycopg
 import pytest
 from chaoscluster import ChaosCluster
-from harness import Lagwatch, cluster_config
+from harness import ROOT, Lagwatch, cluster_config
 from lagwatch.localcluster import LocalReplica
 from lagwatch.ports import free_port
+from prom_stack import Prometheus, rules_with_shorter_for
 from throttled_link import ThrottledLink
 
 pytestmark = pytest.mark.one_pg_version
 
 INTERVAL = 0.5
+RULES = ROOT / "alerts" / "lagwatch.rules.yml"
 MB = 1 << 20
 
 
@@ -76,10 +80,15 @@ def backlog(cluster: ChaosCluster, replica: LocalReplica) -> int:
 
 
 def test_the_catch_up_eta_comes_true_and_a_replica_too_slow_reads_inf(pg_cluster: ChaosCluster,
-                                                                       lagwatch: Lagwatch) -> None:
+                                                                       lagwatch: Lagwatch, tmp_path: Path) -> None:
+    """... and the shipped LagwatchReplicaNotCatchingUp fires on a real Prometheus (its 5m
+    for: 30 times shorter here; promtool's tests hold the real one)."""
     lw = lagwatch
     primary, r1 = pg_cluster.primary, pg_cluster.replicas[0]
-    with ThrottledLink(primary.host, primary.port) as link:
+    prometheus = Prometheus([f"127.0.0.1:{lw.port}"], [rules_with_shorter_for(RULES, tmp_path, factor=30)])
+    prometheus.start()
+    with contextlib.ExitStack() as stack, ThrottledLink(primary.host, primary.port) as link:
+        stack.callback(prometheus.stop)
         r1.set_primary_conninfo(f"host={link.host} port={link.port} user=postgres "
                                 f"application_name={r1.application_name}")
         lw.wait_for("replica1 streaming through the link", r1.is_streaming, 20)
@@ -114,6 +123,12 @@ def test_the_catch_up_eta_comes_true_and_a_replica_too_slow_reads_inf(pg_cluster
             status = next(r for r in lw.status()["clusters"][0]["replicas"] if r["name"] == "replica1")
             assert status["catch_up"]["falling_behind"] and status["catch_up"]["summary"].startswith(
                 "falling behind, "), status["catch_up"]
+
+            def firing() -> bool:
+                return any(a["labels"]["alertname"] == "LagwatchReplicaNotCatchingUp" and a["state"] == "firing"
+                           and a["labels"].get("replica") == "replica1" for a in prometheus.alerts())
+
+            lw.wait_for("LagwatchReplicaNotCatchingUp firing on Prometheus", firing, 40)
         link.set_rate(None)
 
 

@@ -4,8 +4,10 @@ background and a later cycle takes its answer (no real server: the poll is repla
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
+import pytest
 from lagwatch.config import parse_config
 from lagwatch.poll import NodePoller, poll_all
 from lagwatch.snapshot import NodeObservation
@@ -65,3 +67,26 @@ def test_reconnects_back_off_with_jitter_so_a_fleet_does_not_come_back_in_step()
         assert reconnect_delay(failures, 1.0, 5.0, draw=1.0) == ceiling
     spread = {round(reconnect_delay(4, 1.0, 5.0), 3) for _ in range(200)}
     assert len(spread) > 100 and min(spread) >= 2.0 and max(spread) <= 4.0
+
+
+def test_what_compression_savings_need_is_said_once_where_it_is_missing(caplog: pytest.LogCaptureFixture) -> None:
+    """Before PostgreSQL 16 there is no pg_get_wal_block_info: one INFO line. On 16+ without
+    EXECUTE on it: one WARNING naming the grant. With it: nothing."""
+    from lagwatch.views.probe import Capabilities
+
+    def said(caps: Capabilities) -> list[tuple[int, str]]:
+        caplog.clear()
+        poller = NodePoller(CONFIG.clusters[0], "primary", "primary", CONFIG.clusters[0].primary, CONFIG)
+        poller._say_skipped(caps)
+        poller._say_skipped(caps)  # once per connection, however often asked
+        return [(r.levelno, r.getMessage()) for r in caplog.records if "compression" in r.getMessage().lower()]
+
+    base = dict(in_recovery=False, can_ls_waldir=True, has_walinspect=True, can_walinspect=True,
+                can_read_all_stats=True)
+    caplog.set_level(logging.INFO, logger="lagwatch")
+    old = said(Capabilities(version_num=150004, can_walinspect_blocks=False, **base))
+    assert [level for level, _ in old] == [logging.INFO] and "PostgreSQL 15 has no pg_get_wal_block_info" in old[0][1]
+    denied = said(Capabilities(version_num=180001, can_walinspect_blocks=False, **base))
+    assert [level for level, _ in denied] == [logging.WARNING]
+    assert "GRANT EXECUTE ON FUNCTION pg_get_wal_block_info(pg_lsn, pg_lsn, boolean)" in denied[0][1]
+    assert said(Capabilities(version_num=180001, can_walinspect_blocks=True, **base)) == []
