@@ -82,12 +82,13 @@ class ClusterDir:
         self._entries: dict[str, _Entry] = {}  # file name -> what was read
         self._standing: dict[str, ClusterFile] = {}  # file name -> in force or not, and why
         self._dir_error: str | None = None
+        self._reserved: set[str] | None = None  # the main config's names at the last standing
 
     def copy(self) -> ClusterDir:
         """A copy that knows what this one has read (a reload rescans the copy: it says only
         what changed, and a rejected reload leaves this one as it was)."""
         other = ClusterDir(self.path)
-        other._entries, other._standing = dict(self._entries), dict(self._standing)
+        other._entries, other._standing, other._reserved = dict(self._entries), dict(self._standing), self._reserved
         return other
 
     @property
@@ -115,13 +116,19 @@ class ClusterDir:
         if self._dir_error is not None:
             log.info("clusters_dir: %s can be read again", self.path)
             self._dir_error = None
+        touched = False
         for name in set(self._entries) - set(found):
             log.info("clusters_dir: %s removed%s", self.path / name, _naming(self._entries[name].good))
             del self._entries[name]
+            touched = True
         for name, signature in sorted(found.items()):
             entry = self._entries.get(name)
             if entry is None or entry.signature != signature:
                 self._entries[name] = self._read(name, signature, entry)
+                touched = True
+        if not touched and set(reserved) == self._reserved:
+            return False  # nothing changed since the last look (the usual case, every second)
+        self._reserved = set(reserved)
         self._stand(reserved)
         return self.clusters != before
 

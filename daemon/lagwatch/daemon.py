@@ -283,6 +283,8 @@ class Daemon:
         if self._dir.scan(_names(self._file_config)):
             self._source = self._with_dir(self._file_config, self._dir)
             await self._members_changed()
+        elif self._members_pending and self._discovering is None:
+            await self._members_changed()  # what could not be put in force yet: tried again
 
     def _cluster_files(self) -> tuple[tuple[str, str | None], ...]:
         return tuple((f.path, f.error) for f in self._dir.files) if self._dir is not None else ()

@@ -114,3 +114,38 @@ def test_one_shot_commands_see_the_main_file_and_the_directory(tmp_path: Path) -
     with pytest.raises(ConfigError) as caught:
         parse_config({"clusters_dir": str(tmp_path / "nope")})
     assert any(p.startswith("clusters_dir: ") and "is not a directory" in p for p in caught.value.problems)
+
+
+def test_the_daemon_runs_the_directory_s_clusters_from_the_start_and_follows_it(tmp_path: Path) -> None:
+    """No server needed: which clusters the daemon's runtime holds (it would poll) as files
+    come and go; a broken one changes nothing in force."""
+    import asyncio
+
+    from lagwatch import daemon as daemon_module
+    from lagwatch.daemon import Daemon
+
+    folder = tmp_path / "clusters.d"
+    folder.mkdir()
+    write(folder / "east.yaml", cluster_yaml())
+    config = parse_config({"clusters_dir": str(folder), "state_dir": str(tmp_path / "state"),
+                           "clusters": [{"name": "main", "primary": {"dsn": "host=m"}}]})
+
+    async def run() -> None:
+        d = Daemon(config)
+        in_force = lambda: sorted(c.name for c in d.config.clusters_with_nodes)  # noqa: E731
+        assert in_force() == ["east", "main"]  # the directory's cluster from the start
+        write(folder / "west.yaml", cluster_yaml(host="w"))
+        d._dir_scanned_at -= daemon_module.CLUSTER_DIR_SCAN_SECONDS  # a second has passed
+        await d._take_cluster_files()
+        assert in_force() == ["east", "main", "west"] and sorted(d._runtime.pollers) == ["east", "main", "west"]
+        write(folder / "west.yaml", "primary: [\n")
+        d._dir_scanned_at -= daemon_module.CLUSTER_DIR_SCAN_SECONDS
+        await d._take_cluster_files()
+        assert in_force() == ["east", "main", "west"]  # its last good version
+        (folder / "east.yaml").unlink()
+        d._dir_scanned_at -= daemon_module.CLUSTER_DIR_SCAN_SECONDS
+        await d._take_cluster_files()
+        assert in_force() == ["main", "west"]
+        await d.close()
+
+    asyncio.run(run())
