@@ -238,7 +238,8 @@ class HttpServer:
             if context is not None and not self._accept_client(cert):
                 self.closed["client_cert"] += 1
                 return
-            await self._converse(reader, writer, peer, connection, cert, deadline)
+            if await self._converse(reader, writer, peer, connection, cert, deadline):
+                await self._finish(writer)
         except (ConnectionError, ssl.SSLError) as exc:
             self.closed["reset"] += 1
             log.info("%s: connection lost: %s", peer, _reason(exc))
@@ -249,27 +250,40 @@ class HttpServer:
             connection.close()
 
     async def _converse(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str,
-                        connection: _Connection, cert: dict[str, Any] | None, deadline: float) -> None:
+                        connection: _Connection, cert: dict[str, Any] | None, deadline: float) -> bool:
+        """Answers requests until the connection is to close: True when it may close
+        gracefully, False when its last answer could not be written (cut it at once)."""
         http = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEADER_BYTES)
         first = True
         while True:
             connection.waiting = True
             request = await self._read_request(http, reader, writer, peer, connection, deadline if first else None)
             if request is None:
-                return
+                return True
             connection.waiting = False
             request = dataclasses.replace(request, tls_peer_cert=cert)
             response = await self._loop.run_in_executor(self._workers, self._answer, request)
             if not await self._send(http, writer, request, response):
-                return
+                return False
             if http.our_state is h11.MUST_CLOSE or http.their_state is h11.MUST_CLOSE:
-                return
+                return True
             try:
                 http.start_next_cycle()
             except h11.ProtocolError:
-                return
+                return True
             first = False
             connection.since = time.monotonic()
+
+    async def _finish(self, writer: asyncio.StreamWriter) -> None:
+        """Close once what is still buffered has been sent, within the write deadline: a
+        write's wait returns with up to the buffer's low-water mark unsent, and abort()
+        drops it (a /metrics of megabytes on a closing connection arrived cut short)."""
+        writer.close()
+        try:
+            async with asyncio.timeout(self._limits().request_timeout):
+                await writer.wait_closed()
+        except TimeoutError:
+            self.closed["slow_reader"] += 1
 
     async def _read_request(self, http: h11.Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                             peer: str, connection: _Connection, deadline: float | None) -> Request | None:

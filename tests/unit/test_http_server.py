@@ -233,3 +233,32 @@ def test_the_scrape_rhythm_says_when_the_next_scrape_is_due() -> None:
     assert not rhythm.due_within(140.0, 1.0)  # not before the next cycle
     assert rhythm.due_within(150.0, 1.0)  # a little late is still due
     assert not rhythm.due_within(160.0, 1.0)  # half a period late: scrapes stopped
+
+
+def test_a_large_answer_on_a_closing_connection_arrives_whole_to_a_slow_reader() -> None:
+    """Connection: close (HTTP/1.0 clients, urllib) after a /metrics of megabytes: what was
+    still buffered when the last write's wait returned (up to the low-water mark) was dropped
+    by closing with abort(); a fleet bench's scrape arrived 31,933 bytes short of 3.9 MB.
+    A small send buffer (as on a loaded machine or a slow link) makes it happen every time."""
+    from lagwatch.httpserver import HttpServer, Response
+
+    body = bytes(range(256)) * (1024 * 1024 // 256)
+    server = HttpServer("127.0.0.1", 0, lambda request: Response(200, body))
+    server._socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)  # accepted sockets inherit it
+    server.start()
+    try:
+        for _ in range(3):
+            with socket.socket() as sock:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8192)
+                sock.settimeout(10)
+                sock.connect(("127.0.0.1", server.port))
+                sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                time.sleep(0.2)  # the buffers fill: the server waits for the reader
+                chunks = []
+                while chunk := sock.recv(4096):
+                    chunks.append(chunk)
+            status, headers, received = head_of(b"".join(chunks))
+            assert status == 200 and int(headers["content-length"]) == len(body)
+            assert len(received) == len(body) and received == body
+    finally:
+        server.stop()
