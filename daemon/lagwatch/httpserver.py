@@ -348,15 +348,18 @@ class HttpServer:
                     response: Response) -> bool:
         headers = self._headers(response.status, response.content_type, len(response.body), response.headers)
         log.debug("%s \"%s %s\" %d", request.peer, request.method, one_line(request.target, 200), response.status)
+        # The body is handed on as it is, not joined with the head: a fleet's /metrics is
+        # megabytes, and each join was one more copy of it alive at once.
         try:
-            data = http.send(h11.Response(status_code=response.status, headers=headers))
+            chunks = list(http.send_with_data_passthrough(h11.Response(status_code=response.status, headers=headers))
+                          or ())
             if request.method != "HEAD":
-                data += http.send(h11.Data(data=response.body))
-            data += http.send(h11.EndOfMessage())
+                chunks += http.send_with_data_passthrough(h11.Data(data=response.body)) or ()
+            chunks += http.send_with_data_passthrough(h11.EndOfMessage()) or ()
         except h11.LocalProtocolError as exc:
             log.error("cannot send a response to %s: %s", request.peer, exc)
             return False
-        return await self._write(writer, data or b"")
+        return await self._write(writer, *chunks)
 
     async def _send_raw(self, writer: asyncio.StreamWriter, status: int, body: bytes) -> None:
         """An error response outside h11's state machine (it refuses to answer a request it
@@ -367,8 +370,9 @@ class HttpServer:
         head = f"HTTP/1.1 {status} {reason}\r\n" + "".join(f"{n}: {v}\r\n" for n, v in headers) + "\r\n"
         await self._write(writer, head.encode("latin-1") + body)
 
-    async def _write(self, writer: asyncio.StreamWriter, data: bytes) -> bool:
-        writer.write(data)
+    async def _write(self, writer: asyncio.StreamWriter, *chunks: bytes) -> bool:
+        for chunk in chunks:
+            writer.write(chunk)
         try:
             async with asyncio.timeout(self._limits().request_timeout):
                 await writer.drain()  # a client that never reads must not hold its slot forever

@@ -7,6 +7,7 @@ import asyncio
 import gc
 import ipaddress
 import logging
+import resource
 from pathlib import Path
 
 from lagwatch import __version__
@@ -23,6 +24,7 @@ def run_daemon(config: Config, config_path: Path | None, web_config_file: Path |
     web_config = config.web
     daemon = Daemon(config, config_path, notifier=Notifier(), web_config_file=web_config_file)
     host, port = config.listen_address
+    _raise_descriptor_limit()
     try:
         # Descriptors the HTTP server leaves for the pollers (one or two per node) and files.
         nodes = sum(1 + len(c.replicas) for c in config.clusters_with_nodes) + 8 * len(config.patroni_clusters)
@@ -47,6 +49,20 @@ def run_daemon(config: Config, config_path: Path | None, web_config_file: Path |
     finally:
         web.stop()
     return 0
+
+
+def _raise_descriptor_limit() -> None:
+    """A fleet holds a connection per node: 900 nodes do not fit a shell's usual soft limit
+    of 1,024 descriptors (and the HTTP server's cap is what the pollers leave), while the
+    hard limit is far higher. The soft limit is raised to the hard one, as Go's runtime does
+    for every program; the systemd units set LimitNOFILE themselves."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == hard or hard == resource.RLIM_INFINITY:
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ValueError, OSError) as exc:
+        logging.getLogger("lagwatch").debug("cannot raise the descriptor limit to %d: %s", hard, exc)
 
 
 def _tune_garbage_collection() -> None:
