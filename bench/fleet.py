@@ -119,7 +119,8 @@ class Row:
 def measure(cluster: LocalCluster, clusters: int, seconds: float, settle: float, soak: float) -> Row:
     with tempfile.TemporaryDirectory(prefix="lagwatch-fleet-") as tmp:
         workdir = Path(tmp)
-        lw = Lagwatch(workdir, fleet_config(cluster, clusters, free_port(["127.0.0.1"]), workdir))
+        # At INFO, as in production: DEBUG adds a line per cluster and cycle.
+        lw = Lagwatch(workdir, fleet_config(cluster, clusters, free_port(["127.0.0.1"]), workdir), log_level="info")
         try:
             lw.wait_ready(timeout=120)
             time.sleep(settle)

@@ -133,7 +133,7 @@ class Lagwatch(LagwatchHttp):
     """One `lagwatch run` process with its config file and log."""
 
     def __init__(self, workdir: Path, config: dict[str, Any], env: dict[str, str] | None = None,
-                 max_descriptors: int | None = None) -> None:
+                 max_descriptors: int | None = None, log_level: str = "debug") -> None:
         super().__init__(int(config["listen"].rsplit(":", 1)[1]))
         self.workdir = workdir
         self.config_path = workdir / "lagwatch.yaml"
@@ -141,7 +141,7 @@ class Lagwatch(LagwatchHttp):
         self.write_config(config)
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "lagwatch.cli", "--log-level", "debug", "run", "-c", str(self.config_path)],
+            [sys.executable, "-m", "lagwatch.cli", "--log-level", log_level, "run", "-c", str(self.config_path)],
             stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT,
             env={**os.environ, "PYTHONPATH": str(ROOT / "daemon"), **(env or {})},
             preexec_fn=None if max_descriptors is None else lambda: resource.setrlimit(
