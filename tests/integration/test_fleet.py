@@ -152,15 +152,18 @@ def test_a_hung_node_costs_the_other_clusters_nothing(servers: FleetServers, tmp
                     published.append((cycles, samples[("lagwatch_last_poll_timestamp_seconds", frozenset())],
                                       {(dict(k)["cluster"], dict(k)["node"]) for (n, k), v in samples.items()
                                        if n == "lagwatch_up" and v == 0}))
-                time.sleep(0.1)
+                time.sleep(0.02)
         finally:
             os.kill(pid, signal.SIGCONT)
-        # Every cycle was published (no number skipped), about a second apart, and in each
-        # only the hung node was down: the other 19 clusters' 59 nodes answered on time.
+        # A cycle every second (numbered, about a second apart), and in each one seen only
+        # the hung node was down: the other 19 clusters' 59 nodes answered on time. A cycle
+        # the hung node held to its deadline ends close to the next one's start: a scrape
+        # can fall after both, so a number may be passed over, but never its second.
         numbers = [int(c) for c, _, _ in published]
-        assert len(numbers) >= 5 and numbers == list(range(numbers[0], numbers[0] + len(numbers))), numbers
-        gaps = [b - a for (_, a, _), (_, b, _) in itertools.pairwise(published)]
-        assert max(gaps) <= 1.5, gaps
+        assert numbers[-1] - numbers[0] >= 4 and len(numbers) >= 3, numbers
+        assert len(numbers) * 3 >= 2 * (numbers[-1] - numbers[0] + 1), f"too few cycles seen to judge: {numbers}"
+        per_cycle = [(b - a) / (m - n) for (n, a, _), (m, b, _) in itertools.pairwise(published)]
+        assert max(per_cycle) <= 1.5, (numbers, per_cycle)
         # The hung node read as down while its statement waited, until its socket was closed
         # and it reconnected (to a new backend: only the stopped one hangs); nothing else.
         downs = [down for _, _, down in published]
