@@ -30,10 +30,9 @@ from __future__ import annotations
 import bisect
 import math
 from array import array
-from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, overload
 
 # Histogram buckets, 0.5 ms to 10 min: fine where lag SLAs sit (tens of milliseconds),
 # coarse beyond, so PromQL can aggregate across replicas and time.
@@ -265,41 +264,101 @@ def nearest_rank(sorted_values: Sequence[float], q: float) -> float:
     return sorted_values[rank - 1]
 
 
+class LagSamples(Sequence[tuple[float, float]]):
+    """A copy of one window's (time, staleness) samples, oldest first, read-only.
+
+    Kept as two arrays of doubles (16 bytes a sample), not as pairs of float objects
+    (~120): every cycle's snapshot carries one per replica, and a fleet of 600 replicas
+    with 5-minute windows at 1 s keeps two cycles' worth alive (20 MB as pairs).
+    """
+
+    __slots__ = ("_times", "_values")
+
+    def __init__(self, times: array[float] | None = None, values: array[float] | None = None) -> None:
+        self._times = array("d") if times is None else times
+        self._values = array("d") if values is None else values
+        if len(self._times) != len(self._values):
+            raise ValueError("as many times as values")
+
+    def __len__(self) -> int:
+        return len(self._times)
+
+    @overload
+    def __getitem__(self, index: int) -> tuple[float, float]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> LagSamples: ...
+
+    def __getitem__(self, index: int | slice) -> tuple[float, float] | LagSamples:
+        if isinstance(index, slice):
+            return LagSamples(self._times[index], self._values[index])
+        return self._times[index], self._values[index]
+
+    def __iter__(self) -> Iterator[tuple[float, float]]:
+        return zip(self._times, self._values, strict=True)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, LagSamples):
+            return self._times == other._times and self._values == other._values
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((self._times.tobytes(), self._values.tobytes()))
+
+    def __repr__(self) -> str:
+        return f"LagSamples({len(self)} samples)"
+
+
 class LagWindow:
     """Samples of one replica's staleness over the last ``window`` seconds, bounded.
 
     The values are also kept sorted (insertion is a binary search and a memmove), so the
     quantiles cost nothing at short intervals, where a 5 minute window holds thousands.
+    Typed arrays, not a deque of pairs: 24 bytes a sample instead of ~120 (a fleet of 600
+    replicas holds 180,000 samples at 1 s).
     """
 
     def __init__(self, window: float, max_samples: int) -> None:
         self.window = window
         self.max_samples = max_samples
-        self._samples: deque[tuple[float, float]] = deque()
-        self._sorted: list[float] = []
+        self._times = array("d")
+        self._values = array("d")
+        # Samples before _head have left the window; they are cut off the arrays' front
+        # in bulk once they are half of them (one memmove per window, not per sample).
+        self._head = 0
+        self._sorted = array("d")
+
+    def __len__(self) -> int:
+        return len(self._times) - self._head
 
     def add(self, now: float, value: float) -> None:
-        if len(self._samples) >= self.max_samples:
+        if len(self) >= self.max_samples:
             self._drop_oldest()
-        self._samples.append((now, value))
+        self._times.append(now)
+        self._values.append(value)
         bisect.insort(self._sorted, value)
         self._trim(now)
 
     def _drop_oldest(self) -> None:
-        _, value = self._samples.popleft()
+        value = self._values[self._head]
+        self._head += 1
         del self._sorted[bisect.bisect_left(self._sorted, value)]
+        if self._head * 2 >= len(self._times):
+            del self._times[:self._head]
+            del self._values[:self._head]
+            self._head = 0
 
     def _trim(self, now: float) -> None:
-        while self._samples and self._samples[0][0] < now - self.window:
+        while len(self) and self._times[self._head] < now - self.window:
             self._drop_oldest()
 
-    def samples(self, now: float) -> tuple[tuple[float, float], ...]:
+    def samples(self, now: float) -> LagSamples:
         self._trim(now)
-        return tuple(self._samples)
+        return LagSamples(self._times[self._head:], self._values[self._head:])
 
     def values(self, now: float) -> list[float]:
         self._trim(now)
-        return [v for _, v in self._samples]
+        return self._values[self._head:].tolist()
 
     def stats(self, now: float) -> WindowStats | None:
         self._trim(now)

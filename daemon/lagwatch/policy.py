@@ -52,7 +52,7 @@ class ReplicaHealth:
     staleness: float | None
     reachable: bool
     streaming: bool
-    samples: tuple[tuple[float, float], ...] = ()  # (monotonic time, staleness) over the window
+    samples: Sequence[tuple[float, float]] = ()  # (monotonic time, staleness) over the window (lag.LagSamples)
     promoted: bool = False  # it accepts writes now: a primary, not a replica to read from
     follows_primary: bool | None = None  # None: cannot tell this cycle (no primary answered)
 

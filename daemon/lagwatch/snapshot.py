@@ -7,7 +7,7 @@ A poll yields one ``NodeObservation`` per node; the tracker folds them into a
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -104,7 +104,7 @@ class ReplicaState:
     wal_receiver_status: str | None = None
     last_replay_age_seconds: float | None = None
     walsender: WalSender | None = None
-    samples: tuple[tuple[float, float], ...] = ()  # (monotonic time, staleness) over the window
+    samples: Sequence[tuple[float, float]] = ()  # (monotonic time, staleness) over the window (lag.LagSamples)
     staleness_evidence: str | None = None  # what dated it (lag.Evidence): interpolated, commit_timestamp, ...
     staleness_at: float | None = None  # monotonic time the reading is for (when the replay LSN was read)
     # Whether it replicates from the current primary: that primary has a walsender for it,

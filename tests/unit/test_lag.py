@@ -1,9 +1,21 @@
 """Window math, LSN clock and histogram, with a fake clock."""
 
+from __future__ import annotations
+
 import math
+from array import array
 
 import pytest
-from lagwatch.lag import LAG_BUCKETS, Commits, LagHistogram, LagWindow, LsnClock, Staleness, nearest_rank
+from lagwatch.lag import (
+    LAG_BUCKETS,
+    Commits,
+    LagHistogram,
+    LagSamples,
+    LagWindow,
+    LsnClock,
+    Staleness,
+    nearest_rank,
+)
 
 
 def seconds(clock: LsnClock, replay_lsn: int, now: float, last_commit_at: float | None = None) -> float:
@@ -173,6 +185,22 @@ def test_clock_full_stuck_replica_keeps_growing() -> None:
     assert readings[-1] > 15_000
 
 
+def test_a_day_at_one_second_fits_the_trackers_bound_and_reads_within_a_64th() -> None:
+    from lagwatch.tracker import _CLOCK_MAX_POINTS
+
+    clock = LsnClock(_CLOCK_MAX_POINTS)
+    day = 86_400
+    for i in range(day + 1):  # a primary writing 1,000 bytes between every two polls
+        clock.record(i * 1000, now=float(i))
+        assert len(clock) <= _CLOCK_MAX_POINTS
+    for age in (1, 10, 63, 64, 100, 1000, 3600, 20_000, day - 1):
+        truth = float(age)  # the first byte after LSN (day - age) * 1000 - 1 was seen at day - age
+        reading = seconds(clock, (day - age) * 1000 - 1, now=float(day))
+        assert truth * (1 - 1 / 64) <= reading <= truth, age
+        if age < 64:
+            assert reading == truth  # the last 64 polls stay exact
+
+
 def test_clock_empty_is_unknown_and_never_negative() -> None:
     clock = LsnClock(10)
     assert clock.estimate(5, now=1.0) is None
@@ -223,3 +251,48 @@ def test_histogram_cumulative_and_consistent_with_samples() -> None:
     for bound, count in zip(snap.bounds, snap.cumulative, strict=True):
         assert count == sum(1 for s in samples if s <= bound)
     assert list(snap.cumulative) == sorted(snap.cumulative)
+
+
+def test_window_is_the_simple_definition_under_any_sequence_of_adds() -> None:
+    """The array window with its bulk front cut against the plain definition: the samples
+    of the last ``window`` seconds, at most ``max_samples`` of them, their nearest ranks."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    steps = st.lists(st.tuples(st.floats(0.0, 3.0), st.floats(0.0, 100.0), st.booleans()), max_size=300)
+
+    @settings(max_examples=200, deadline=None)
+    @given(st.floats(0.5, 20.0), st.integers(1, 40), steps)
+    def check(span: float, most: int, adds: list[tuple[float, float, bool]]) -> None:
+        window, kept, now = LagWindow(span, most), [], 0.0
+        for dt, value, look in adds:
+            now += dt
+            window.add(now, value)
+            kept = [(t, v) for t, v in kept + [(now, value)] if t >= now - span][-most:]
+            if look:
+                assert list(window.samples(now)) == kept
+                stats = window.stats(now)
+                assert stats is not None and stats.count == len(kept)
+                for q in (0.5, 0.95, 0.99, 1.0):
+                    assert stats.get(q) == nearest_rank(sorted(v for _, v in kept), q)
+        later = now + span + 1
+        assert window.stats(later) is None and len(window.samples(later)) == 0
+
+    check()
+
+
+def test_samples_are_a_read_only_sequence_of_pairs() -> None:
+    window = LagWindow(window=60.0, max_samples=100)
+    for i in range(5):
+        window.add(float(i), i / 10)
+    samples = window.samples(4.0)
+    assert isinstance(samples, LagSamples)
+    assert len(samples) == 5 and samples[0] == (0.0, 0.0) and samples[-1] == (4.0, 0.4)
+    assert list(samples[1:3]) == [(1.0, 0.1), (2.0, 0.2)]
+    window.add(5.0, 0.5)  # a later add does not reach a copy already handed out
+    assert len(samples) == 5 and samples == LagSamples(*_arrays(list(samples)))
+    assert not hasattr(samples, "append") and not hasattr(samples, "__setitem__")
+
+
+def _arrays(pairs: list[tuple[float, float]]) -> tuple[array[float], array[float]]:
+    return array("d", (t for t, _ in pairs)), array("d", (v for _, v in pairs))
