@@ -16,9 +16,10 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable, Iterator, Sequence
 from contextvars import ContextVar
+from typing import TYPE_CHECKING
 
-from prometheus_client.core import Metric
-from prometheus_client.parser import text_string_to_metric_families
+if TYPE_CHECKING:
+    from prometheus_client.core import Metric
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -188,5 +189,8 @@ def render_text(families: Iterable[Family]) -> bytes:
 
 
 def to_prometheus(families: Iterable[Family]) -> Iterator[Metric]:
-    """The families as prometheus_client's own: their very text, read back by its parser."""
+    """The families as prometheus_client's own: their very text, read back by its parser
+    (imported here: the daemon itself never needs it)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     yield from text_string_to_metric_families(render_text(families).decode())

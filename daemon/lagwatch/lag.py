@@ -32,6 +32,7 @@ import math
 from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from itertools import islice
 from typing import Literal, overload
 
 # Histogram buckets, 0.5 ms to 10 min: fine where lag SLAs sit (tens of milliseconds),
@@ -265,23 +266,29 @@ def nearest_rank(sorted_values: Sequence[float], q: float) -> float:
 
 
 class LagSamples(Sequence[tuple[float, float]]):
-    """A copy of one window's (time, staleness) samples, oldest first, read-only.
+    """One window's (time, staleness) samples at one moment, oldest first: a read-only view.
 
-    Kept as two arrays of doubles (16 bytes a sample), not as pairs of float objects
-    (~120): every cycle's snapshot carries one per replica, and a fleet of 600 replicas
-    with 5-minute windows at 1 s keeps two cycles' worth alive (20 MB as pairs).
+    Every cycle's snapshot carries one per replica, so it is a view, not a copy: positions
+    ``start`` to ``stop`` of the window's arrays, which the window only ever appends to (it
+    replaces its arrays to drop old samples, never edits them), so what a view covers
+    stays as it was however long a snapshot is kept. As pairs of floats a fleet of 600
+    replicas with 5-minute windows at 1 s kept ~20 MB per snapshot alive; as copies of the
+    arrays, 3 MB more to allocate and free every cycle.
     """
 
-    __slots__ = ("_times", "_values")
+    __slots__ = ("_start", "_stop", "_times", "_values")
 
-    def __init__(self, times: array[float] | None = None, values: array[float] | None = None) -> None:
+    def __init__(self, times: array[float] | None = None, values: array[float] | None = None,
+                 start: int = 0, stop: int | None = None) -> None:
         self._times = array("d") if times is None else times
         self._values = array("d") if values is None else values
-        if len(self._times) != len(self._values):
-            raise ValueError("as many times as values")
+        self._start = start
+        self._stop = len(self._times) if stop is None else stop
+        if not 0 <= self._start <= self._stop <= min(len(self._times), len(self._values)):
+            raise ValueError("a view inside both arrays")
 
     def __len__(self) -> int:
-        return len(self._times)
+        return self._stop - self._start
 
     @overload
     def __getitem__(self, index: int) -> tuple[float, float]: ...
@@ -291,19 +298,27 @@ class LagSamples(Sequence[tuple[float, float]]):
 
     def __getitem__(self, index: int | slice) -> tuple[float, float] | LagSamples:
         if isinstance(index, slice):
-            return LagSamples(self._times[index], self._values[index])
-        return self._times[index], self._values[index]
+            first, last, step = index.indices(len(self))
+            if step != 1:
+                raise ValueError("LagSamples slices are contiguous")
+            return LagSamples(self._times, self._values, self._start + first, self._start + max(first, last))
+        i = index + len(self) if index < 0 else index
+        if not 0 <= i < len(self):
+            raise IndexError("sample index out of range")
+        return self._times[self._start + i], self._values[self._start + i]
 
     def __iter__(self) -> Iterator[tuple[float, float]]:
-        return zip(self._times, self._values, strict=True)
+        # islice, not a memoryview: an exported buffer would stop the window appending.
+        return zip(islice(self._times, self._start, self._stop), islice(self._values, self._start, self._stop),
+                   strict=True)
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, LagSamples):
-            return self._times == other._times and self._values == other._values
+            return list(self) == list(other)
         return NotImplemented
 
     def __hash__(self) -> int:
-        return hash((self._times.tobytes(), self._values.tobytes()))
+        return hash(tuple(self))
 
     def __repr__(self) -> str:
         return f"LagSamples({len(self)} samples)"
@@ -321,10 +336,11 @@ class LagWindow:
     def __init__(self, window: float, max_samples: int) -> None:
         self.window = window
         self.max_samples = max_samples
+        # Appended to, never edited (LagSamples views read them): samples before _head
+        # have left the window, and once they are half of the arrays, new arrays without
+        # them replace these (one copy per window's worth of samples, not one per sample).
         self._times = array("d")
         self._values = array("d")
-        # Samples before _head have left the window; they are cut off the arrays' front
-        # in bulk once they are half of them (one memmove per window, not per sample).
         self._head = 0
         self._sorted = array("d")
 
@@ -344,8 +360,8 @@ class LagWindow:
         self._head += 1
         del self._sorted[bisect.bisect_left(self._sorted, value)]
         if self._head * 2 >= len(self._times):
-            del self._times[:self._head]
-            del self._values[:self._head]
+            self._times = self._times[self._head:]
+            self._values = self._values[self._head:]
             self._head = 0
 
     def _trim(self, now: float) -> None:
@@ -354,7 +370,7 @@ class LagWindow:
 
     def samples(self, now: float) -> LagSamples:
         self._trim(now)
-        return LagSamples(self._times[self._head:], self._values[self._head:])
+        return LagSamples(self._times, self._values, self._head, len(self._times))
 
     def values(self, now: float) -> list[float]:
         self._trim(now)

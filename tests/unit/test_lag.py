@@ -265,18 +265,26 @@ def test_window_is_the_simple_definition_under_any_sequence_of_adds() -> None:
     @given(st.floats(0.5, 20.0), st.integers(1, 40), steps)
     def check(span: float, most: int, adds: list[tuple[float, float, bool]]) -> None:
         window, kept, now = LagWindow(span, most), [], 0.0
+        handed_out: list[tuple[LagSamples, list[tuple[float, float]]]] = []
         for dt, value, look in adds:
             now += dt
             window.add(now, value)
             kept = [(t, v) for t, v in kept + [(now, value)] if t >= now - span][-most:]
             if look:
-                assert list(window.samples(now)) == kept
+                samples = window.samples(now)
+                assert list(samples) == kept
+                handed_out.append((samples, kept))
                 stats = window.stats(now)
                 assert stats is not None and stats.count == len(kept)
                 for q in (0.5, 0.95, 0.99, 1.0):
                     assert stats.get(q) == nearest_rank(sorted(v for _, v in kept), q)
         later = now + span + 1
         assert window.stats(later) is None and len(window.samples(later)) == 0
+        # A view handed out earlier still reads what it read then (views, not copies: the
+        # window only appends to its arrays and replaces them to drop samples).
+        for samples, then in handed_out:
+            assert list(samples) == then and len(samples) == len(then)
+            assert [samples[i] for i in range(-len(then), len(then))] == then + then
 
     check()
 
@@ -288,7 +296,9 @@ def test_samples_are_a_read_only_sequence_of_pairs() -> None:
     samples = window.samples(4.0)
     assert isinstance(samples, LagSamples)
     assert len(samples) == 5 and samples[0] == (0.0, 0.0) and samples[-1] == (4.0, 0.4)
-    assert list(samples[1:3]) == [(1.0, 0.1), (2.0, 0.2)]
+    assert list(samples[1:3]) == [(1.0, 0.1), (2.0, 0.2)] and list(samples[-2:]) == [(3.0, 0.3), (4.0, 0.4)]
+    with pytest.raises(IndexError):
+        samples[5]
     window.add(5.0, 0.5)  # a later add does not reach a copy already handed out
     assert len(samples) == 5 and samples == LagSamples(*_arrays(list(samples)))
     assert not hasattr(samples, "append") and not hasattr(samples, "__setitem__")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import platform
 import resource
 import subprocess
 import sys
@@ -29,3 +30,34 @@ def test_the_soft_descriptor_limit_is_raised_to_the_hard_one() -> None:
                          env={**os.environ, "PYTHONPATH": str(ROOT / "daemon")}).stdout.split()
     soft, hard, expected = map(int, out)
     assert soft == hard == expected
+
+
+@pytest.mark.skipif(sys.platform != "linux" or platform.libc_ver()[0] != "glibc", reason="glibc's malloc")
+def test_freed_large_blocks_leave_resident_memory_only_without_the_fixed_threshold() -> None:
+    """Each cycle's /metrics text is megabytes, made and freed: with glibc's moving mmap
+    threshold the second one comes from the heap and stays resident once freed; with the
+    threshold fixed, every one is unmapped when freed (in children: malloc is per process)."""
+    script = (
+        "import sys\n"
+        "from lagwatch.runner import _fix_malloc_mmap_threshold\n"
+        "def rss():\n"
+        "    for line in open('/proc/self/status'):\n"
+        "        if line.startswith('VmRSS:'): return int(line.split()[1]) / 1024\n"
+        "fixed = sys.argv[1] == 'fixed' and _fix_malloc_mmap_threshold()\n"
+        "before = rss()\n"
+        "for _ in range(4):\n"
+        "    body = b'x' * (8 << 20)\n"
+        "    del body\n"
+        "print(fixed, rss() - before)\n"
+    )
+
+    def run(mode: str) -> tuple[str, float]:
+        out = subprocess.run([sys.executable, "-c", script, mode], capture_output=True, text=True, check=True,
+                             env={**os.environ, "PYTHONPATH": str(ROOT / "daemon")}).stdout.split()
+        return out[0], float(out[1])
+
+    fixed, kept_fixed = run("fixed")
+    moving, kept_moving = run("moving")
+    assert fixed == "True" and moving == "False"
+    assert kept_moving >= 6  # glibc's default: an 8 MiB block stays resident after its free
+    assert kept_fixed < 2
