@@ -49,9 +49,9 @@ def families(snapshot: Snapshot | None) -> list[Family]:
 
 
 class SnapshotCollector:
-    """The last snapshot's families for a prometheus_client registry (which takes any
-    object with ``collect``: not deriving from its ``Collector`` keeps prometheus_client,
-    ~4 MB of modules, out of the daemon, which writes /metrics itself)."""
+    """The last snapshot's families for a prometheus_client registry, which takes any
+    object with ``collect``: not deriving from its ``Collector`` keeps prometheus_client's
+    modules (~1 MB resident) out of the daemon, which writes /metrics itself."""
 
     def __init__(self, current: Callable[[], Snapshot | None]) -> None:
         self._current = current
