@@ -6,7 +6,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from lagwatch.config import ClusterConfig
-from lagwatch.poolers import pgcat, pgdog
 from lagwatch.poolers.base import Backend, Pooler, PoolerError, backends_from_cluster
 from lagwatch.poolers.command import CommandPooler
 from lagwatch.poolers.haproxy import HAProxyPooler
@@ -14,13 +13,28 @@ from lagwatch.poolers.pgbouncer import PgBouncerPooler
 
 __all__ = ["KINDS", "Pooler", "PoolerError", "make_pooler"]
 
+
+# The TOML poolers' modules are imported when one is made: they bring tomlkit (~1.4 MB
+# resident), which a daemon without such a pooler never needs.
+def _pgcat(config: Any, backends: Mapping[str, Backend]) -> Pooler:
+    from lagwatch.poolers import pgcat
+
+    return pgcat.pooler(config, backends)
+
+
+def _pgdog(config: Any, backends: Mapping[str, Backend]) -> Pooler:
+    from lagwatch.poolers import pgdog
+
+    return pgdog.pooler(config, backends)
+
+
 # kind -> adapter(pooler config, the members' addresses); the config's schema has one
 # pooler config class per kind, checked when the config is loaded.
 KINDS: Mapping[str, Callable[[Any, Mapping[str, Backend]], Pooler]] = {
     "pgbouncer": PgBouncerPooler,
     "haproxy": lambda config, _backends: HAProxyPooler(config),  # maps members to its own server names
-    "pgcat": pgcat.pooler,
-    "pgdog": pgdog.pooler,
+    "pgcat": _pgcat,
+    "pgdog": _pgdog,
     "command": CommandPooler,
 }
 
