@@ -89,8 +89,8 @@ class LsnClock:
         if max_points < 4:
             raise ValueError("max_points must be at least 4")
         self.max_points = max_points
-        # Typed arrays, not lists: 26 bytes a point instead of ~120 (an hour of history at
-        # 1 s is 3,600 points per cluster; a fleet of 300 would hold 130 MB in lists).
+        # Typed arrays, not lists: 26 bytes a point instead of ~120 (the tracker's 1,536
+        # points per cluster would be 55 MB in lists for a fleet of 300).
         self._lsns = array("Q")
         self._first = array("d")
         self._last = array("d")
