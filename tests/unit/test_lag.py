@@ -299,8 +299,9 @@ def test_samples_are_a_read_only_sequence_of_pairs() -> None:
     assert list(samples[1:3]) == [(1.0, 0.1), (2.0, 0.2)] and list(samples[-2:]) == [(3.0, 0.3), (4.0, 0.4)]
     with pytest.raises(IndexError):
         samples[5]
-    window.add(5.0, 0.5)  # a later add does not reach a copy already handed out
-    assert len(samples) == 5 and samples == LagSamples(*_arrays(list(samples)))
+    window.add(5.0, 0.5)  # a later add does not reach a view already handed out
+    expected = [(float(i), i / 10) for i in range(5)]
+    assert len(samples) == 5 and list(samples) == expected and samples == LagSamples(*_arrays(expected))
     assert not hasattr(samples, "append") and not hasattr(samples, "__setitem__")
 
 
