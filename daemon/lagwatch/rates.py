@@ -9,7 +9,7 @@ this replica catch up, and when; how long until this slot loses its WAL.
 from __future__ import annotations
 
 import math
-from collections import deque
+from array import array
 from dataclasses import dataclass
 
 
@@ -18,48 +18,67 @@ class Progress:
 
     def __init__(self, horizon: float) -> None:
         self.horizon = horizon
-        self._samples: deque[tuple[float, float]] = deque()
-        # Samples are counted as they come: ``_first`` is the number of samples[0], and
-        # ``_stall`` that of the last sample that did not move past the one before it,
-        # so rate_since_stall needs no walk over the horizon every cycle.
+        # Two arrays of doubles, not a deque of tuples: 16 bytes a sample instead of ~100
+        # (a fleet of 300 clusters keeps ~1,500 of these, a minute of samples each).
+        # Positions are byte counts; a double holds them exactly up to 2**53 (8 PiB).
+        # Samples before _head are past the horizon; the arrays are replaced (never cut in
+        # place) once those are half of them, so each is copied O(1) times on average.
+        self._times = array("d")
+        self._values = array("d")
+        self._head = 0
+        # Samples are counted as they come: ``_first`` is the number of the sample at
+        # _head, and ``_stall`` that of the last sample that did not move past the one
+        # before it, so rate_since_stall needs no walk over the horizon every cycle.
         self._first = 0
         self._stall: int | None = None
 
+    def __len__(self) -> int:
+        return len(self._times) - self._head
+
     def add(self, at: float, value: float) -> None:
-        if self._samples and value < self._samples[-1][1] - 0.5:
+        if len(self) and value < self._values[-1] - 0.5:
             self.clear()  # went back: another server or timeline, the history means nothing
-        number = self._first + len(self._samples)
-        if self._samples and value <= self._samples[-1][1]:
+        number = self._first + len(self)
+        if len(self) and value <= self._values[-1]:
             self._stall = number
-        self._samples.append((at, value))
-        while len(self._samples) > 2 and at - self._samples[1][0] >= self.horizon:
-            self._samples.popleft()
-            self._first += 1
+        times = self._times
+        times.append(at)
+        self._values.append(value)
+        head = self._head
+        while len(times) - head > 2 and at - times[head + 1] >= self.horizon:
+            head += 1
+        if head != self._head:
+            self._first += head - self._head
+            self._head = head
+            if 2 * head >= len(times):
+                self._times, self._values, self._head = times[head:], self._values[head:], 0
 
     def clear(self) -> None:
-        self._first += len(self._samples)
-        self._samples.clear()
+        self._first += len(self)
+        self._times, self._values, self._head = array("d"), array("d"), 0
         self._stall = None
 
     def rate(self) -> float | None:
         """Bytes per second over the horizon (None with less than two samples)."""
-        if len(self._samples) < 2:
+        if len(self) < 2:
             return None
-        (t0, v0), (t1, v1) = self._samples[0], self._samples[-1]
-        return (v1 - v0) / (t1 - t0) if t1 > t0 else None
+        return self._rate_from(self._head)
 
     def rate_since_stall(self) -> float | None:
         """The rate since the position last stood still (within the horizon): after a
         pause, how fast it moves now, not averaged with the time it did not."""
-        samples = self._samples
-        # A stall at samples[0] or before (dropped) leaves the whole horizon in motion.
+        count = len(self)
+        # A stall at the oldest sample or before (dropped) leaves the whole horizon in motion.
         start = max(0, self._stall - self._first) if self._stall is not None else 0
-        if len(samples) - start < 2:
-            return 0.0 if len(samples) >= 2 else None
-        if len(samples) - start >= 3:
+        if count - start < 2:
+            return 0.0 if count >= 2 else None
+        if count - start >= 3:
             start += 1  # it began to move at some moment after the last sample that stood still
-        (t0, v0), (t1, v1) = samples[start], samples[-1]
-        return (v1 - v0) / (t1 - t0) if t1 > t0 else None
+        return self._rate_from(self._head + start)
+
+    def _rate_from(self, index: int) -> float | None:
+        t0, t1 = self._times[index], self._times[-1]
+        return (self._values[-1] - self._values[index]) / (t1 - t0) if t1 > t0 else None
 
 
 @dataclass(frozen=True)

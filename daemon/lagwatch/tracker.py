@@ -169,7 +169,7 @@ class ClusterTracker:
         self._last_replay: dict[str, int] = {}
         self._last_seen: dict[str, float] = {}
         self._counters: dict[str, _NodeCounters] = {}
-        self._rate: deque[tuple[float, int]] = deque(maxlen=math.ceil(_RATE_HORIZON_SECONDS / interval) + 1)
+        self._wal_written = Progress(_RATE_HORIZON_SECONDS)  # the primary's LSN, for lagwatch_wal_rate
         self._xacts: deque[tuple[float, float]] = deque()
         self._inspect = [0, 0, 0, 0]  # inspected, skipped, fpi, record bytes
         self._last_inspection = (0, 0)  # fpi and inspected bytes of the last inspection
@@ -189,7 +189,7 @@ class ClusterTracker:
         primary_lsn = None
         if roles.changed:
             # Another server's counters: rates over both would mean nothing.
-            self._rate.clear()
+            self._wal_written.clear()
             self._xacts.clear()
             self._forget_rates()
         if primary_ok:
@@ -200,7 +200,7 @@ class ClusterTracker:
                 if latest is not None and primary_lsn < latest:
                     self._went_back(primary_lsn, latest, roles.fork)
                 self.clock.record(primary_lsn, primary.observed_at, primary.asked_at)
-                self._rate.append((primary.observed_at, primary_lsn))
+                self._wal_written.add(primary.observed_at, primary_lsn)
                 self._generation.add(primary.observed_at, primary_lsn)
             if not standby:  # a standby's transactions are its readers', not the writes to replicate
                 self._note_xacts(primary.observed_at, primary.position.xacts_total)
@@ -239,7 +239,7 @@ class ClusterTracker:
         return ClusterSnapshot(
             name=self.cluster.name,
             primary_lsn=primary_lsn,
-            wal_rate_bytes_per_second=self._wal_rate(),
+            wal_rate_bytes_per_second=self._wal_written.rate(),
             replicas=tuple(replicas),
             slots=slots,
             slot_runways=runways,
@@ -395,7 +395,7 @@ class ClusterTracker:
                     format_lsn(now_lsn), format_lsn(cut))
         self.clock.truncate(cut)
         self._last_replay = {name: min(lsn, cut) for name, lsn in self._last_replay.items()}
-        self._rate.clear()
+        self._wal_written.clear()
         self._xacts.clear()
         self._forget_rates()
 
@@ -472,12 +472,6 @@ class ClusterTracker:
                 interval = (t1 - t0) / (n1 - n0)
                 best = interval if best == 0.0 else min(best, interval)
         return best
-
-    def _wal_rate(self) -> float | None:
-        if len(self._rate) < 2:
-            return None
-        (t0, lsn0), (t1, lsn1) = self._rate[0], self._rate[-1]
-        return (lsn1 - lsn0) / (t1 - t0) if t1 > t0 else None
 
     def _walinspect(self, primary: NodeObservation | None) -> WalInspectTotals | None:
         if primary is None:

@@ -112,7 +112,7 @@ def _rate_since_stall_by_walking(samples: list[tuple[float, float]]) -> float | 
     return (v1 - v0) / (t1 - t0) if t1 > t0 else None
 
 
-def test_rate_since_stall_kept_incrementally_is_the_walked_definition() -> None:
+def test_rates_kept_incrementally_are_the_walked_definition() -> None:
     from hypothesis import given, settings
     from hypothesis import strategies as st
     from lagwatch.rates import Progress
@@ -120,13 +120,24 @@ def test_rate_since_stall_kept_incrementally_is_the_walked_definition() -> None:
     steps = st.lists(st.tuples(st.floats(0.05, 3.0), st.sampled_from([0, 0, 5, 100, 1000, -1, -10_000])),
                      min_size=1, max_size=120)
 
+    # Short horizons too: the kept samples are dropped and the arrays replaced many times
+    # between two steps back.
     @settings(max_examples=300, deadline=None)
-    @given(steps)
-    def check(moves: list[tuple[float, int]]) -> None:
-        progress, at, value = Progress(horizon=20.0), 0.0, 1_000_000.0
+    @given(steps, st.sampled_from([2.0, 5.0, 20.0]))
+    def check(moves: list[tuple[float, int]], seconds: float) -> None:
+        progress, at, value = Progress(horizon=seconds), 0.0, 1_000_000.0
+        horizon: list[tuple[float, float]] = []  # the samples by definition
         for dt, dv in moves:
             at, value = at + dt, value + dv
             progress.add(at, value)
-            assert progress.rate_since_stall() == _rate_since_stall_by_walking(list(progress._samples))
+            if horizon and value < horizon[-1][1] - 0.5:
+                horizon.clear()  # went back: a new history
+            horizon.append((at, value))
+            while len(horizon) > 2 and at - horizon[1][0] >= seconds:
+                del horizon[0]
+            assert len(progress) == len(horizon)
+            assert progress.rate_since_stall() == _rate_since_stall_by_walking(horizon)
+            (t0, v0), (t1, v1) = horizon[0], horizon[-1]
+            assert progress.rate() == (None if len(horizon) < 2 or t1 <= t0 else (v1 - v0) / (t1 - t0))
 
     check()
