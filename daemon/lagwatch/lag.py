@@ -77,18 +77,24 @@ class LsnClock:
     """When the primary was first and last seen at each LSN it was polled at (monotonic s).
 
     Only advances add a point; a poll that finds the primary where it was only moves that
-    point's ``last`` time, so an idle primary adds nothing. Bounded: when full, points are
+    point's ``last`` time, so an idle primary adds nothing. Thinned as it goes: points are
     dropped where that under-reads any staleness by at most a small fraction of it
-    (``resolution``, 1/64 to start: recent history stays exact to the poll, and a replica
-    stuck for a day reads within ~1.6%). The first point always stays, so a replica stuck
-    further back than the whole history reads the time since the history began, which
-    still grows with wall time.
+    (``resolution``, 1/64: recent history stays exact to the poll, and a replica stuck for
+    a day reads within ~1.6%), each time the clock has doubled since it was last thinned,
+    so it holds about what that resolution needs (a few hundred points, growing with the
+    log of its age) rather than filling up to ``max_points`` first. Bounded: if even that
+    does not fit 3/4 of ``max_points``, the resolution halves. The first point always
+    stays, so a replica stuck further back than the whole history reads the time since
+    the history began, which still grows with wall time.
     """
 
     def __init__(self, max_points: int) -> None:
         if max_points < 4:
             raise ValueError("max_points must be at least 4")
         self.max_points = max_points
+        # Thinned when it reaches this: twice what the last thinning kept (amortised O(1)
+        # a record: each thinning walks the points added since the one before, and as many).
+        self._thin_at = min(max_points, _THIN_FIRST_AT)
         # Typed arrays, not lists: 26 bytes a point instead of ~120 (the tracker's 1,536
         # points per cluster would be 55 MB in lists for a fleet of 300).
         self._lsns = array("Q")
@@ -110,7 +116,7 @@ class LsnClock:
                 self._last[-1] = max(self._last[-1], asked)
                 self._repeated[-1] = 1
             return
-        if len(self._lsns) >= self.max_points:
+        if len(self._lsns) >= self._thin_at:
             self._thin(now)
         steady = len(self._lsns) >= 2 and not self._repeated[-1]
         self._lsns.append(lsn)
@@ -120,7 +126,6 @@ class LsnClock:
         self._steady.append(1 if steady else 0)
 
     def _thin(self, now: float) -> None:
-        # Runs when full and leaves at most 3/4 of the capacity: amortised O(1) per record.
         resolution = 1 / 64
         while True:
             kept = _kept_points(self._lsns, self._first, self._last, resolution, now)
@@ -134,6 +139,7 @@ class LsnClock:
         self._first = array("d", (self._first[j] for j in kept))
         self._last = array("d", (self._last[j] for j in kept))
         self._repeated = array("b", (self._repeated[j] for j in kept))
+        self._thin_at = min(self.max_points, max(_THIN_FIRST_AT, 2 * len(kept)))
 
     def truncate(self, lsn: int) -> None:
         """Forget the points past ``lsn``: the primary's WAL went back there (a failover to a
@@ -212,6 +218,9 @@ class LsnClock:
         before = _rate(self._lsns[k - 1] - self._lsns[k - 2], self._first[k - 1] - self._last[k - 2])
         return rate is not None and before is not None and before / _STEADY_RATIO <= rate <= before * _STEADY_RATIO
 
+
+# The clock's first thinning: until then every poll's point is kept (at 1 s, ~4 minutes).
+_THIN_FIRST_AT = 256
 
 # How much the WAL rate may change from one bracket to the next for both to count as one
 # stream. Poll-to-poll noise of a steady load is well inside this (±25% with 20 commits a

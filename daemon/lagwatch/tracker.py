@@ -43,13 +43,13 @@ from lagwatch.views.slots import Slot
 
 log = logging.getLogger("lagwatch.tracker")
 
-# The LSN clock's bound. Thinned, it keeps the last 64 polls exact and older history to
-# 1/64 of its age. Thinning again what was thinned before keeps more points than needed,
-# so this grows with uptime, slowly: simulated at one poll a second, 1,536 points keep
-# 1/64 through 5 million polls (58 days at 1 s, 14 hours at 10 ms; 1,024 gave way to
-# 1/32 after 40 hours), ~1,200 on average, 9 MB for 300 clusters. Past that, the
-# resolution halves rather than the bound growing. Bounded by count, not by an hour of
-# polls: at 1 s that was 3,616 points a cluster, 28 MB for 300 clusters.
+# The LSN clock's bound. The clock thins itself whenever it has doubled since it was last
+# thinned, keeping the last 64 polls exact and older history to 1/64 of its age. Thinning
+# again what was thinned before keeps more points than needed, so it grows with uptime,
+# slowly: simulated at one poll a second it holds ~370 points on average over its first
+# half hour, ~900 over a day, ~1,130 over a week, and 1,536 keep 1/64 through 5 million
+# polls (58 days at 1 s, 14 hours at 10 ms). Past that, the resolution halves rather than
+# the bound growing: at most 12 MB of clocks for 300 clusters.
 _CLOCK_MAX_POINTS = 1536
 _RATE_HORIZON_SECONDS = 60.0
 # The primary's transaction rate is taken over spans of at least _XACT_MIN_SPAN_SECONDS

@@ -201,6 +201,23 @@ def test_a_week_at_one_second_fits_the_trackers_bound_and_reads_within_a_64th() 
             assert reading == truth  # the last 64 polls stay exact
 
 
+def test_clock_thins_as_it_goes_instead_of_filling_its_bound_first() -> None:
+    """A fleet's memory: the clock holds what 1/64 of age needs (a few hundred points in
+    the first hour at 1 s), not its whole bound from the 1,536th poll on."""
+    from lagwatch.tracker import _CLOCK_MAX_POINTS
+
+    clock = LsnClock(_CLOCK_MAX_POINTS)
+    sizes = []
+    for i in range(3601):
+        clock.record(i * 1000, now=float(i))
+        sizes.append(len(clock))
+    assert max(sizes) <= 800
+    assert sizes[255] == 256  # the first 256 polls are all kept
+    for age in (1, 63, 100, 1000, 3599):
+        reading = seconds(clock, (3600 - age) * 1000 - 1, now=3600.0)
+        assert age * (1 - 1 / 64) <= reading <= age, age
+
+
 def test_clock_empty_is_unknown_and_never_negative() -> None:
     clock = LsnClock(10)
     assert clock.estimate(5, now=1.0) is None
