@@ -39,6 +39,9 @@ MIN_VERSION_NUM = 130000
 T = TypeVar("T")
 # pg_walinspect's FPI statistics are read at most this often (seconds).
 WALINSPECT_EVERY = 10.0
+# Bytes, as the combined statement (views/combined.py): psycopg keeps every statement it
+# has run in the connection's prepare counts, and would encode a str into a copy of its own.
+_PROBE_SQL = probe.SQL.encode()
 # A view that failed (a grant missing, a function gone) is retried after this long.
 VIEW_RETRY_SECONDS = 300
 _GRANT_HINTS = {
@@ -74,7 +77,6 @@ class NodePoller:
         self.query_timeout = config.effective_query_timeout
         self.backoff_max = config.reconnect_backoff_max
         self._conn: psycopg.AsyncConnection[dict[str, Any]] | None = None
-        self._cursor: psycopg.AsyncCursor[tuple[Any, ...]] | None = None  # the cycle's, on _conn
         # The statement under way: its deadline and the task running it (see _within).
         self._guard: tuple[float, asyncio.Task[Any]] | None = None
         self._expired = False
@@ -211,7 +213,7 @@ class NodePoller:
 
     @staticmethod
     async def _probe(conn: psycopg.AsyncConnection[dict[str, Any]]) -> Capabilities:
-        cursor = await conn.execute(probe.SQL)
+        cursor = await conn.execute(_PROBE_SQL)
         return probe.parse(await cursor.fetchall())
 
     async def _within(self, operation: Coroutine[Any, Any, T], timeout: float) -> T:
@@ -317,13 +319,14 @@ class NodePoller:
 
     async def _read_views(self, conn: psycopg.AsyncConnection[dict[str, Any]], caps: Capabilities,
                          views: Sequence[View[Any]]) -> dict[str, Any]:
-        # All views in one statement (views/combined.py): one round trip, one result, on a
-        # cursor kept with its connection.
-        cursor = self._cursor
-        if cursor is None or cursor.connection is not conn:
-            cursor = self._cursor = conn.cursor(row_factory=tuple_row)
-        await cursor.execute(combined_sql(views, caps.version_num))
-        row = await cursor.fetchone()
+        # All views in one statement (views/combined.py): one round trip, one result. The
+        # cursor is closed as soon as it is read: a cursor keeps its last result (libpq's
+        # copy of the row, a few kB) until the next one, and a fleet's 900 cursors held
+        # them all between cycles. A cursor costs ~3 us to make; the prepared statement
+        # lives on the connection.
+        async with conn.cursor(row_factory=tuple_row) as cursor:
+            await cursor.execute(combined_sql(views, caps.version_num))
+            row = await cursor.fetchone()
         assert row is not None
         return parse_combined(views, row[0])
 
