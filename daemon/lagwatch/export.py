@@ -359,8 +359,9 @@ def _wal_metrics(c: ClusterSnapshot) -> Iterator[Family]:
         yield _one_sample(_gauge("lagwatch_primary_wal_lsn_bytes", "Primary's current WAL LSN as a byte position",
                                  labels), key, c.primary_lsn)
     if c.wal_rate_bytes_per_second is not None:
-        yield _one_sample(_gauge("lagwatch_wal_rate_bytes_per_second", "WAL generation rate over the last minute",
-                                 labels), key, c.wal_rate_bytes_per_second)
+        yield _one_sample(_gauge("lagwatch_wal_rate_bytes_per_second",
+                                 "WAL generation rate over forecast_horizon (a minute by default)", labels),
+                          key, c.wal_rate_bytes_per_second)
     if c.wal_dir is not None:
         yield _one_sample(_gauge("lagwatch_wal_directory_bytes", "Size of the primary's pg_wal directory", labels),
                     key, c.wal_dir.bytes)

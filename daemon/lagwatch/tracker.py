@@ -51,7 +51,6 @@ log = logging.getLogger("lagwatch.tracker")
 # polls (58 days at 1 s, 14 hours at 10 ms). Past that, the resolution halves rather than
 # the bound growing: at most 12 MB of clocks for 300 clusters.
 _CLOCK_MAX_POINTS = 1536
-_RATE_HORIZON_SECONDS = 60.0
 # The primary's transaction rate is taken over spans of at least _XACT_MIN_SPAN_SECONDS
 # ending at the last poll, within this horizon: its counters reach pg_stat_database up to
 # a second late and in lumps.
@@ -169,7 +168,6 @@ class ClusterTracker:
         self._last_replay: dict[str, int] = {}
         self._last_seen: dict[str, float] = {}
         self._counters: dict[str, _NodeCounters] = {}
-        self._wal_written = Progress(_RATE_HORIZON_SECONDS)  # the primary's LSN, for lagwatch_wal_rate
         self._xacts: deque[tuple[float, float]] = deque()
         self._inspect = [0, 0, 0, 0]  # inspected, skipped, fpi, record bytes
         self._last_inspection = (0, 0)  # fpi and inspected bytes of the last inspection
@@ -189,7 +187,6 @@ class ClusterTracker:
         primary_lsn = None
         if roles.changed:
             # Another server's counters: rates over both would mean nothing.
-            self._wal_written.clear()
             self._xacts.clear()
             self._forget_rates()
         if primary_ok:
@@ -200,7 +197,6 @@ class ClusterTracker:
                 if latest is not None and primary_lsn < latest:
                     self._went_back(primary_lsn, latest, roles.fork)
                 self.clock.record(primary_lsn, primary.observed_at, primary.asked_at)
-                self._wal_written.add(primary.observed_at, primary_lsn)
                 self._generation.add(primary.observed_at, primary_lsn)
             if not standby:  # a standby's transactions are its readers', not the writes to replicate
                 self._note_xacts(primary.observed_at, primary.position.xacts_total)
@@ -239,7 +235,7 @@ class ClusterTracker:
         return ClusterSnapshot(
             name=self.cluster.name,
             primary_lsn=primary_lsn,
-            wal_rate_bytes_per_second=self._wal_written.rate(),
+            wal_rate_bytes_per_second=self._generation.rate(),
             replicas=tuple(replicas),
             slots=slots,
             slot_runways=runways,
@@ -395,7 +391,6 @@ class ClusterTracker:
                     format_lsn(now_lsn), format_lsn(cut))
         self.clock.truncate(cut)
         self._last_replay = {name: min(lsn, cut) for name, lsn in self._last_replay.items()}
-        self._wal_written.clear()
         self._xacts.clear()
         self._forget_rates()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -14,18 +15,15 @@ from lagwatch.poolers.pgbouncer import PgBouncerPooler
 __all__ = ["KINDS", "Pooler", "PoolerError", "make_pooler"]
 
 
-# The TOML poolers' modules are imported when one is made: they bring tomlkit (~1.4 MB
-# resident), which a daemon without such a pooler never needs.
-def _pgcat(config: Any, backends: Mapping[str, Backend]) -> Pooler:
-    from lagwatch.poolers import pgcat
+def _imported_when_made(module: str) -> Callable[[Any, Mapping[str, Backend]], Pooler]:
+    """The TOML poolers' modules are imported when one is made: they bring tomlkit (~1.4 MB
+    resident), which a daemon without such a pooler never needs."""
+    def make(config: Any, backends: Mapping[str, Backend]) -> Pooler:
+        pooler: Callable[[Any, Mapping[str, Backend]], Pooler] = importlib.import_module(
+            f"lagwatch.poolers.{module}").pooler
+        return pooler(config, backends)
 
-    return pgcat.pooler(config, backends)
-
-
-def _pgdog(config: Any, backends: Mapping[str, Backend]) -> Pooler:
-    from lagwatch.poolers import pgdog
-
-    return pgdog.pooler(config, backends)
+    return make
 
 
 # kind -> adapter(pooler config, the members' addresses); the config's schema has one
@@ -33,8 +31,8 @@ def _pgdog(config: Any, backends: Mapping[str, Backend]) -> Pooler:
 KINDS: Mapping[str, Callable[[Any, Mapping[str, Backend]], Pooler]] = {
     "pgbouncer": PgBouncerPooler,
     "haproxy": lambda config, _backends: HAProxyPooler(config),  # maps members to its own server names
-    "pgcat": _pgcat,
-    "pgdog": _pgdog,
+    "pgcat": _imported_when_made("pgcat"),
+    "pgdog": _imported_when_made("pgdog"),
     "command": CommandPooler,
 }
 
