@@ -1,0 +1,113 @@
+"""The cycle's statement over libpq directly (lagwatch/wire.py), against a real server:
+its value, the server's errors as psycopg raises them with the connection still usable,
+a value larger than a socket's buffer, a connection killed mid-statement, and a
+prepared statement dropped from under the poller."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from lagwatch import wire
+from lagwatch.config import parse_config
+from lagwatch.localcluster import LocalCluster
+from lagwatch.pgbinaries import find_binaries
+from lagwatch.poll import NodePoller
+
+pytestmark = pytest.mark.one_pg_version  # the protocol's extended query is the same on every version
+
+
+@pytest.fixture(scope="module")
+def server(pg_major: int) -> Iterator[LocalCluster]:
+    cluster = LocalCluster(find_binaries(pg_major), replicas=0)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.cleanup()
+
+
+def run(coro: object) -> object:
+    return asyncio.run(coro)  # type: ignore[arg-type]
+
+
+def test_a_prepared_statement_answers_and_an_error_leaves_the_connection_ready(server: LocalCluster) -> None:
+    async def scenario() -> None:
+        async with await psycopg.AsyncConnection.connect(server.primary.dsn(), autocommit=True) as conn:
+            await wire.prepare(conn, b"answer", b"SELECT json_build_object('n', 41 + 1)::text")
+            assert await wire.execute_prepared(conn, b"answer") == b'{"n" : 42}'
+            # Fails only when run (the division is by a count, planned at execute).
+            await wire.prepare(conn, b"fails", b"SELECT (1 / (count(*) - count(*)))::text FROM pg_class")
+            with pytest.raises(psycopg.errors.DivisionByZero):
+                await wire.execute_prepared(conn, b"fails")
+            with pytest.raises(psycopg.errors.SyntaxError):
+                await wire.prepare(conn, b"bad", b"SELEKT 1")
+            with pytest.raises(psycopg.errors.InvalidSqlStatementName):
+                await wire.execute_prepared(conn, b"never_prepared")
+            # Each error was read to its end: the connection is idle, for wire and psycopg alike.
+            assert conn.pgconn.transaction_status == psycopg.pq.TransactionStatus.IDLE
+            assert await wire.execute_prepared(conn, b"answer") == b'{"n" : 42}'
+            assert await (await conn.execute("SELECT 7")).fetchone() == (7,)
+            await wire.prepare(conn, b"nothing", b"SELECT NULL::text")
+            assert await wire.execute_prepared(conn, b"nothing") is None
+
+    run(scenario())
+
+
+def test_a_value_larger_than_the_socket_buffer_arrives_whole(server: LocalCluster) -> None:
+    async def scenario() -> bytes | None:
+        async with await psycopg.AsyncConnection.connect(server.primary.dsn(), autocommit=True) as conn:
+            await wire.prepare(conn, b"big", b"SELECT repeat('ab', 3 * 1024 * 1024) || 'end'")
+            return await wire.execute_prepared(conn, b"big")
+
+    value = run(scenario())
+    assert isinstance(value, bytes) and len(value) == 6 * 1024 * 1024 + 3 and value.endswith(b"abend")
+
+
+def test_a_connection_killed_mid_statement_raises_operational_error_at_once(server: LocalCluster) -> None:
+    async def scenario() -> float:
+        async with await psycopg.AsyncConnection.connect(server.primary.dsn(), autocommit=True) as conn:
+            await wire.prepare(conn, b"slow", b"SELECT pg_sleep(20)::text")
+            statement = asyncio.ensure_future(wire.execute_prepared(conn, b"slow"))
+            await asyncio.sleep(0.3)
+            assert not statement.done()
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            server.primary.execute("SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
+            with pytest.raises(psycopg.OperationalError):
+                await asyncio.wait_for(statement, 5)
+            return loop.time() - started
+
+    assert run(scenario()) < 2.0  # noticed when the socket closes, not when pg_sleep would end
+
+
+def test_the_poller_prepares_its_statement_again_when_the_session_lost_it(server: LocalCluster) -> None:
+    """A pooler's DISCARD ALL (or a DEALLOCATE) drops the cycle's prepared statement: that
+    cycle still answers (the views read one by one) and the next prepares it again."""
+    config = parse_config({"interval": "1s", "clusters": [
+        {"name": "main", "primary": {"dsn": server.primary.dsn()}, "replicas": []}]})
+    cluster = config.clusters[0]
+
+    async def scenario() -> tuple[list[str], list[bool], list[str]]:
+        poller = NodePoller(cluster, "primary", "primary", cluster.primary, config)
+        try:
+            answers = [(await poller.poll()).ok]
+            conn = poller._conn
+            assert conn is not None
+            names_before = [r["name"] for r in await (await conn.execute(
+                "SELECT name FROM pg_prepared_statements WHERE name LIKE 'lagwatch%'")).fetchall()]
+            await conn.execute("DEALLOCATE ALL")
+            answers += [(await poller.poll()).ok, (await poller.poll()).ok]
+            assert poller._conn is conn  # the same session throughout
+            names_after = [r["name"] for r in await (await conn.execute(
+                "SELECT name FROM pg_prepared_statements WHERE name LIKE 'lagwatch%'")).fetchall()]
+            return names_before, answers, names_after
+        finally:
+            await poller.close()
+
+    before, answers, after = run(scenario())  # type: ignore[misc]
+    assert before == ["lagwatch_cycle_0"]
+    assert answers == [True, True, True]
+    assert after == ["lagwatch_cycle_0"]
