@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Literal, overload
 
+from lagwatch.fastinit import fast_init
+
 # Histogram buckets, 0.5 ms to 10 min: fine where lag SLAs sit (tens of milliseconds),
 # coarse beyond, so PromQL can aggregate across replicas and time.
 LAG_BUCKETS: tuple[float, ...] = (
@@ -53,12 +55,14 @@ QUANTILES: tuple[float, ...] = (0.5, 0.95, 0.99, 1.0)
 Evidence = Literal["caught_up", "interpolated", "commit_timestamp", "lsn_clock", "history_start", "walsender"]
 
 
+@fast_init
 @dataclass(frozen=True)
 class Staleness:
     seconds: float
     evidence: Evidence
 
 
+@fast_init
 @dataclass(frozen=True)
 class Commits:
     """What commit timestamps say about one replica, on lagwatch's monotonic clock."""
@@ -251,6 +255,7 @@ def _kept_points(lsns: Sequence[int], first: Sequence[float], last: Sequence[flo
     return kept[::-1]
 
 
+@fast_init
 @dataclass(frozen=True)
 class WindowStats:
     """Quantiles of staleness over the window (nearest-rank, so each is a real sample)."""
@@ -392,6 +397,7 @@ class LagWindow:
         return WindowStats(len(self._sorted), tuple((q, nearest_rank(self._sorted, q)) for q in QUANTILES))
 
 
+@fast_init
 @dataclass(frozen=True)
 class HistogramCounts:
     """Cumulative counts per upper bound (Prometheus style, +Inf last), sum and count."""

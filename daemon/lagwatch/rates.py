@@ -12,6 +12,8 @@ import math
 from array import array
 from dataclasses import dataclass
 
+from lagwatch.fastinit import fast_init
+
 
 class Progress:
     """Samples of one position over the last ``horizon`` seconds (at least two kept)."""
@@ -81,6 +83,7 @@ class Progress:
         return (self._values[-1] - self._values[index]) / (t1 - t0) if t1 > t0 else None
 
 
+@fast_init
 @dataclass(frozen=True)
 class CatchUp:
     backlog_bytes: int  # WAL the primary wrote that the replica has not replayed

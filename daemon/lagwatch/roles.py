@@ -16,6 +16,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from lagwatch.fastinit import fast_init
 from lagwatch.lsn import format_lsn
 from lagwatch.snapshot import NodeObservation, ObservedRole
 
@@ -42,6 +43,7 @@ class RoleChange:
     at: float
 
 
+@fast_init
 @dataclass(frozen=True)
 class RoleView:
     primary: NodeObservation | None  # the answer that dates the LSN clock this cycle

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from lagwatch.config import ReplicaSla
+from lagwatch.fastinit import fast_init
 from lagwatch.lag import HistogramCounts, WindowStats
 from lagwatch.rates import CatchUp
 from lagwatch.syncrep import SyncReplication
@@ -32,6 +33,7 @@ OBSERVED_ROLES: tuple[ObservedRole, ...] = ("primary", "replica", "standby_leade
 ErrorKind = Literal["connect", "timeout", "query"]
 
 
+@fast_init
 @dataclass(frozen=True)
 class NodeObservation:
     """What one node said in one cycle (or why it said nothing)."""
@@ -85,6 +87,7 @@ class NodeObservation:
         return self.position.server_id if self.ok and self.position is not None else None
 
 
+@fast_init
 @dataclass(frozen=True)
 class ReplicaState:
     """Everything lagwatch knows about one replica after a cycle."""
@@ -149,6 +152,7 @@ def replica_condition(replica: ReplicaState, sla: ReplicaSla | None) -> Conditio
     return "streaming"
 
 
+@fast_init
 @dataclass(frozen=True)
 class NodeHealth:
     name: str
@@ -167,6 +171,7 @@ class NodeHealth:
     connects_total: int = 0  # connection attempts since start (a poll still under way: as last known)
 
 
+@fast_init
 @dataclass(frozen=True)
 class WalInspectTotals:
     """pg_walinspect counters since lagwatch started (bytes)."""
@@ -232,6 +237,7 @@ class PoolStatus:
     leader_holder: LockHolder | None = None  # who holds the leader lock (this instance included)
 
 
+@fast_init
 @dataclass(frozen=True)
 class ClusterSnapshot:
     name: str

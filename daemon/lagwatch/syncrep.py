@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from lagwatch.fastinit import fast_init
 from lagwatch.views.replication import WalSender
 
 Method = Literal["priority", "quorum"]
@@ -118,6 +119,7 @@ def normalize_sync_commit(value: str) -> str:
     return SYNC_COMMIT_ALIASES.get(value, value)
 
 
+@fast_init
 @dataclass(frozen=True)
 class SyncReplication:
     """One cycle's view of synchronous replication on the primary."""

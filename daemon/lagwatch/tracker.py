@@ -16,6 +16,7 @@ from typing import TypedDict
 
 from lagwatch.config import ClusterConfig
 from lagwatch.durations import format_duration
+from lagwatch.fastinit import fast_init
 from lagwatch.lag import (
     Commits,
     HistogramCounts,
@@ -79,6 +80,7 @@ class _LagFields(TypedDict):
     catch_up: CatchUp | None
 
 
+@fast_init
 @dataclass(frozen=True)
 class _PrimaryClock:
     """The primary's wall clock read against our monotonic clock in one poll: turns a
@@ -144,6 +146,7 @@ def _describe_change(change: RoleChange | None) -> str | None:
     return f"{change.node}: {change.before} -> {change.after}{timeline}"
 
 
+@fast_init
 @dataclass(frozen=True)
 class _ReplayPosition:
     lsn: int

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from lagwatch.fastinit import fast_init
 from lagwatch.lsn import parse_lsn
 from lagwatch.views.base import Row, View, opt_float
 
@@ -29,6 +30,7 @@ ORDER BY r.application_name, r.pid""",
 STAGES = ("sent", "write", "flush", "replay")
 
 
+@fast_init
 @dataclass(frozen=True)
 class WalSender:
     application_name: str

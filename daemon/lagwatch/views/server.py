@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from lagwatch.fastinit import fast_init
 from lagwatch.lsn import parse_lsn
 from lagwatch.views.base import Row, View, opt_float, opt_int
 
@@ -52,6 +53,7 @@ QUERIES = {
 }
 
 
+@fast_init
 @dataclass(frozen=True)
 class ServerPosition:
     in_recovery: bool

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from lagwatch.fastinit import fast_init
 from lagwatch.views.base import Row, View, opt_float, opt_int
 
 _BASE = """SELECT slot_name, slot_type, database, plugin, active, temporary,
@@ -27,6 +28,7 @@ QUERIES = {
 }
 
 
+@fast_init
 @dataclass(frozen=True)
 class Slot:
     name: str

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from lagwatch.fastinit import fast_init
 from lagwatch.views.base import Row, View, opt_int
 
 _SETTINGS = """current_setting('wal_compression') AS wal_compression,
@@ -35,6 +36,7 @@ def compression_method(setting: str) -> str:
     return value
 
 
+@fast_init
 @dataclass(frozen=True)
 class WalStats:
     compression: str  # off | pglz | lz4 | zstd

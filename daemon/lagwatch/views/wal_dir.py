@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from lagwatch.fastinit import fast_init
 from lagwatch.views.base import Row, View
 
 QUERIES = {
@@ -12,6 +13,7 @@ QUERIES = {
 }
 
 
+@fast_init
 @dataclass(frozen=True)
 class WalDir:
     bytes: int

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from lagwatch.fastinit import fast_init
 from lagwatch.views.base import Row, View, opt_int
 
 QUERIES = {
@@ -13,6 +14,7 @@ QUERIES = {
 }
 
 
+@fast_init
 @dataclass(frozen=True)
 class WalReceiver:
     status: str | None  # None: no WAL receiver running (cut off, or restarting), or hidden
