@@ -44,6 +44,9 @@ WALINSPECT_EVERY = 10.0
 # Bytes, as the combined statement (views/combined.py): psycopg keeps every statement it
 # has run in the connection's prepare counts, and would encode a str into a copy of its own.
 _PROBE_SQL = probe.SQL.encode()
+# The views each role reads every cycle, in CYCLE_VIEWS' order.
+_ROLE_VIEWS: dict[Role, tuple[View[Any], ...]] = {
+    role: tuple(v for v in CYCLE_VIEWS if role in v.roles) for role in ("primary", "replica")}
 # A view that failed (a grant missing, a function gone) is retried after this long.
 VIEW_RETRY_SECONDS = 300
 _GRANT_HINTS = {
@@ -275,13 +278,15 @@ class NodePoller:
             log.info("%s/%s: PostgreSQL %d has no pg_get_wal_block_info (16+): WAL compression savings are not "
                      "measured", self.cluster.name, self.node, caps.major)
 
-    def _views(self, caps: Capabilities) -> list[View[Any]]:
-        role: Role = "replica" if caps.in_recovery else "primary"
+    def _views(self, caps: Capabilities) -> Sequence[View[Any]]:
+        views = _ROLE_VIEWS["replica" if caps.in_recovery else "primary"]
+        if caps.can_ls_waldir and not self._resting:
+            return views  # every cycle but in the cases below: the same tuple, nothing to filter
         # Without pg_read_all_stats the replication view still answers (LSNs are NULL);
         # pg_ls_waldir() would fail outright, so it is left out. A view that failed lately
         # rests (VIEW_RETRY_SECONDS) so it does not cost the others their one statement.
         now = time.monotonic()
-        return [v for v in CYCLE_VIEWS if role in v.roles and not (v.name == "wal_dir" and not caps.can_ls_waldir)
+        return [v for v in views if not (v.name == "wal_dir" and not caps.can_ls_waldir)
                 and self._resting.get(v.name, 0.0) <= now]
 
     async def _query(self, conn: psycopg.AsyncConnection[dict[str, Any]], caps: Capabilities) -> dict[str, Any]:
