@@ -6,10 +6,11 @@ A frozen dataclass's generated ``__init__`` stores each field through
 about a hundred fields per node and second (the node's observation, its views' rows,
 replica states, node health), so that alone was ~8 % of a fleet daemon's CPU.
 ``fast_init`` swaps in an ``__init__`` with the same signature that fills the instance's
-``__dict__`` directly, as attrs does for its frozen classes. The classes stay frozen
-dataclasses in every other respect (``replace``, ``asdict``, ``fields``, equality,
-hashing, refusing assignment), which is why this is hand-written rather than attrs: the
-rest of lagwatch treats them as dataclasses. Supported: fields with and without a default
+``__dict__`` directly, as attrs does for its frozen classes (measured again later, the VM
+being faster then: 1.0 us for that class against the frozen dataclass's 2.6). The
+classes stay frozen dataclasses in every other respect (``replace``, ``asdict``,
+``fields``, equality, hashing, refusing assignment), which is why this is hand-written
+rather than attrs: the rest of lagwatch treats them as dataclasses. Supported: fields with and without a default
 or a default factory, no ``__post_init__``, no ``init=False``, no ``kw_only``, no slots
 (refused at import, not silently mishandled).
 
