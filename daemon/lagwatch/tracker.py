@@ -431,8 +431,9 @@ class ClusterTracker:
             left = runway(slot.safe_wal_size, generation - released)
             if left is not None:
                 out[slot.name] = left
-        for name in set(self._slot_restart) - {s.name for s in slots}:
-            del self._slot_restart[name]  # a dropped slot
+        if primary_lsn is not None:  # a primary that did not answer this cycle dropped no slot
+            for name in set(self._slot_restart) - {s.name for s in slots}:
+                del self._slot_restart[name]  # a dropped slot
         return out
 
     def _forget_vanished(self, present: set[str], now: float) -> None:

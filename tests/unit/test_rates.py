@@ -141,3 +141,32 @@ def test_rates_kept_incrementally_are_the_walked_definition() -> None:
             assert progress.rate() == (None if len(horizon) < 2 or t1 <= t0 else (v1 - v0) / (t1 - t0))
 
     check()
+
+
+def test_a_cycle_the_primary_misses_keeps_the_slots_rate_history() -> None:
+    """The primary unanswered for a cycle (its answer late, a connection lost) says nothing
+    about its slots: the next answer's runway is still over the whole horizon, not missing
+    until two new samples make a rate (nor over one interval only)."""
+    from lagwatch.config import parse_config
+    from lagwatch.snapshot import NodeObservation
+    from lagwatch.tracker import ClusterTracker
+    from lagwatch.views.server import ServerPosition
+    from lagwatch.views.slots import Slot
+
+    cluster = parse_config({"clusters": [{"name": "main", "primary": {"dsn": "host=p"}, "replicas": []}]}).clusters[0]
+    tracker = ClusterTracker(cluster, 1.0, 60.0, horizon=10.0)
+
+    def answered(t: int) -> NodeObservation:
+        written = 100 * MB + t * MB  # 1 MB/s, none of it released: the slot retains it all
+        slot = Slot("idle", "physical", None, None, False, False, "reserved", 64 * MB - t * MB, 5 * MB + t * MB,
+                    None, None, None, None)
+        return NodeObservation("main", "primary", "primary", float(t), 0.001, asked_at=float(t),
+                               position=ServerPosition(False, written, None, None, None, None), slots=(slot,))
+
+    for t in range(0, 6):
+        snap = tracker.update([answered(t)], float(t))
+    assert snap.slot_runways["idle"] == pytest.approx(59.0)
+    late = NodeObservation("main", "primary", "primary", 6.0, 0.8, error_kind="timeout", error="no answer")
+    assert tracker.update([late], 6.0).slot_runways == {}  # nothing known this cycle
+    snap = tracker.update([answered(7)], 7.0)
+    assert snap.slot_runways["idle"] == pytest.approx(57.0)
