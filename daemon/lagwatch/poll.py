@@ -87,6 +87,9 @@ class NodePoller:
         self._expired = False
         self._caps: Capabilities | None = None
         self._prepared: dict[bytes, bytes] = {}  # combined statement -> its name on this connection
+        # Names never reused on a connection: after a lost statement the others may still
+        # be there, and preparing a name the session holds fails.
+        self._prepare_count = 0
         self._failures = 0
         self._next_attempt = 0.0
         self._connects = 0  # connection attempts since start: a reconnect storm would show here
@@ -196,7 +199,7 @@ class NodePoller:
             except PasswordUnavailableError as exc:
                 raise NodeError("connect", str(exc)) from None
             self._connects += 1
-            self._prepared = {}
+            self._prepared, self._prepare_count = {}, 0
             try:
                 self._conn = await asyncio.wait_for(
                     psycopg.AsyncConnection.connect(conninfo, autocommit=True, row_factory=dict_row),
@@ -335,7 +338,8 @@ class NodePoller:
         name = self._prepared.get(sql)
         try:
             if name is None:
-                name = b"lagwatch_cycle_%d" % len(self._prepared)
+                name = b"lagwatch_cycle_%d" % self._prepare_count
+                self._prepare_count += 1
                 await wire.prepare(conn, name, sql)
                 self._prepared[sql] = name
             value = await wire.execute_prepared(conn, name)

@@ -57,12 +57,8 @@ def pg_major(request: pytest.FixtureRequest) -> int:
 @pytest.fixture(scope="module")
 def pg_cluster(pg_major: int) -> Iterator[ChaosCluster]:
     """A started primary + 2 streaming replicas, shared by the tests of one module."""
-    cluster = ChaosCluster(find_binaries(pg_major), replicas=2)
-    try:
-        cluster.start()
+    with ChaosCluster(find_binaries(pg_major), replicas=2) as cluster:
         yield cluster
-    finally:
-        cluster.cleanup()
 
 
 @pytest.fixture(autouse=True)

@@ -50,12 +50,8 @@ class FleetServers(ChaosCluster):
 
 @pytest.fixture(scope="module")
 def servers(pg_major: int) -> Iterator[FleetServers]:
-    cluster = FleetServers(find_binaries(pg_major), replicas=2)
-    try:
-        cluster.start()
+    with FleetServers(find_binaries(pg_major), replicas=2) as cluster:
         yield cluster
-    finally:
-        cluster.cleanup()
 
 
 def cluster_entry(servers: ChaosCluster, name: str, **extra: Any) -> dict[str, Any]:

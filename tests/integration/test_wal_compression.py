@@ -21,16 +21,12 @@ MAJOR = 18
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[ChaosCluster]:
-    c = ChaosCluster(find_binaries(MAJOR), replicas=1)
-    try:
-        c.start()
+    with ChaosCluster(find_binaries(MAJOR), replicas=1) as c:
         c.primary.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
         subprocess.run([str(c.binaries.tool("pgbench")), "-i", "-s", "4", "-q", "-h", c.primary.host, "-p",
                         str(c.primary.port), "-U", "postgres", "postgres"],
                        check=True, capture_output=True, timeout=120)
         yield c
-    finally:
-        c.cleanup()
 
 
 def lsn(c: ChaosCluster) -> str:

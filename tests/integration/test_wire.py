@@ -6,7 +6,9 @@ prepared statement dropped from under the poller."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -21,16 +23,8 @@ pytestmark = pytest.mark.one_pg_version  # the protocol's extended query is the 
 
 @pytest.fixture(scope="module")
 def server(pg_major: int) -> Iterator[LocalCluster]:
-    cluster = LocalCluster(find_binaries(pg_major), replicas=0)
-    try:
-        cluster.start()
+    with LocalCluster(find_binaries(pg_major), replicas=0) as cluster:
         yield cluster
-    finally:
-        cluster.cleanup()
-
-
-def run(coro: object) -> object:
-    return asyncio.run(coro)  # type: ignore[arg-type]
 
 
 def test_a_prepared_statement_answers_and_an_error_leaves_the_connection_ready(server: LocalCluster) -> None:
@@ -53,7 +47,7 @@ def test_a_prepared_statement_answers_and_an_error_leaves_the_connection_ready(s
             await wire.prepare(conn, b"nothing", b"SELECT NULL::text")
             assert await wire.execute_prepared(conn, b"nothing") is None
 
-    run(scenario())
+    asyncio.run(scenario())
 
 
 def test_a_value_larger_than_the_socket_buffer_arrives_whole(server: LocalCluster) -> None:
@@ -62,7 +56,7 @@ def test_a_value_larger_than_the_socket_buffer_arrives_whole(server: LocalCluste
             await wire.prepare(conn, b"big", b"SELECT repeat('ab', 3 * 1024 * 1024) || 'end'")
             return await wire.execute_prepared(conn, b"big")
 
-    value = run(scenario())
+    value = asyncio.run(scenario())
     assert isinstance(value, bytes) and len(value) == 6 * 1024 * 1024 + 3 and value.endswith(b"abend")
 
 
@@ -80,7 +74,7 @@ def test_a_connection_killed_mid_statement_raises_operational_error_at_once(serv
                 await asyncio.wait_for(statement, 5)
             return loop.time() - started
 
-    assert run(scenario()) < 2.0  # noticed when the socket closes, not when pg_sleep would end
+    assert asyncio.run(scenario()) < 2.0  # noticed when the socket closes, not when pg_sleep would end
 
 
 def test_the_poller_prepares_its_statement_again_when_the_session_lost_it(server: LocalCluster) -> None:
@@ -107,7 +101,42 @@ def test_the_poller_prepares_its_statement_again_when_the_session_lost_it(server
         finally:
             await poller.close()
 
-    before, answers, after = run(scenario())  # type: ignore[misc]
+    before, answers, after = asyncio.run(scenario())
     assert before == ["lagwatch_cycle_0"]
     assert answers == [True, True, True]
-    assert after == ["lagwatch_cycle_0"]
+    assert after == ["lagwatch_cycle_1"]  # a name is never reused on a session (see below)
+
+
+def test_a_lost_statement_is_prepared_again_beside_one_the_session_kept(server: LocalCluster) -> None:
+    """Two statements on the session (every view; one resting, as after a view failed),
+    only the second deallocated: the poller prepares it again under a new name, rather
+    than reusing the first name the session still holds and reading one by one for good."""
+    config = parse_config({"interval": "1s", "clusters": [
+        {"name": "main", "primary": {"dsn": server.primary.dsn()}, "replicas": []}]})
+    cluster = config.clusters[0]
+
+    async def names(conn: psycopg.AsyncConnection[Any]) -> list[str]:
+        rows = await (await conn.execute("SELECT name FROM pg_prepared_statements WHERE name LIKE 'lagwatch%' "
+                                         "ORDER BY name")).fetchall()
+        return [r["name"] for r in rows]
+
+    async def scenario() -> tuple[list[str], list[bool], list[str]]:
+        poller = NodePoller(cluster, "primary", "primary", cluster.primary, config)
+        try:
+            answers = [(await poller.poll()).ok]
+            poller._resting["wal_dir"] = time.monotonic() + 60  # the next statement leaves it out
+            answers.append((await poller.poll()).ok)
+            conn = poller._conn
+            assert conn is not None
+            two = await names(conn)
+            await conn.execute("DEALLOCATE lagwatch_cycle_1")
+            answers += [(await poller.poll()).ok for _ in range(3)]
+            assert poller._conn is conn
+            return two, answers, await names(conn)
+        finally:
+            await poller.close()
+
+    two, answers, after = asyncio.run(scenario())
+    assert two == ["lagwatch_cycle_0", "lagwatch_cycle_1"]
+    assert answers == [True] * 5
+    assert after == ["lagwatch_cycle_0", "lagwatch_cycle_2"]
