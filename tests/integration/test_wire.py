@@ -21,6 +21,14 @@ from lagwatch.poll import NodePoller
 pytestmark = pytest.mark.one_pg_version  # the protocol's extended query is the same on every version
 
 
+def primary_poller(server: LocalCluster) -> NodePoller:
+    """The daemon's poller of a one-node cluster on ``server``'s primary."""
+    config = parse_config({"interval": "1s", "clusters": [
+        {"name": "main", "primary": {"dsn": server.primary.dsn()}, "replicas": []}]})
+    cluster = config.clusters[0]
+    return NodePoller(cluster, "primary", "primary", cluster.primary, config)
+
+
 @pytest.fixture(scope="module")
 def server(pg_major: int) -> Iterator[LocalCluster]:
     with LocalCluster(find_binaries(pg_major), replicas=0) as cluster:
@@ -80,12 +88,9 @@ def test_a_connection_killed_mid_statement_raises_operational_error_at_once(serv
 def test_the_poller_prepares_its_statement_again_when_the_session_lost_it(server: LocalCluster) -> None:
     """A pooler's DISCARD ALL (or a DEALLOCATE) drops the cycle's prepared statement: that
     cycle still answers (the views read one by one) and the next prepares it again."""
-    config = parse_config({"interval": "1s", "clusters": [
-        {"name": "main", "primary": {"dsn": server.primary.dsn()}, "replicas": []}]})
-    cluster = config.clusters[0]
 
     async def scenario() -> tuple[list[str], list[bool], list[str]]:
-        poller = NodePoller(cluster, "primary", "primary", cluster.primary, config)
+        poller = primary_poller(server)
         try:
             answers = [(await poller.poll()).ok]
             conn = poller._conn
@@ -111,9 +116,6 @@ def test_a_lost_statement_is_prepared_again_beside_one_the_session_kept(server: 
     """Two statements on the session (every view; one resting, as after a view failed),
     only the second deallocated: the poller prepares it again under a new name, rather
     than reusing the first name the session still holds and reading one by one for good."""
-    config = parse_config({"interval": "1s", "clusters": [
-        {"name": "main", "primary": {"dsn": server.primary.dsn()}, "replicas": []}]})
-    cluster = config.clusters[0]
 
     async def names(conn: psycopg.AsyncConnection[Any]) -> list[str]:
         rows = await (await conn.execute("SELECT name FROM pg_prepared_statements WHERE name LIKE 'lagwatch%' "
@@ -121,7 +123,7 @@ def test_a_lost_statement_is_prepared_again_beside_one_the_session_kept(server: 
         return [r["name"] for r in rows]
 
     async def scenario() -> tuple[list[str], list[bool], list[str]]:
-        poller = NodePoller(cluster, "primary", "primary", cluster.primary, config)
+        poller = primary_poller(server)
         try:
             answers = [(await poller.poll()).ok]
             poller._resting["wal_dir"] = time.monotonic() + 60  # the next statement leaves it out
