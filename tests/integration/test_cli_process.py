@@ -1,4 +1,8 @@
-"""The CLI as an operator uses it: signals, reloads, check, unconfigured replicas, secrets."""
+"""The CLI as an operator uses it: signals, reloads, check, unconfigured replicas, secrets.
+
+None of it depends on the PostgreSQL version (the lag truth and least-privilege tests run
+the daemon on both): one version runs these.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +10,13 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 from chaoscluster import ChaosCluster
 from harness import Lagwatch, Writer, cluster_config, run_cli
 from lagwatch.ports import free_port
+
+pytestmark = pytest.mark.one_pg_version
 
 SECRET = "Sup3r-Secret-Pw"
 
