@@ -30,7 +30,7 @@ from lagwatch.discovery import Discovery
 from lagwatch.durations import format_duration
 from lagwatch.errors import ConfigError
 from lagwatch.holds import HoldStore
-from lagwatch.lag import nearest_rank
+from lagwatch.lag import CYCLE_BUCKETS, LagHistogram, nearest_rank
 from lagwatch.poll import NodePoller, poll_all, pollers_for
 from lagwatch.poolcontrol import PoolController, Reconfiguration
 from lagwatch.sdnotify import Notifier
@@ -97,6 +97,7 @@ class Daemon:
         self._cycles = 0
         self._overruns = 0
         self._durations: deque[float] = deque(maxlen=CYCLE_HISTORY)
+        self._duration_histogram = LagHistogram(CYCLE_BUCKETS)
         self._first_cycle: float | None = None
         self._reload_ok = True
         self._reload_success_at = time.time()  # the config loaded at start counts, as in Prometheus
@@ -233,6 +234,7 @@ class Daemon:
             self._cycles += 1
             if self._cycles > 1:  # the first connects to every node: lagwatch_first_cycle_duration_seconds
                 self._durations.append(duration)
+                self._duration_histogram.observe(duration)
             else:
                 self._first_cycle = duration
             if duration > self.config.interval:
@@ -246,7 +248,8 @@ class Daemon:
                                 discovery=self.discovery.statuses(self._source.patroni_clusters),
                                 cluster_files=self._cluster_files(),
                                 shard=(self.config.shard.index, self.config.shard.count) if self.config.shard else None,
-                                cycle_quantiles=_quantiles(self._durations), first_cycle_duration=self._first_cycle)
+                                cycle_quantiles=_quantiles(self._durations), first_cycle_duration=self._first_cycle,
+                                cycle_histogram=self._duration_histogram.snapshot())
             self.holder.publish(snapshot)
             log_cycle(snapshot)
             self._notify(snapshot)

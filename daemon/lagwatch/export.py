@@ -72,6 +72,12 @@ def _daemon_metrics(snapshot: Snapshot) -> Iterator[Family]:
     for q, seconds in snapshot.cycle_quantiles:
         window.add_metric([_fmt_q(q)], seconds)
     yield window
+    if snapshot.cycle_histogram is not None:
+        h = snapshot.cycle_histogram
+        hist = HistogramMetricFamily("lagwatch_cycle_seconds", "Histogram of every cycle's duration since start "
+                                     "(the first cycle, which connects, left out)")
+        hist.add_metric([], list(zip(_les(h.bounds), h.cumulative, strict=True)), sum_value=h.total)
+        yield hist
     if snapshot.first_cycle_duration is not None:
         yield GaugeMetricFamily("lagwatch_first_cycle_duration_seconds", "Duration of the first cycle after start, "
                                 "which connects to every node", value=snapshot.first_cycle_duration)

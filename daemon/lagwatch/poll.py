@@ -33,6 +33,7 @@ from lagwatch.views import CYCLE_VIEWS, probe, walinspect
 from lagwatch.views.base import View
 from lagwatch.views.combined import combined_sql, parse_combined
 from lagwatch.views.probe import Capabilities
+from lagwatch.views.replication import NAMES_SQL, SenderNames
 from lagwatch.views.walinspect import WalInspection
 
 log = logging.getLogger("lagwatch.poll")
@@ -90,6 +91,7 @@ class NodePoller:
         # Names never reused on a connection: after a lost statement the others may still
         # be there, and preparing a name the session holds fails.
         self._prepare_count = 0
+        self._senders = SenderNames()  # the names of the walsenders seen on this connection
         self._failures = 0
         self._next_attempt = 0.0
         self._connects = 0  # connection attempts since start: a reconnect storm would show here
@@ -199,7 +201,7 @@ class NodePoller:
             except PasswordUnavailableError as exc:
                 raise NodeError("connect", str(exc)) from None
             self._connects += 1
-            self._prepared, self._prepare_count = {}, 0
+            self._prepared, self._prepare_count, self._senders = {}, 0, SenderNames()
             try:
                 self._conn = await asyncio.wait_for(
                     psycopg.AsyncConnection.connect(conninfo, autocommit=True, row_factory=dict_row),
@@ -349,10 +351,22 @@ class NodePoller:
         assert value is not None
         # pydantic's JSON parser (jiter, a dependency already): 2.5 times json.loads's speed
         # on a primary's 2 kB, a tenth of a fleet daemon's CPU before.
-        return parse_combined(views, pydantic_core.from_json(value))
+        rows = pydantic_core.from_json(value)
+        if "replication" in rows:
+            rows["replication"] = await self._named_senders(conn, rows["replication"])
+        return parse_combined(views, rows)
 
-    @staticmethod
-    async def _one_by_one(conn: psycopg.AsyncConnection[dict[str, Any]], caps: Capabilities,
+    async def _named_senders(self, conn: psycopg.AsyncConnection[dict[str, Any]],
+                             rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The walsender rows with their names: a second statement only in a cycle that
+        shows a walsender this connection has not seen (views/replication.py)."""
+        missing = self._senders.missing(rows)
+        if missing:
+            cursor = await conn.execute(NAMES_SQL, (missing,))
+            self._senders.learn(await cursor.fetchall())
+        return self._senders.named(rows)
+
+    async def _one_by_one(self, conn: psycopg.AsyncConnection[dict[str, Any]], caps: Capabilities,
                           views: Sequence[View[Any]]) -> tuple[dict[str, Any], dict[str, str]]:
         results, failed = {}, {}
         for view in views:
@@ -360,7 +374,10 @@ class NodePoller:
             assert sql is not None
             try:
                 cursor = await conn.execute(sql)
-                results[view.name] = view.parse(await cursor.fetchall())
+                rows = await cursor.fetchall()
+                if view.name == "replication":
+                    rows = await self._named_senders(conn, rows)
+                results[view.name] = view.parse(rows)
             except psycopg.OperationalError:
                 raise
             except psycopg.Error as exc:

@@ -295,6 +295,7 @@ class Snapshot:
     # (quantile, seconds) of the recent cycles' durations: how close cycles come to the interval.
     cycle_quantiles: tuple[tuple[float, float], ...] = ()  # the first cycle's left out: it connects to every node
     first_cycle_duration: float | None = None
+    cycle_histogram: HistogramCounts | None = None  # every cycle's duration since start but the first's
     # clusters_dir: each cluster file and why it cannot be used as it is (None: in force as is).
     cluster_files: tuple[tuple[str, str | None], ...] = ()
     shard: tuple[int, int] | None = None  # (index, count) of this instance's part of a sharded fleet
@@ -306,13 +307,14 @@ class SnapshotHolder:
 
     def __init__(self) -> None:
         self._snapshot: Snapshot | None = None
-        # Called with each snapshot just published (in the publisher's thread; must not raise).
+        # Called with each snapshot before readers see it (in the publisher's thread; must
+        # not raise): what they prepare from it is ready when the first reader comes.
         self.on_publish: list[Callable[[Snapshot], None]] = []
 
     def get(self) -> Snapshot | None:
         return self._snapshot
 
     def publish(self, snapshot: Snapshot) -> None:
-        self._snapshot = snapshot
         for hook in self.on_publish:
             hook(snapshot)
+        self._snapshot = snapshot

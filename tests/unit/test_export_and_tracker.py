@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 from lagwatch.config import parse_config
 from lagwatch.export import SnapshotCollector
+from lagwatch.lag import CYCLE_BUCKETS, LagHistogram
 from lagwatch.snapshot import NodeObservation, Snapshot
 from lagwatch.tracker import ClusterTracker
 from lagwatch.views.replication import WalSender
@@ -170,6 +171,20 @@ def test_collector_renders_snapshot_and_drops_vanished_series() -> None:
     cluster = tracker.update([primary(4, 300), replica("replica1", 4, 300), down("replica2", 4)], now=4)
     registry, text = render(Snapshot(2.0, 0.01, 3, 0, (cluster,)))
     assert 'replica="stranger"' not in text and 'slot="inactive"' not in text
+
+
+def test_cycle_durations_are_a_histogram_since_start() -> None:
+    durations = LagHistogram(CYCLE_BUCKETS)
+    for seconds in (0.04, 0.2, 0.2, 0.6):
+        durations.observe(seconds)
+    registry, _ = render(Snapshot(taken_at=1.0, cycle_duration=0.6, cycles_total=5, overruns_total=0, clusters=(),
+                                  cycle_histogram=durations.snapshot()))
+    get = registry.get_sample_value
+    assert get("lagwatch_cycle_seconds_bucket", {"le": "0.05"}) == 1.0
+    assert get("lagwatch_cycle_seconds_bucket", {"le": "0.2"}) == 3.0
+    assert get("lagwatch_cycle_seconds_bucket", {"le": "0.5"}) == 3.0
+    assert get("lagwatch_cycle_seconds_bucket", {"le": "+Inf"}) == 4.0
+    assert get("lagwatch_cycle_seconds_count", {}) == 4.0 and get("lagwatch_cycle_seconds_sum", {}) == 1.04
 
 
 def test_collector_before_first_poll_is_empty() -> None:

@@ -75,10 +75,31 @@ def test_walsender_null_lag_while_behind_is_unknown_not_zero() -> None:
     assert sender.lag_bytes("replay") == 0x1000 and sender.lag_bytes("sent") == 0
 
 
-def test_walsender_duplicate_names_keep_first() -> None:
-    senders = replication.parse([_sender_row(client_addr="a"), _sender_row(client_addr="b"),
-                                 _sender_row(application_name="other")])
-    assert [(s.application_name, s.client_addr) for s in senders] == [("replica1", "a"), ("other", "127.0.0.2")]
+def test_walsender_duplicate_names_keep_the_first_by_pid_and_order_by_name() -> None:
+    senders = replication.parse([_sender_row(pid=12, client_addr="b"), _sender_row(pid=11, client_addr="a"),
+                                 _sender_row(pid=13, application_name="other"),
+                                 _sender_row(pid=14, application_name="pg_basebackup")])
+    assert [(s.application_name, s.client_addr) for s in senders] == [("other", "127.0.0.2"), ("replica1", "a")]
+
+
+def test_sender_names_are_read_once_per_walsender_and_forgotten_when_it_goes() -> None:
+    names = replication.SenderNames()
+    cycle = [{"pid": 11, "state": "streaming"}, {"pid": 12, "state": "streaming"}]
+    assert names.missing(cycle) == [11, 12]
+    names.learn([{"pid": 11, "application_name": "replica1", "client_addr": "127.0.0.2"}])  # 12 already gone
+    assert [(r["application_name"], r["client_addr"]) for r in names.named(cycle)] == [
+        ("replica1", "127.0.0.2"), (None, None)]
+    assert names.missing(cycle) == [12]
+    names.learn([{"pid": 12, "application_name": "replica2", "client_addr": None}])
+    assert names.missing(cycle) == []
+    # 11 reconnects as 21; a later walsender given pid 11 is asked for again.
+    assert names.named([{"pid": 12, "state": "streaming"}, {"pid": 21, "state": "catchup"}])[1][
+        "application_name"] is None
+    assert names.missing([{"pid": 11, "state": "streaming"}]) == [11]
+    # A row keeps every column of its own, with the names added.
+    (row,) = names.named([{"pid": 12, "state": "streaming", "sent_lsn": "0/1"}])
+    assert row == {"pid": 12, "state": "streaming", "sent_lsn": "0/1", "application_name": "replica2",
+                   "client_addr": None}
 
 
 def test_wal_receiver_absent_means_not_streaming() -> None:
