@@ -517,10 +517,13 @@ def _lagwatch_row() -> list[Panel]:
             6, 7, _timeseries("short", fill=0), TIMESERIES_OPTIONS),
         Panel(
             "Cycle duration", "timeseries",
-            "Duration of lagwatch's whole poll cycle (all nodes concurrently) and overruns per second: "
-            "cycles that took longer than the interval or were skipped because the previous one still ran.",
+            "Duration of lagwatch's whole poll cycle (all nodes concurrently), its p99 over the rate interval "
+            "(from the lagwatch_cycle_seconds histogram; keep it under half the interval), and overruns per "
+            "second: cycles that took longer than the interval or were skipped because the previous one still ran.",
             [Query(f"lagwatch_cycle_duration_seconds and {this_cluster}", "{{instance}} cycle"),
-             Query(f"rate(lagwatch_cycle_overruns_total[{RATE}]) and {this_cluster}", "{{instance}} overruns/s")],
+             Query(f"rate(lagwatch_cycle_overruns_total[{RATE}]) and {this_cluster}", "{{instance}} overruns/s"),
+             Query(f"histogram_quantile(0.99, sum by (instance, le) (rate(lagwatch_cycle_seconds_bucket[{RATE}]))) "
+                   f"and {this_cluster}", "{{instance}} p99")],
             6, 7,
             _timeseries("s", overrides=[_override("B", ("unit", "short"), ("custom.axisPlacement", "right"))]),
             TIMESERIES_OPTIONS),
