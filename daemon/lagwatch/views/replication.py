@@ -63,15 +63,18 @@ class SenderNames:
             self._names[row["pid"]] = (row["application_name"], row["client_addr"])
 
     def named(self, rows: Sequence[Row]) -> list[dict[str, Any]]:
-        """``rows`` with their names, as the view would show them; forgets pids not in them."""
+        """``rows`` with their names, as the view would show them; forgets pids not in them.
+        A walsender whose name was not found has gone (every live one has a session): as in
+        the view, which joins the two, it has no row."""
         names = self._names
         seen = {row["pid"] for row in rows}
         for pid in [pid for pid in names if pid not in seen]:
             del names[pid]
         out = []
         for row in rows:
-            application_name, client_addr = names.get(row["pid"], (None, None))
-            out.append({**row, "application_name": application_name, "client_addr": client_addr})
+            known = names.get(row["pid"])
+            if known is not None:
+                out.append({**row, "application_name": known[0], "client_addr": known[1]})
         return out
 
 
