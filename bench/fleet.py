@@ -6,9 +6,11 @@ that all point at those three servers (so N x 3 nodes, N x 3 connections). For e
 lets lagwatch settle, then measures for `--seconds` and prints one row:
 
 - lagwatch's CPU (% of one core) and CPU ms per node-cycle (CPU / (cycles x nodes));
-- cycle median / p99 over the measured cycles (from the lagwatch_cycle_seconds histogram's
-  counts at the start and the end, interpolated within a bucket as histogram_quantile
-  does), and how many of them took longer than half the interval;
+- cycle median / p99 over the measured cycles, estimated from the lagwatch_cycle_seconds
+  histogram's counts at the start and the end (interpolated within a bucket as PromQL's
+  histogram_quantile does: with a minute of cycles p99 is near the slowest, placed inside
+  its bucket), and how many of them took longer than half the interval (exact: 0.5 s is a
+  bucket bound);
 - RSS at the end (and, with --soak, every minute of a long run, to show it stays flat);
 - /metrics as Prometheus gets it: scraped every 15 s, each time the first scrape after a
   new cycle (the median and the slowest of them), and, after the measured time, what a
@@ -167,7 +169,8 @@ def measure(cluster: LocalCluster, clusters: int, seconds: float, settle: float,
             # readings the figures are taken between.
             paced = Pace(time.monotonic())
             scrape(lw)
-            for _ in range(max(1, round(settle / SCRAPE_EVERY)) - 1):
+            # Three scrapes before the measured ones: lagwatch takes the pace from three.
+            for _ in range(max(2, round(settle / SCRAPE_EVERY)) - 1):
                 paced.wait_next()
                 scrape(lw)
             backends = {s.name: lagwatch_backends(s) for s in cluster.servers}
@@ -207,7 +210,7 @@ def measure(cluster: LocalCluster, clusters: int, seconds: float, settle: float,
             return Row(clusters, 100 * cpu / wall, 1000 * cpu / max(1, cycles * clusters * 3),
                        1000 * bucket_quantile(0.5, buckets_before, buckets_after),
                        1000 * bucket_quantile(0.99, buckets_before, buckets_after),
-                       cycles_over(0.5, buckets_before, buckets_after),
+                       cycles_over(0.5, buckets_before, buckets_after),  # half the 1 s interval
                        rss, 1000 * statistics.median(scrapes) if scrapes else float("nan"),
                        1000 * max(scrapes, default=float("nan")), 1000 * statistics.median(renders), series,
                        100 * backend / wall, connections,
@@ -278,7 +281,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=60.0,
                         help="measured time per fleet size (a multiple of the 15 s scrape interval)")
     parser.add_argument("--settle", type=float, default=30.0,
-                        help="time after start before measuring (scraped every 15 s meanwhile)")
+                        help="time after start before measuring (scraped every 15 s meanwhile; at least 30)")
     parser.add_argument("--passes", type=int, default=1, help="passes; every other one in reverse order")
     parser.add_argument("--soak", action="store_true", help="print RSS every minute (use with a long --seconds)")
     parser.add_argument("--pg-major", type=int, default=None)
@@ -296,7 +299,8 @@ def main() -> int:
                 rows.append(row)
                 print(_format(row), flush=True)
     print()
-    print("| clusters x nodes | CPU (% of one core) | CPU ms per node-cycle | cycle median / p99 | cycles > 500 ms | "
+    print("| clusters x nodes | CPU (% of one core) | CPU ms per node-cycle | cycle median / p99 (estimated) | "
+          "cycles > 500 ms | "
           "RSS | /metrics at Prometheus's pace (median / max) | off-pace /metrics | series | servers' backend CPU | "
           "sessions per server | overruns |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")

@@ -311,6 +311,10 @@ class NodePoller:
             del results["wal_receiver"]
             failed["wal_receiver"] = "its columns are hidden from this role"
         self._note_view_failures(failed)
+        if "replication" not in results:
+            # Unread (failed, resting, or a replica): the names go, so a pid the kernel hands
+            # to another walsender before the view is read again is asked for afresh.
+            self._senders.forget()
         if "server" not in results:
             raise NodeError("query", failed.get("server", "no answer from the server view"))
         position = results["server"]

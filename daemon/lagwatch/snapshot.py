@@ -315,6 +315,8 @@ class SnapshotHolder:
         return self._snapshot
 
     def publish(self, snapshot: Snapshot) -> None:
-        for hook in self.on_publish:
-            hook(snapshot)
-        self._snapshot = snapshot
+        try:
+            for hook in self.on_publish:
+                hook(snapshot)
+        finally:
+            self._snapshot = snapshot  # published whatever a hook did

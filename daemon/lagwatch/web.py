@@ -63,11 +63,12 @@ class ScrapeRhythm:
         """Whether a scrape is expected from ``now`` to ``now + horizon`` (False while the
         pace is not known, and once an expected scrape is more than half a period late:
         scrapes stopped, or changed pace)."""
-        if len(self._at) < 3:
+        at = list(self._at)  # one step in C: scrapes append from the HTTP threads meanwhile
+        if len(at) < 3:
             return False
-        gaps = sorted(b - a for a, b in itertools.pairwise(self._at))
+        gaps = sorted(b - a for a, b in itertools.pairwise(at))
         period = gaps[len(gaps) // 2]
-        expected = self._at[-1] + period
+        expected = at[-1] + period
         return now - period / 2 <= expected <= now + horizon
 
 
@@ -184,10 +185,9 @@ class WebServer:
         not after: a scrape arriving meanwhile is served the previous snapshot's text rather
         than rendering the new one a second time beside this render. Renders no more than
         a scrape would, and nothing while nobody scrapes."""
-        if not self._scrapes.due_within(time.monotonic(), self._config().interval):
-            return
         try:
-            self._render(snapshot)
+            if self._scrapes.due_within(time.monotonic(), self._config().interval):
+                self._render(snapshot)
         except Exception:  # the scrape will render it, and say what failed
             log.exception("rendering /metrics ahead of the next scrape failed")
 

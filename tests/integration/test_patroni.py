@@ -269,15 +269,17 @@ def assert_followed_within_three_intervals(watch: PoolWatch, patroni: PatroniClu
     sample in which its PostgreSQL accepts writes if that came later: lagwatch's roles are
     what PostgreSQL says (Patroni takes the leader key first and promotes after; on a busy
     machine CI saw the promotion itself take seconds). Each change happened some time in
-    the gap before the sample that first shows it: the larger gap is the measure's resolution."""
+    the gap before the sample that first shows it: the later change's gap is the measure's
+    resolution."""
     samples = watch.samples
 
-    def first(predicate: Any) -> tuple[float, float]:
-        i = next(i for i, sample in enumerate(samples) if predicate(sample))
+    def first(what: str, predicate: Any) -> tuple[float, float]:
+        i = next((i for i, sample in enumerate(samples) if predicate(sample)), None)
+        assert i is not None, f"no sample shows {what}: {[extra for _, _, extra in samples[-5:]]}"
         return samples[i][0], samples[i][0] - samples[i - 1][0] if i else 0.0
 
-    patroni_at, patroni_gap = first(lambda s: s[2][0] == new)
-    promoted_at, promoted_gap = first(lambda s: new in s[2][2])
+    patroni_at, patroni_gap = first(f"Patroni naming {new} the leader", lambda s: s[2][0] == new)
+    promoted_at, promoted_gap = first(f"{new}'s PostgreSQL accepting writes", lambda s: new in s[2][2])
     start, resolution = max((patroni_at, patroni_gap), (promoted_at, promoted_gap))
     lagwatch_at = next(t for t, _, (_, primaries, _) in samples if primaries == {new})
     pool_at = next(t for t, pool, (_, primaries, _) in samples
@@ -344,8 +346,8 @@ def test_a_killed_leader_is_followed_within_three_intervals_of_patroni(
         patroni: PatroniCluster, lagwatch: Lagwatch, pgbouncer: PgBouncerServer) -> None:
     """Kill -9 the leader (Patroni and its PostgreSQL): Patroni elects another member once
     the leader key expires (ttl 20 s) and promotes its PostgreSQL. Each sample reads
-    Patroni's /cluster, lagwatch's /metrics and each member's pg_is_in_recovery() at one
-    moment, so they are compared at the sampling's resolution."""
+    Patroni's /cluster, lagwatch's /metrics and each member's pg_is_in_recovery() one after
+    the other (some tens of milliseconds), so they are compared at the sampling's resolution."""
     old = patroni.leader()
     assert old is not None and len(pool_hosts(pgbouncer)) == 2, pool_hosts(pgbouncer)
     killed = patroni.member(old)

@@ -53,3 +53,29 @@ def test_nobody_scraping_renders_nothing_and_an_unexpected_scrape_renders_once(
     assert b"lagwatch_cycles_total 4.0" in web.metrics("")[0]
     assert b"lagwatch_cycles_total 4.0" in web.metrics("")[0]
     assert len(renders) == 1
+
+
+def test_a_slow_render_of_an_older_snapshot_never_replaces_a_newer_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    holder = SnapshotHolder()
+    web = WebServer("127.0.0.1", 0, holder, lambda: CONFIG)
+    older, newer = snapshot(1), snapshot(2)
+    web._render(newer)  # rendered ahead while a scrape was rendering the one before
+    web._render(older)  # that scrape ends later
+    holder.publish(newer)
+    renders = []
+    real = web_module.render_text
+    monkeypatch.setattr(web_module, "render_text", lambda families: renders.append(1) or real(families))
+    assert b"lagwatch_cycles_total 2.0" in web.metrics("")[0]
+    assert renders == []  # served what was rendered ahead
+
+
+def test_a_failing_hook_still_publishes() -> None:
+    holder = SnapshotHolder()
+
+    def broken(s: Snapshot) -> None:
+        raise RuntimeError("a bug in a hook")
+
+    holder.on_publish.append(broken)
+    with pytest.raises(RuntimeError):
+        holder.publish(snapshot(1))
+    assert holder.get() is not None and holder.get().cycles_total == 1  # type: ignore[union-attr]

@@ -95,6 +95,10 @@ def test_sender_names_are_read_once_per_walsender_and_forgotten_when_it_goes() -
     # 11 reconnects as 21 (not named yet: no row); a later walsender given pid 11 is asked for again.
     assert [r["pid"] for r in names.named([{"pid": 12, "state": "streaming"}, {"pid": 21, "state": "catchup"}])] == [12]
     assert names.missing([{"pid": 11, "state": "streaming"}]) == [11]
+    # A cycle that did not read them (the view failed, or rests): every name is asked for again.
+    names.forget()
+    assert names.missing([{"pid": 12, "state": "streaming"}]) == [12]
+    names.learn([{"pid": 12, "application_name": "replica2", "client_addr": None}])
     # A row keeps every column of its own, with the names added.
     (row,) = names.named([{"pid": 12, "state": "streaming", "sent_lsn": "0/1"}])
     assert row == {"pid": 12, "state": "streaming", "sent_lsn": "0/1", "application_name": "replica2",

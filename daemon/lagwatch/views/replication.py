@@ -52,6 +52,10 @@ class SenderNames:
     def __init__(self) -> None:
         self._names: dict[int, tuple[str | None, str | None]] = {}
 
+    def forget(self) -> None:
+        """A cycle that did not read the walsenders: what happens meanwhile is not seen."""
+        self._names.clear()
+
     def missing(self, rows: Sequence[Row]) -> list[int]:
         """The pids in ``rows`` (the cycle's walsenders) whose names are not known yet."""
         return [row["pid"] for row in rows if row["pid"] not in self._names]
