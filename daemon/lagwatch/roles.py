@@ -74,7 +74,7 @@ class RoleTracker:
         self._roles: dict[str, ObservedRole] = {}  # node -> last known role (never "unknown")
         self._primary_server: str | None = None
         self._primary_timeline: int | None = None
-        self._replica_replay: dict[str, int] = {}  # server_id -> replay LSN, last cycle
+        self._replica_replay: dict[str, int] = {}  # node -> replay LSN, last cycle (replicas)
         self._fork: Fork | None = None
         self._changes = 0
         self._last_change: RoleChange | None = None
@@ -106,8 +106,8 @@ class RoleTracker:
                 self._note_new_primary(primary, observations)
             self._primary_server = server
             self._primary_timeline = primary.timeline
-        self._replica_replay = {o.server_id: o.position.replay_lsn for o in observations
-                                if o.observed_role == "replica" and o.server_id and o.position is not None
+        self._replica_replay = {o.node: o.position.replay_lsn for o in observations
+                                if o.observed_role == "replica" and o.position is not None
                                 and o.position.replay_lsn is not None}
         return RoleView(primary=primary, primaries=primaries, timeline=primary.timeline if primary else None,
                         fork=self._fork, changed=changed, role_changes_total=self._changes,
@@ -125,7 +125,11 @@ class RoleTracker:
             log.warning("%s/%s: role changed: was a %s, now a %s%s", self.cluster, obs.node, before, role, timeline)
 
     def _note_new_primary(self, primary: NodeObservation, observations: Sequence[NodeObservation]) -> None:
-        names = sorted({o.node for o in observations if o.server_id is not None and o.server_id == primary.server_id})
+        # Its names: the writers on its server. A replica is never the same server as a
+        # writer, whatever its server_id says (postmaster start time and port: CI once saw
+        # two replicas started together report the same).
+        names = sorted({o.node for o in observations if o.observed_role == "primary" and o.server_id is not None
+                        and o.server_id == primary.server_id})
         timeline = primary.timeline
         promoted = (timeline is not None and self._primary_timeline is not None and timeline > self._primary_timeline)
         log.warning("%s: the primary is now another server (%s)%s", self.cluster, " = ".join(names),
@@ -135,7 +139,9 @@ class RoleTracker:
         # The promoted server replayed at least this much of the old timeline before it
         # switched: a floor for the fork point, so a replica left on the old timeline is
         # never credited with WAL the new primary does not have.
-        replayed = self._replica_replay.get(primary.server_id or "")
+        # (by node: its names now that answered as a replica last cycle)
+        before = [self._replica_replay[n] for n in names if n in self._replica_replay]
+        replayed = max(before) if before else None
         current = primary.position.current_lsn if primary.position is not None else None
         lsn = replayed if replayed is not None else current
         if lsn is not None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+
+import pytest
 from lagwatch.alerting import conditions
 from lagwatch.config import ReplicaSla, parse_config
 from lagwatch.lag import LsnClock
@@ -185,3 +188,23 @@ def test_a_standby_cluster_is_measured_against_its_standby_leader() -> None:
                          standby_member("s2", "S2", 0, 1000, 1000)], now=0)
     assert role_of(snap, "primary") == "replica"
     assert [a.alert for a in conditions(snap)] == ["LagwatchNoPrimary"]
+
+
+def test_a_replica_with_the_promoted_ones_server_id_is_not_named_with_it_nor_dates_the_fork(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """CI once saw two replicas started together report one server_id (postmaster start time
+    and port): the promoted one's names are the writers on it, and the fork is where the
+    promoted node itself had replayed, not where the other replica had."""
+    tracker = ClusterTracker(CONFIG.clusters[0], 1.0, 60.0)
+    for t in range(5):
+        lsn = 1000 + 100 * t
+        tracker.update([writer("primary", "A", t, lsn, 1), follower("replica1", "B", t, min(lsn, 1200), 1),
+                        follower("replica2", "B", t, lsn, 1)], now=t)
+    tracker.update([down("primary", 5), follower("replica1", "B", 5, 1200, None),
+                    follower("replica2", "B", 5, 1400, None)], now=5)
+    with caplog.at_level(logging.INFO, logger="lagwatch.roles"):
+        snap = tracker.update([writer("primary", "B", 6, 1300, 2), writer("replica1", "B", 6, 1300, 2),
+                               follower("replica2", "B", 6, 1400, None)], now=6)
+    assert "the primary is now another server (primary = replica1), on timeline 2" in caplog.text
+    assert "replayed up to 0/4B0 at most" in caplog.text  # 1200, replica1's; not replica2's 1400
+    assert snap.primaries == 1 and role_of(snap, "replica2") == "replica"
