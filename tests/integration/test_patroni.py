@@ -253,7 +253,7 @@ def writers(patroni: PatroniCluster) -> set[str]:
 def leader_and_primaries(patroni: PatroniCluster, lagwatch: Lagwatch) -> tuple[str | None, set[str], set[str]]:
     """Patroni's running leader, the members lagwatch exports as primaries (the writer
     DSN's node, "primary", lands on whichever member leads: not a member) and the members
-    whose PostgreSQL accepts writes, read at one moment."""
+    whose PostgreSQL accepts writes, read one after the other."""
     members = patroni.cluster_view()["members"]
     leader = next((m["name"] for m in members if m.get("role") == "leader" and m.get("state") == "running"), None)
     samples = lagwatch.samples()
