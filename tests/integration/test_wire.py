@@ -1,7 +1,7 @@
 """The cycle's statement over libpq directly (lagwatch/wire.py), against a real server:
 its value, the server's errors as psycopg raises them with the connection still usable,
-a value larger than a socket's buffer, a connection killed mid-statement, and a
-prepared statement dropped from under the poller."""
+a value larger than a socket's buffer, a connection killed mid-statement, a prepared
+statement dropped from under the poller, and the walsenders' names read once each."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def primary_poller(server: LocalCluster) -> NodePoller:
 
 @pytest.fixture(scope="module")
 def server(pg_major: int) -> Iterator[LocalCluster]:
-    with LocalCluster(find_binaries(pg_major), replicas=0) as cluster:
+    with LocalCluster(find_binaries(pg_major), replicas=1) as cluster:
         yield cluster
 
 
@@ -142,3 +142,46 @@ def test_a_lost_statement_is_prepared_again_beside_one_the_session_kept(server: 
     assert two == ["lagwatch_cycle_0", "lagwatch_cycle_1"]
     assert answers == [True] * 5
     assert after == ["lagwatch_cycle_0", "lagwatch_cycle_2"]
+
+
+def test_a_walsenders_name_is_read_once_and_again_when_it_restarts(server: LocalCluster,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each cycle reads pg_stat_get_wal_senders(); the session's name and address are read
+    by a second statement only for a walsender this connection has not seen: once, and
+    again when the replica reconnects under a new pid."""
+    from lagwatch.views import replication
+
+    lookups: list[list[int]] = []
+    learn = replication.SenderNames.learn
+
+    def counted(self: replication.SenderNames, rows: Any) -> None:
+        lookups.append(sorted(r["pid"] for r in rows))
+        learn(self, rows)
+
+    monkeypatch.setattr(replication.SenderNames, "learn", counted)
+
+    def walsender_pid() -> int:
+        return int(server.primary.execute("SELECT pid FROM pg_stat_replication")[0][0])
+
+    async def scenario() -> list[tuple[str, ...]]:
+        poller = primary_poller(server)
+        try:
+            seen = []
+            for _ in range(3):
+                seen.append(tuple(s.application_name for s in (await poller.poll()).walsenders))
+            old = walsender_pid()
+            server.primary.execute(f"SELECT pg_terminate_backend({old})")
+            deadline = time.monotonic() + 20
+            while not server.primary.execute(f"SELECT 1 FROM pg_stat_replication WHERE pid <> {old}"):
+                assert time.monotonic() < deadline, "the replica did not reconnect"
+                await asyncio.sleep(0.1)
+            for _ in range(2):
+                seen.append(tuple(s.application_name for s in (await poller.poll()).walsenders))
+            return seen
+        finally:
+            await poller.close()
+
+    seen = asyncio.run(scenario())
+    assert seen == [("replica1",)] * 5
+    assert len(lookups) == 2 and lookups[0] != lookups[1], lookups  # once per walsender, not per cycle
+    assert lookups[1] == [walsender_pid()]
