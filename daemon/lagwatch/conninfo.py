@@ -17,9 +17,10 @@ def build_conninfo(node: NodeConfig, connect_timeout: float, statement_timeout: 
     options = str(params.get("options", ""))
     extra: dict[str, Any] = {
         "application_name": application_name,
-        # libpq's connect_timeout is whole seconds, minimum 2; the client-side deadline
-        # in NodePoller is the real budget.
-        "connect_timeout": max(2, round(connect_timeout)),
+        # The real deadline is the client-side one, counted in lagwatch's attention
+        # (session.py): a late lagwatch gives up on nobody. libpq's (whole seconds, wall
+        # clock) is only the backstop for a lagwatch that stays late for that long.
+        "connect_timeout": max(10, round(4 * connect_timeout)),
         "options": f"{options} -c statement_timeout={max(1, int(statement_timeout * 1000))}".strip(),
     }
     password = node.password()

@@ -1,9 +1,15 @@
-"""The scheduler and the cycle: poll -> track -> publish.
+"""The scheduler and the cycle: poll -> track -> control -> publish.
 
 apscheduler runs ``Daemon.cycle`` every ``interval`` with ``max_instances=1`` and
-``coalesce=True``: a cycle that overruns is logged and counted, never stacked. A failing
-node only marks that node down; an unexpected error in a cycle is logged with its trace
-and the next cycle runs as usual.
+``coalesce=True``: a cycle that overruns is logged and counted, never stacked, and while
+cycles do not fit the interval lagwatch keeps a longer one (lateness.Pacer) and says so.
+A failing node only marks that node down; an unexpected error in a cycle is logged with
+its trace and the next cycle runs as usual.
+
+A monitor in trouble never acts: a cluster some of whose answers lagwatch got to too
+late (lateness.py) is carried over as the last cycle left it: no node of it reads down,
+no pool decision is made, no role changes. A cluster is published once each of its nodes
+has answered or failed once (a fresh start reads nodes ``connecting``, not down).
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +35,15 @@ from lagwatch.cyclelog import log_cycle, status_line
 from lagwatch.discovery import Discovery
 from lagwatch.durations import format_duration
 from lagwatch.errors import ConfigError
-from lagwatch.holds import HoldStore
+from lagwatch.holds import Holds, HoldsError, HoldStore
 from lagwatch.lag import CYCLE_BUCKETS, LagHistogram, nearest_rank
+from lagwatch.lateness import Pacer
+from lagwatch.leader import Claim, Leadership, lock_key
 from lagwatch.poll import NodePoller, poll_all, pollers_for
 from lagwatch.poolcontrol import PoolController, Reconfiguration
 from lagwatch.sdnotify import Notifier
-from lagwatch.snapshot import ClusterSnapshot, Snapshot, SnapshotHolder
+from lagwatch.session import SessionContext
+from lagwatch.snapshot import ClusterSnapshot, NodeObservation, PoolStatus, Snapshot, SnapshotHolder
 from lagwatch.tracker import ClusterTracker
 
 log = logging.getLogger("lagwatch.daemon")
@@ -42,6 +51,7 @@ log = logging.getLogger("lagwatch.daemon")
 CLUSTER_DIR_SCAN_SECONDS = 1.0  # how often clusters_dir is looked at (every cycle, at most once a second)
 CYCLE_HISTORY = 600  # cycles whose durations give lagwatch_cycle_duration_window_seconds
 CYCLE_QUANTILES = (0.5, 0.9, 0.99, 1.0)
+OVERLOAD_SAY_EVERY = 60.0  # seconds between two WARNINGs that cycles do not fit the interval
 
 
 def _quantiles(durations: deque[float]) -> tuple[tuple[float, float], ...]:
@@ -64,6 +74,7 @@ class _Runtime:
     trackers: dict[str, ClusterTracker]
     pollers: dict[str, list[NodePoller]]
     controllers: dict[str, PoolController]
+    holds: HoldStore
     # Kept controllers and what they take on at commit (their history carries over).
     reconfigured: list[tuple[PoolController, Reconfiguration]] = field(default_factory=list)
     # Kept pollers and the cluster and node config they take on at commit (their connection carries over).
@@ -81,6 +92,10 @@ class Daemon:
         # systemd's notify protocol; a no-op unless given one built from NOTIFY_SOCKET.
         self.notifier = notifier or Notifier({})
         self.reload_hooks: list[ReloadHook] = []
+        # Every session's connect gate and the loop-lag meter their deadlines count by.
+        self.sessions = SessionContext()
+        self.leadership = Leadership(self.sessions, config.effective_connect_timeout,
+                                     config.effective_query_timeout, config.interval)
         # The config file as loaded; the source is that plus its clusters_dir's clusters;
         # what runs is the source plus the members discovery found.
         self._file_config = config
@@ -92,7 +107,7 @@ class Daemon:
         self.discovery = Discovery()
         # One-shot commands ask once (discover_now) and must not wait on a second ask at exit.
         self.discover_every_cycle = True
-        self._runtime = _Runtime(config, {}, {}, {})
+        self._runtime = _Runtime(config, {}, {}, {}, HoldStore(config.holds_file))
         self._commit(self._build(self._effective(self._source)))
         self._cycles = 0
         self._overruns = 0
@@ -107,6 +122,14 @@ class Daemon:
         self._scheduler: AsyncIOScheduler | None = None
         self._discovering: asyncio.Future[bool] | None = None
         self._members_pending = False  # members that could not be put in force yet
+        self._pacer = Pacer(config.interval)
+        self._said_overload_at: float | None = None  # when cycles last were said not to fit
+        self._overruns_said = 0  # overruns when that was said
+        self._published: dict[str, ClusterSnapshot] = {}  # each cluster as the last cycle published it
+        self._late_answers = 0
+        self._connecting_said = False  # the start's "still connecting" line
+        self._cycle_task: asyncio.Task[Any] | None = None  # the cycle under way (a stop waits for it)
+        self._started_at = time.monotonic()
 
     @property
     def config(self) -> Config:
@@ -141,21 +164,21 @@ class Daemon:
                 trackers[cluster.name] = ClusterTracker(cluster, config.interval, config.window,
                                                         config.forecast_horizon)
         pollers, retargeted = self._pollers(config)
-        holds = HoldStore(config.holds_file)
+        holds = running.holds if running.holds.path == config.holds_file else HoldStore(config.holds_file)
         timeout = config.effective_query_timeout
         controllers, reconfigured = {}, []
         for cluster in config.clusters_with_nodes:
             if cluster.pooler is None:
                 continue
             kept = running.controllers.get(cluster.name)
-            change = kept.prepare(cluster, config.interval, holds, timeout) if kept is not None else None
+            change = kept.prepare(cluster, config.interval, timeout) if kept is not None else None
             if kept is not None and change is not None:
-                controllers[cluster.name] = kept  # streaks, counters and leadership carry over
+                controllers[cluster.name] = kept  # streaks and counters carry over
                 reconfigured.append((kept, change))
             else:
-                controllers[cluster.name] = PoolController(cluster, config.interval, holds, timeout)
+                controllers[cluster.name] = PoolController(cluster, config.interval, timeout)
         hooks = [hook(config) for hook in self.reload_hooks] if reloading else []
-        return _Runtime(config, trackers, pollers, controllers, reconfigured, retargeted, hooks)
+        return _Runtime(config, trackers, pollers, controllers, holds, reconfigured, retargeted, hooks)
 
     def _pollers(self, config: Config) -> tuple[dict[str, list[NodePoller]],
                                                 list[tuple[NodePoller, ClusterConfig, NodeConfig]]]:
@@ -171,7 +194,7 @@ class Daemon:
         for cluster in config.clusters_with_nodes:
             old = {p.node: p for p in running.pollers.get(cluster.name, ())} if same_polling else {}
             pollers[cluster.name] = []
-            for fresh in pollers_for(cluster, config):
+            for fresh in pollers_for(cluster, config, self.sessions):
                 kept = old.get(fresh.node)
                 if (kept is not None and kept.role == fresh.role
                         and (kept.cluster.walinspect, kept.cluster.walinspect_max_bytes)
@@ -195,14 +218,14 @@ class Daemon:
             poller.cluster, poller.node_config = cluster, node_config
         for apply in new.hooks:
             apply()
+        self.leadership.retime(new.config.effective_connect_timeout, new.config.effective_query_timeout,
+                               new.config.interval)
         return old
 
     async def _close_replaced(self, old: _Runtime) -> None:
-        kept = set(map(id, self._runtime.controllers.values()))
         kept_pollers = {id(p) for pollers in self._runtime.pollers.values() for p in pollers}
         await asyncio.gather(*(p.close() for pollers in old.pollers.values() for p in pollers
-                               if id(p) not in kept_pollers),
-                             *(c.close() for c in old.controllers.values() if id(c) not in kept))
+                               if id(p) not in kept_pollers))
 
     # -- one cycle ------------------------------------------------------------------------
 
@@ -218,16 +241,27 @@ class Daemon:
             if self._discovering is None and self._source.patroni_clusters and self.discover_every_cycle:
                 self._discovering = asyncio.ensure_future(
                     self.discovery.refresh(self._source.patroni_clusters, budget))
+            # Leadership's round trips (one per primary server) run beside the polls.
+            await self.leadership.want(_claims(runtime))
+            rounds = self.leadership.start()
             # Every node of every cluster at once, with one deadline for all.
             pollers = [p for c in clusters for p in runtime.pollers[c.name]]
-            answers = iter(await poll_all(pollers, budget))
+            answers = iter(await poll_all(pollers, budget, alongside=rounds))
             results = [[next(answers) for _ in runtime.pollers[c.name]] for c in clusters]
             now = time.monotonic()
-            tracked = [runtime.trackers[c.name].update(obs, now) for c, obs in zip(clusters, results, strict=True)]
-            controlled = [cs for cs in tracked if cs.name in runtime.controllers]
-            with_pools = dict(zip((cs.name for cs in controlled),
-                                  await asyncio.gather(*(self._control(cs, now) for cs in controlled)), strict=True))
-            snapshots = tuple(with_pools.get(cs.name, cs) for cs in tracked)
+            self.leadership.settle(now)
+            published: list[ClusterSnapshot | None] = []
+            fresh: list[ClusterSnapshot] = []
+            connecting: list[tuple[str, str]] = []
+            for cluster, observations in zip(clusters, results, strict=True):
+                tracked = self._track(runtime, cluster, observations, now, connecting)
+                published.append(tracked)
+                if tracked is not None and not tracked.carried_cycles:
+                    fresh.append(tracked)
+            pools = await self._control(fresh, now, runtime)
+            snapshots = tuple(replace(c, pool=pools[c.name]) if c.name in pools else c
+                              for c in published if c is not None)
+            self._published = {c.name: c for c in snapshots}
             await self._take_discovery()
             await self._take_cluster_files()
             duration = time.monotonic() - started
@@ -237,10 +271,8 @@ class Daemon:
                 self._duration_histogram.observe(duration)
             else:
                 self._first_cycle = duration
-            if duration > self.config.interval:
-                self._overruns += 1
-                log.warning("cycle took %s, longer than the %s interval", format_duration(duration),
-                            format_duration(self.config.interval))
+            self._pace(duration)
+            self._say_connecting(connecting, sum(len(o) for o in results))
             snapshot = Snapshot(taken_at=time.time(), cycle_duration=duration, cycles_total=self._cycles,
                                 overruns_total=self._overruns, clusters=snapshots,
                                 reload_successful=self._reload_ok, reload_success_at=self._reload_success_at,
@@ -249,11 +281,62 @@ class Daemon:
                                 cluster_files=self._cluster_files(),
                                 shard=(self.config.shard.index, self.config.shard.count) if self.config.shard else None,
                                 cycle_quantiles=_quantiles(self._durations), first_cycle_duration=self._first_cycle,
-                                cycle_histogram=self._duration_histogram.snapshot())
+                                cycle_histogram=self._duration_histogram.snapshot(),
+                                interval=self.config.interval, effective_interval=self._pacer.pace.interval,
+                                loop_lag=self.sessions.loop_lag.take_worst(time.monotonic()),
+                                late_answers_total=self._late_answers, connecting=tuple(connecting))
             self.holder.publish(snapshot)
             log_cycle(snapshot)
             self._notify(snapshot)
             return snapshot
+
+    def _track(self, runtime: _Runtime, cluster: ClusterConfig, observations: list[NodeObservation], now: float,
+               connecting: list[tuple[str, str]]) -> ClusterSnapshot | None:
+        """The cluster as this cycle leaves it: tracked from its answers, or, when some of
+        them are no evidence (lagwatch late, a first connection under way), as the last
+        cycle published it (None before its first publication)."""
+        pending = [o for o in observations if o.pending is not None]
+        if not pending:
+            return runtime.trackers[cluster.name].update(observations, now)
+        self._late_answers += sum(1 for o in pending if o.pending == "late")
+        connecting.extend((cluster.name, o.node) for o in pending if o.pending == "connecting")
+        last = self._published.get(cluster.name)
+        return None if last is None else replace(last, carried_cycles=last.carried_cycles + 1)
+
+    def _pace(self, duration: float) -> None:
+        """Count an overrun, keep the interval cycles need (rescheduling when it changes),
+        and say so: at most one WARNING a minute while cycles do not fit."""
+        configured = self.config.interval
+        before = self._pacer.pace
+        if duration > before.interval:
+            self._overruns += 1
+        pace = self._pacer.observe(duration)
+        if pace.interval != before.interval and self._scheduler is not None:
+            self._add_job(pace.interval, first_in=pace.interval)
+        now = time.monotonic()
+        if pace.overloaded:
+            if self._said_overload_at is None or now - self._said_overload_at >= OVERLOAD_SAY_EVERY:
+                log.warning("cycles do not fit the %s interval (the last took %s; %d overrun(s) since last said): "
+                            "polling every %s until they do; lagwatch_effective_interval_seconds says how far behind",
+                            format_duration(configured), format_duration(duration),
+                            self._overruns - self._overruns_said, format_duration(pace.interval))
+                self._said_overload_at, self._overruns_said = now, self._overruns
+        elif before.overloaded:
+            log.info("cycles fit the %s interval again (the last took %s)", format_duration(configured),
+                     format_duration(duration))
+            self._said_overload_at = None
+
+    def _say_connecting(self, connecting: list[tuple[str, str]], nodes: int) -> None:
+        """At start, one line for the nodes still connecting and one when none is, not a
+        WARNING per node: they are no evidence of anything yet."""
+        if self._cycles == 1 and connecting:
+            self._connecting_said = True
+            log.info("first cycle: %d of %d node(s) answered; %d still connecting (read neither up nor down "
+                     "until they answer or fail)", nodes - len(connecting), nodes, len(connecting))
+        elif self._connecting_said and not connecting:
+            self._connecting_said = False
+            log.info("every node has answered or failed once, %s after start",
+                     format_duration(time.monotonic() - self._started_at))
 
     async def discover_now(self, timeout: float = 2.0) -> None:
         """Ask for every discovered cluster's members and put them in force before the
@@ -324,25 +407,62 @@ class Daemon:
         else:
             self.notifier.status(f"no node answered the last poll; {status}")
 
-    async def _control(self, cluster: ClusterSnapshot, now: float) -> ClusterSnapshot:
-        controller = self._runtime.controllers.get(cluster.name)
-        if controller is None:
-            return cluster
+    async def _control(self, fresh: list[ClusterSnapshot], now: float,
+                       runtime: _Runtime) -> dict[str, PoolStatus | None]:
+        """Pool control for the clusters tracked from this cycle's answers: the pooler's
+        views that are due read back, every decision, then every apply, each step's I/O
+        concurrent across clusters. A cluster whose leadership is not known this cycle
+        (its lock session's answer came late) decides nothing, like a carried one. The
+        holds file is looked at once. A stopping daemon decides but applies nothing."""
+        steps = []
+        for cluster in fresh:
+            controller = runtime.controllers.get(cluster.name)
+            if controller is None:
+                continue
+            standing = self.leadership.standing(cluster.name)
+            if standing.leads is None and not controller.cluster.dry_run:
+                continue
+            steps.append((cluster, controller, standing))
+        if not steps:
+            return {cluster.name: runtime.controllers[cluster.name].status() for cluster in fresh
+                    if cluster.name in runtime.controllers}
+        holds: Holds | HoldsError
         try:
-            return replace(cluster, pool=await controller.step(cluster, now))
-        except Exception:  # pool control must never stop the measuring
-            log.exception("%s: pool control failed; measuring goes on", cluster.name)
-            return cluster
+            holds = runtime.holds.current()
+        except HoldsError as exc:
+            holds = exc
+        due = [controller for _, controller, _ in steps if controller.read_due(now)]
+        await asyncio.gather(*(controller.read_back(now) for controller in due))
+        applies = []
+        may_apply = not self._stopped.is_set()
+        for cluster, controller, standing in steps:
+            try:
+                planned = controller.decide(cluster, now, standing, holds, may_apply)
+            except Exception:  # pool control must never stop the measuring
+                log.exception("%s: pool control failed; measuring goes on", cluster.name)
+                continue
+            if planned is not None:
+                applies.append(controller.apply(*planned))
+        await asyncio.gather(*applies)
+        return {cluster.name: runtime.controllers[cluster.name].status() for cluster in fresh
+                if cluster.name in runtime.controllers}
 
     async def _scheduled_cycle(self) -> None:
+        self._cycle_task = asyncio.current_task()
         try:
             await self.cycle()
+        except asyncio.CancelledError:
+            if not self._stopped.is_set():
+                raise
+            # Stopping, and the cycle did not end in time: ended quietly, nothing applied.
         except Exception:  # never let one bad cycle end the schedule
             log.exception("cycle failed with an unexpected error; the next one runs as usual")
+        finally:
+            self._cycle_task = None
 
     def _on_skipped(self, event: JobEvent) -> None:
+        # A cycle still running when the next was due: counted; said by _pace, at most once a minute.
         self._overruns += 1
-        log.warning("skipped a cycle: the previous one is still running")
 
     # -- running --------------------------------------------------------------------------
 
@@ -355,7 +475,8 @@ class Daemon:
         scheduler = AsyncIOScheduler(event_loop=loop, timezone=UTC)
         scheduler.add_listener(self._on_skipped, EVENT_JOB_MAX_INSTANCES | EVENT_JOB_MISSED)
         self._scheduler = scheduler
-        self._add_job()
+        self.sessions.loop_lag.start()
+        self._add_job(self._pacer.pace.interval)
         scheduler.start()
         shard = self.config.shard
         log.info("polling %d cluster(s) every %s, window %s%s",
@@ -371,16 +492,30 @@ class Daemon:
             await self._stopped.wait()
         finally:
             scheduler.shutdown(wait=False)
+            await self._let_the_cycle_end()
             await self.close()
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 loop.remove_signal_handler(sig)
 
-    def _add_job(self) -> None:
+    async def _let_the_cycle_end(self) -> None:
+        """A stop in the middle of a cycle lets it end (it applies nothing once stopping:
+        the pool stays as it was), for as long as a cycle may wait on its nodes; past that
+        it is cancelled, quietly."""
+        task = self._cycle_task
+        if task is None or task.done():
+            return
+        done, _ = await asyncio.wait({task}, timeout=self.config.cycle_budget + 1.0)
+        if not done:
+            task.cancel()
+            await asyncio.wait({task}, timeout=1.0)
+
+    def _add_job(self, interval: float, first_in: float = 0.0) -> None:
+        """The cycle job every ``interval`` seconds, the first ``first_in`` seconds from now."""
         assert self._scheduler is not None
-        self._scheduler.add_job(self._scheduled_cycle, "interval", seconds=self.config.interval,
+        self._scheduler.add_job(self._scheduled_cycle, "interval", seconds=interval,
                                 id="cycle", replace_existing=True, max_instances=1, coalesce=True,
-                                misfire_grace_time=max(1, int(self.config.interval)),
-                                next_run_time=datetime.now(UTC))
+                                misfire_grace_time=max(1, int(interval)),
+                                next_run_time=datetime.now(UTC) + timedelta(seconds=first_in))
 
     def _in_background(self, work: Coroutine[Any, Any, object], what: str) -> None:
         """Run ``work`` as a task whose failure is logged with its trace and counted
@@ -401,8 +536,9 @@ class Daemon:
         if self._discovering is not None:
             self._discovering.cancel()  # its worker thread ends by its own deadline
         runtime = self._runtime
+        self.sessions.loop_lag.stop()
         await asyncio.gather(*(p.close() for pollers in runtime.pollers.values() for p in pollers),
-                             *(c.close() for c in runtime.controllers.values()))
+                             self.leadership.close())
 
     async def reload(self) -> bool:
         """Re-read the config file (and its web config) and put it in force whole, or not
@@ -440,8 +576,10 @@ class Daemon:
             old = self._commit(runtime)
             self._file_config, self._dir, self._source = new, cluster_dir, source
             self._dir_scanned_at = time.monotonic()
-            if self._scheduler is not None and new.interval != old.config.interval:
-                self._add_job()
+            if new.interval != old.config.interval:
+                self._pacer = Pacer(new.interval)
+                if self._scheduler is not None:
+                    self._add_job(new.interval)
         await self._close_replaced(old)
         self._reload_ok, self._reload_success_at = True, time.time()
         log.info("reloaded %s: %d cluster(s), interval %s", self.config_path, len(new.clusters),
@@ -459,6 +597,13 @@ class Daemon:
 
 def _names(config: Config) -> set[str]:
     return {c.name for c in config.clusters}
+
+
+def _claims(runtime: _Runtime) -> dict[str, Claim]:
+    """The clusters whose leader lock this instance wants: those under pool control, but
+    not in a dry run (a trial instance must not keep the real one from applying)."""
+    return {name: Claim(controller.cluster.primary, lock_key(name, controller.cluster.leader_lock_key))
+            for name, controller in runtime.controllers.items() if not controller.cluster.dry_run}
 
 
 def watchdog_budget(config: Config) -> float:

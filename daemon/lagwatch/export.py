@@ -87,6 +87,19 @@ def _daemon_metrics(snapshot: Snapshot) -> Iterator[Family]:
                               value=snapshot.overruns_total)
     yield GaugeMetricFamily("lagwatch_last_poll_timestamp_seconds",
                             "Unix time the last cycle was published", value=snapshot.taken_at)
+    yield GaugeMetricFamily("lagwatch_interval_seconds", "The configured poll interval", value=snapshot.interval)
+    yield GaugeMetricFamily("lagwatch_effective_interval_seconds", "The interval lagwatch keeps now: longer than "
+                            "the configured one while its cycles do not fit that (LagwatchOverloaded)",
+                            value=snapshot.effective_interval)
+    yield GaugeMetricFamily("lagwatch_loop_lag_seconds", "The worst lateness of lagwatch's own event loop since "
+                            "the previous cycle: how late it was to get to what it waited for (a busy host, "
+                            "a fleet too big for the interval)", value=snapshot.loop_lag)
+    yield CounterMetricFamily("lagwatch_late_answers", "Node answers lagwatch got to too late to count for or "
+                              "against their node: their cluster kept its previous state that cycle (no node "
+                              "read down, no pool decision)", value=snapshot.late_answers_total)
+    yield GaugeMetricFamily("lagwatch_nodes_connecting", "Nodes still making their first connection: they read "
+                            "neither up nor down, and their cluster is published once each of its nodes has "
+                            "answered or failed", value=len(snapshot.connecting))
     # The names Prometheus and Alertmanager use for the same thing.
     yield GaugeMetricFamily("lagwatch_config_last_reload_successful",
                             "1 if the last config reload was put in force, 0 if it was rejected "

@@ -1,5 +1,5 @@
 """Operator holds (`lagwatch pool hold REPLICA in|out`, `release`), kept in a small JSON
-file so they survive restarts; the daemon re-reads it when it changes.
+file so they survive restarts; the daemon re-reads it when it changes (a ``stat`` a cycle).
 
 Every read-modify-write happens under an exclusive lock on a lock file beside it
 (``holds.json.lock``; the JSON file itself is replaced by a rename, so it cannot carry the
@@ -41,6 +41,21 @@ class HoldStore:
 
     def for_cluster(self, cluster: str) -> dict[str, Hold]:
         return dict(self.load().get(cluster, {}))
+
+    def current(self) -> Holds:
+        """The holds in force, as the daemon asks every cycle: one ``stat``, and the file
+        read (under the shared lock) only when it changed since it was last read. Callers
+        must not change what it returns."""
+        try:
+            stat = self.path.stat()
+        except FileNotFoundError:
+            return {}
+        except OSError as exc:
+            raise HoldsError(f"{self.path}: cannot read holds: {exc.strerror}") from None
+        cached = self._cache
+        if cached is not None and cached[0] == (stat.st_ino, stat.st_mtime_ns):
+            return cached[1]
+        return self.load()
 
     def set(self, cluster: str, replica: str, hold: Hold | None) -> None:
         with self._locked(fcntl.LOCK_EX, wait=10.0):

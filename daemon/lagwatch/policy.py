@@ -125,7 +125,8 @@ def _judge(health: ReplicaHealth, sla: ReplicaSla, prev: ReplicaPolicyState, now
     else:
         problem = ""
     if prev.eligible:
-        p95 = p95_since(health.samples, prev.admitted_at)
+        # Sorting the window costs a fleet's every cluster every cycle: only with a p95 SLA.
+        p95 = p95_since(health.samples, prev.admitted_at) if sla.p95 is not None and not problem else None
         if not problem and sla.p95 is not None and p95 is not None and p95 > sla.p95:
             return replace(prev, eligible=False, bad_streak=0, good_streak=0,
                            reason=f"p95 {_d(p95)} > {_d(sla.p95)}")

@@ -1,8 +1,11 @@
 """Talking to PostgreSQL: one long-lived connection per node, one round trip per cycle.
 
-Each node has its own ``NodePoller``; ``poll_cluster`` runs them concurrently and gives
-every node its own client-side deadline, so a hung host (whose server-side
-``statement_timeout`` can never fire) delays nothing but its own answer.
+Each node has its own ``NodePoller``; ``poll_all`` runs them concurrently and gives every
+node its own client-side deadline (session.py: counted in lagwatch's attention, so a
+late lagwatch never closes a healthy session), so a hung host (whose server-side
+``statement_timeout`` can never fire) delays nothing but its own answer. An answer not in
+when the cycle stops waiting is judged (lateness.py): a silent node is down; an answer
+lagwatch did not get to in time, or a first connection still under way, is no evidence.
 """
 
 from __future__ import annotations
@@ -11,11 +14,10 @@ import asyncio
 import contextlib
 import logging
 import math
-import random
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any
 
 import psycopg
 import psycopg.conninfo
@@ -26,8 +28,10 @@ from psycopg.rows import dict_row
 from lagwatch import wire
 from lagwatch.config import ClusterConfig, Config, NodeConfig, PasswordUnavailableError
 from lagwatch.conninfo import build_conninfo, connected_address, poller_application_name
+from lagwatch.lateness import Verdict
 from lagwatch.lsn import format_lsn
 from lagwatch.redact import redact_text
+from lagwatch.session import Session, SessionContext, reconnect_delay
 from lagwatch.snapshot import ErrorKind, NodeObservation, Role
 from lagwatch.views import CYCLE_VIEWS, probe, walinspect
 from lagwatch.views.base import View
@@ -39,7 +43,6 @@ from lagwatch.views.walinspect import WalInspection
 log = logging.getLogger("lagwatch.poll")
 
 MIN_VERSION_NUM = 130000
-T = TypeVar("T")
 # pg_walinspect's FPI statistics are read at most this often (seconds).
 WALINSPECT_EVERY = 10.0
 # Bytes, as the combined statement (views/combined.py): psycopg keeps every statement it
@@ -73,7 +76,7 @@ class NodePoller:
     """Polls one node. Keeps its connection, its capabilities and its reconnect backoff."""
 
     def __init__(self, cluster: ClusterConfig, node: str, role: Role, node_config: NodeConfig,
-                 config: Config) -> None:
+                 config: Config, context: SessionContext | None = None) -> None:
         self.cluster = cluster
         self.node = node
         self.role = role
@@ -82,10 +85,7 @@ class NodePoller:
         self.connect_timeout = config.effective_connect_timeout
         self.query_timeout = config.effective_query_timeout
         self.backoff_max = config.reconnect_backoff_max
-        self._conn: psycopg.AsyncConnection[dict[str, Any]] | None = None
-        # The statement under way: its deadline and the task running it (see _within).
-        self._guard: tuple[float, asyncio.Task[Any]] | None = None
-        self._expired = False
+        self._session = Session(context or SessionContext())
         self._caps: Capabilities | None = None
         self._prepared: dict[bytes, bytes] = {}  # combined statement -> its name on this connection
         # Names never reused on a connection: after a lost statement the others may still
@@ -95,6 +95,7 @@ class NodePoller:
         self._failures = 0
         self._next_attempt = 0.0
         self._connects = 0  # connection attempts since start: a reconnect storm would show here
+        self._evidence = False  # a poll's outcome (an answer or a failure) was taken since this poller began
         self._walinspect_from: int | None = None
         self._walinspect_due = 0.0  # monotonic time of the next WAL inspection
         self._walinspected_at = time.monotonic()
@@ -108,6 +109,10 @@ class NodePoller:
         self._inflight: asyncio.Future[NodeObservation] | None = None
         self._inflight_used = True
 
+    @property
+    def _conn(self) -> psycopg.AsyncConnection[dict[str, Any]] | None:
+        return self._session.conn
+
     def connected_address(self) -> tuple[str, int] | None:
         return connected_address(self._conn)
 
@@ -120,18 +125,35 @@ class NodePoller:
         return self._inflight
 
     def take(self, poll: asyncio.Future[NodeObservation]) -> NodeObservation:
-        """The answer of a finished poll from ``start``."""
+        """The answer of a finished poll from ``start``: evidence about the node, whether
+        it answered or failed."""
         if poll is self._inflight:
             self._inflight_used = True
+        self._evidence = True
         return poll.result()
 
-    def unanswered(self, waited: float) -> NodeObservation:
-        """What a cycle reports for a node whose poll is still under way."""
+    def judge(self, now: float, budget: float) -> Verdict:
+        """Why this node's poll, still under way, has not answered within the cycle's budget."""
+        return self._session.judge(now, budget, first_connection=not self._evidence)
+
+    def expire_overdue(self, now: float) -> None:
+        """End the statement or connection attempt under way if it has had its whole
+        deadline of lagwatch's attention and no answer waits for it (session.py)."""
+        if self._session.expire_overdue(now):
+            self._caps = None
+
+    def unanswered(self, waited: float, verdict: Verdict) -> NodeObservation:
+        """What a cycle reports for a node whose poll is still under way: down if it was
+        silent; no evidence either way if lagwatch was late or it is still connecting."""
         now = time.monotonic()
+        if verdict == "silent":
+            return NodeObservation(cluster=self.cluster.name, node=self.node, role=self.role, observed_at=now,
+                                   duration=waited, capabilities=self._caps, error_kind="timeout",
+                                   connects_total=self._connects,
+                                   error=f"no answer within the cycle's {waited:.3g}s (still trying)")
         return NodeObservation(cluster=self.cluster.name, node=self.node, role=self.role, observed_at=now,
-                               duration=waited, capabilities=self._caps, error_kind="timeout",
-                               connects_total=self._connects,
-                               error=f"no answer within the cycle's {waited:.3g}s (still trying)")
+                               duration=waited, capabilities=self._caps, connects_total=self._connects,
+                               pending=verdict)
 
     async def poll(self) -> NodeObservation:
         started = time.monotonic()
@@ -171,11 +193,11 @@ class NodePoller:
         assert self._caps is not None
         asked_at = time.monotonic()
         try:
-            fields = await self._within(self._query(conn, self._caps), self.query_timeout)
+            fields = await self._session.ask(self._query(conn, self._caps), self.query_timeout)
         except TimeoutError:
             raise NodeError("timeout", f"no answer within {self.query_timeout:.3g}s") from None
         except psycopg.OperationalError as exc:
-            await self.close()
+            await self._disconnect()
             raise NodeError("query", _one_line(exc)) from None
         except psycopg.Error as exc:
             # A failover can turn a query invalid for the role; probe again next cycle.
@@ -203,21 +225,19 @@ class NodePoller:
             self._connects += 1
             self._prepared, self._prepare_count, self._senders = {}, 0, SenderNames()
             try:
-                self._conn = await asyncio.wait_for(
-                    psycopg.AsyncConnection.connect(conninfo, autocommit=True, row_factory=dict_row),
-                    self.connect_timeout)
+                await self._session.connect(conninfo, self.connect_timeout, autocommit=True, row_factory=dict_row)
             except TimeoutError:
                 raise NodeError("connect", f"could not connect within {self.connect_timeout:.3g}s") from None
             except psycopg.Error as exc:
                 raise NodeError("connect", _one_line(exc)) from None
         assert self._conn is not None
         try:
-            caps = await self._within(self._probe(self._conn), self.query_timeout)
+            caps = await self._session.ask(self._probe(self._conn), self.query_timeout)
         except (TimeoutError, psycopg.Error) as exc:
-            await self.close()
+            await self._disconnect()
             raise NodeError("connect", f"probe failed: {_one_line(exc) or 'timeout'}") from None
         if caps.version_num < MIN_VERSION_NUM:
-            await self.close()
+            await self._disconnect()
             raise NodeError("connect", f"PostgreSQL {caps.version_num} is not supported (13 or later)")
         self._caps = caps
         self._say_skipped(caps)
@@ -227,48 +247,6 @@ class NodePoller:
     async def _probe(conn: psycopg.AsyncConnection[dict[str, Any]]) -> Capabilities:
         cursor = await conn.execute(_PROBE_SQL)
         return probe.parse(await cursor.fetchall())
-
-    async def _within(self, operation: Coroutine[Any, Any, T], timeout: float) -> T:
-        """Run ``operation`` on the connection with a client-side deadline, which poll_all
-        enforces (``expire_overdue``) when it stops waiting for the cycle's answers: no
-        timer per statement (a fleet's event loop would keep hundreds of them in its heap),
-        one check per node and cycle. A statement past its deadline when the cycle stops
-        waiting has its socket closed and its task cancelled; with a query_timeout longer
-        than the cycle's wait, that is at the end of the first cycle past its deadline."""
-        task = asyncio.current_task()
-        assert task is not None
-        self._guard, self._expired = (time.monotonic() + timeout, task), False
-        try:
-            result = await operation
-        except asyncio.CancelledError:
-            if self._expired and task.uncancel() == 0:
-                raise TimeoutError from None
-            raise
-        except psycopg.Error:
-            if not self._expired:
-                raise
-            await _take_cancellation(task)  # the closed socket spoke first: the cancel is still due
-            raise TimeoutError from None
-        finally:
-            self._guard = None
-        if self._expired:  # answered in the very step the deadline was enforced: the connection is closed
-            await _take_cancellation(task)
-            raise TimeoutError
-        return result
-
-    def expire_overdue(self, now: float) -> None:
-        """End the statement under way if its deadline has passed: the socket is closed
-        first and only then is its task cancelled. Cancelling a psycopg query the usual
-        way sends a cancel request to the server and waits for it, which against a hung
-        host would stall for seconds; with the socket closed psycopg has nothing to cancel."""
-        guard = self._guard
-        if guard is None or self._expired or now < guard[0]:
-            return
-        self._expired = True
-        conn, self._conn, self._caps = self._conn, None, None
-        if conn is not None:
-            conn.pgconn.finish()
-        guard[1].cancel()
 
     def _say_skipped(self, caps: Capabilities) -> None:
         if self._said_skipped:
@@ -475,56 +453,42 @@ class NodePoller:
             inflight.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await inflight
-        conn, self._conn, self._caps = self._conn, None, None
-        if conn is not None:
-            try:
-                await asyncio.wait_for(conn.close(), 1.0)
-            except (TimeoutError, psycopg.Error, OSError):
-                pass
+        await self._disconnect()
 
-
-def reconnect_delay(failures: int, interval: float, backoff_max: float, draw: float | None = None) -> float:
-    """How long to wait before the next attempt after ``failures`` failures in a row: at
-    once after the first, then 1, 2, 4 ... intervals up to ``backoff_max``, each drawn
-    between half and all of that ("equal jitter"), so that the hundreds of nodes a
-    restarted server takes down do not all come back at the same instant, cycle after
-    cycle. ``draw``: the random share (0-1), for tests."""
-    if failures <= 1:
-        return 0.0
-    ceiling: float = min(backoff_max, interval * 2.0 ** (failures - 2))
-    share = random.random() if draw is None else draw
-    return ceiling * (0.5 + 0.5 * share)
-
-
-async def _take_cancellation(task: asyncio.Task[Any]) -> None:
-    """Receive a cancellation requested of ``task`` (the current one) and withdraw it."""
-    try:
-        await asyncio.sleep(0)
-    except asyncio.CancelledError:
-        task.uncancel()
+    async def _disconnect(self) -> None:
+        """Close the connection (from within a poll: unlike ``close``, the poll goes on)."""
+        self._caps = None
+        await self._session.close()
 
 
 def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())
 
 
-def pollers_for(cluster: ClusterConfig, config: Config) -> list[NodePoller]:
-    pollers = [NodePoller(cluster, "primary", "primary", cluster.primary, config)]
-    pollers += [NodePoller(cluster, r.name, "replica", r, config) for r in cluster.replicas]
+def pollers_for(cluster: ClusterConfig, config: Config, context: SessionContext | None = None) -> list[NodePoller]:
+    pollers = [NodePoller(cluster, "primary", "primary", cluster.primary, config, context)]
+    pollers += [NodePoller(cluster, r.name, "replica", r, config, context) for r in cluster.replicas]
     return pollers
 
 
-async def poll_all(pollers: Sequence[NodePoller], budget: float) -> list[NodeObservation]:
-    """Every node at once, waiting at most ``budget`` seconds. Each poller enforces its own
-    deadlines and never raises; a node still connecting or answering when the budget is
-    spent reads as unanswered this cycle, and its poll goes on for a later cycle to take."""
+async def poll_all(pollers: Sequence[NodePoller], budget: float,
+                   alongside: Collection[asyncio.Future[Any]] = ()) -> list[NodeObservation]:
+    """Every node at once, waiting at most ``budget`` seconds (for ``alongside`` too, other
+    work of the cycle that runs meanwhile). Each poller enforces its own deadlines and
+    never raises; a node whose poll is still under way when the budget is spent is judged
+    (lateness.judge_unanswered): down if it was silent, else no evidence this cycle; its
+    poll goes on for a later cycle to take."""
     started = time.monotonic()
     polls = [p.start() for p in pollers]
-    if polls:
-        await asyncio.wait(polls, timeout=budget)
+    if polls or alongside:
+        await asyncio.wait([*polls, *alongside], timeout=budget)
     now = time.monotonic()
-    for p, poll in zip(pollers, polls, strict=True):
-        if not poll.done():
-            p.expire_overdue(now)  # a hung host's statement: its socket closed, its poll ends soon
     waited = now - started
-    return [p.take(poll) if poll.done() else p.unanswered(waited) for p, poll in zip(pollers, polls, strict=True)]
+    out = []
+    for p, poll in zip(pollers, polls, strict=True):
+        if poll.done():
+            out.append(p.take(poll))
+            continue
+        p.expire_overdue(now)  # a hung host's statement: its socket closed, its poll ends soon
+        out.append(p.unanswered(waited, p.judge(now, budget)))
+    return out

@@ -1,9 +1,12 @@
 """Pool control for one cluster: decide from the snapshot, apply through the pooler.
 
-Each cycle: read the pooler's own view (so a restarted HAProxy or an edited file is seen),
-take or keep the leader lock (a dry run never takes it: a trial instance must not keep
-the real one from applying), run the pure policy, log and count every change, and, if
-this instance leads, make the pooler match the decision when it differs. A failing read
+A cycle runs every controller in three steps, so that the clusters with nothing to do
+cost no task, no thread and no round trip: ``read_back`` (only when due: at start, every
+``read_back_every`` seconds of the adapter, sooner after a failed read; so a restarted
+HAProxy or an edited file is seen), ``decide`` (the pure policy, every change logged and
+counted; returns what to apply if this instance leads and the pooler differs), and
+``apply``. Leadership (leader.py) and the operator holds come in as arguments: the
+daemon looks them up once per server and once per cycle, not per cluster. A failing read
 or apply is counted, retried with backoff and never stops the cycle.
 """
 
@@ -12,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import threading
 import time
 from collections import Counter, deque
@@ -20,10 +24,9 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from lagwatch.config import ClusterConfig, PasswordUnavailableError
-from lagwatch.conninfo import serves_as
 from lagwatch.durations import format_duration
-from lagwatch.holds import Hold, HoldsError, HoldStore
-from lagwatch.leader import LeaderLock
+from lagwatch.holds import Hold, Holds, HoldsError
+from lagwatch.leader import Standing
 from lagwatch.policy import Decision, PolicyState, PoolRules, ReplicaHealth, decide, route_to_current_primary
 from lagwatch.poolers import make_pooler
 from lagwatch.poolers.base import PRIMARY, Pooler, PoolerError, backends_from_cluster
@@ -48,20 +51,16 @@ class Reconfiguration:
 
     cluster: ClusterConfig
     interval: float
-    holds: HoldStore
     timeout: float
     pooler: Pooler
-    leader: LeaderLock | None  # a new lock when the primary or the timeout changed
 
 
 class PoolController:
-    def __init__(self, cluster: ClusterConfig, interval: float, holds: HoldStore, timeout: float) -> None:
+    def __init__(self, cluster: ClusterConfig, interval: float, timeout: float) -> None:
         assert cluster.pooler is not None
         self.cluster = cluster
         self.interval = interval
-        self.holds = holds
         self.pooler: Pooler = make_pooler(cluster)
-        self.leader = LeaderLock(cluster, timeout)
         self._state: PolicyState | None = None
         self._applied: frozenset[str] | None = None  # the last pool this instance applied
         self._pooler_view: frozenset[str] | None = None
@@ -76,32 +75,25 @@ class PoolController:
         self._names = [r.name for r in cluster.replicas]
         self._inflight: asyncio.Future[Any] | None = None
         self.deadline = max(3.0, 2 * timeout)
+        self._read_at = 0.0  # monotonic time the pooler's view is read back next
+        self._read_failures = 0
+        self._standing = Standing(False, None)
+        self._decision: Decision | None = None
+        self._holds_now: dict[str, Hold] = {}
 
-    def prepare(self, cluster: ClusterConfig, interval: float, holds: HoldStore,
-                timeout: float) -> Reconfiguration | None:
+    def prepare(self, cluster: ClusterConfig, interval: float, timeout: float) -> Reconfiguration | None:
         """What a reloaded config changes here, built without touching this controller
         (``commit`` puts it in force). None when the pooler itself changed: then this
         controller is retired and a fresh one starts."""
         if cluster.pooler != self.cluster.pooler or cluster.name != self.cluster.name:
             return None
-        # The lock's session may stay when only the writer's host list changed (discovery:
-        # a member joined or left) and the server it is on is still listed: re-taking it
-        # would hand leadership to the other instance for nothing.
-        new_leader = (not serves_as(self.cluster.primary, cluster.primary, self.leader.connected_address())
-                      or timeout != self.leader.timeout or cluster.leader_lock_key != self.cluster.leader_lock_key)
-        return Reconfiguration(cluster, interval, holds, timeout, make_pooler(cluster),
-                               LeaderLock(cluster, timeout) if new_leader else None)
+        return Reconfiguration(cluster, interval, timeout, make_pooler(cluster))
 
     def commit(self, change: Reconfiguration) -> None:
-        """Take a reloaded config without forgetting: streaks, events, counters, backoff and
-        (if the primary is the same) the leader lock carry over, so a reload neither resets
-        hysteresis nor hands leadership to the other instance."""
+        """Take a reloaded config without forgetting: streaks, events, counters and backoff
+        carry over, so a reload does not reset hysteresis (leadership is the daemon's, kept
+        per primary server: leader.py)."""
         cluster = change.cluster
-        if change.leader is not None:
-            self.leader.release()
-            self.leader = change.leader
-        else:
-            self.leader.cluster = cluster
         self.pooler = change.pooler  # the replicas' hosts and ports may have changed
         names = [r.name for r in cluster.replicas]
         if self._state is not None:
@@ -112,15 +104,19 @@ class PoolController:
             new_names = [n for n in names if n not in self._state.replicas]
             joined = PolicyState.from_pool(view & set(new_names), new_names, time.monotonic())
             self._state = PolicyState({**self._state.replicas, **joined.replicas}, self._state.pool | joined.pool)
-        self.cluster, self.interval, self.holds, self._names = cluster, change.interval, change.holds, names
+        self.cluster, self.interval, self._names = cluster, change.interval, names
         self.deadline = max(3.0, 2 * change.timeout)
+        self._read_at = 0.0  # the new adapter's view, read at the next step
 
-    async def step(self, snapshot: ClusterSnapshot, now: float) -> PoolStatus:
-        if self.cluster.dry_run:
-            self.leader.release()
-            is_leader = False
-        else:
-            is_leader = await self.leader.refresh()
+    # -- 1. the pooler's own view, when due ------------------------------------------------
+
+    def read_due(self, now: float) -> bool:
+        """At start, when the period is up, and before retrying a failed apply (a pooler
+        back up is then seen answering, and the retry goes out without its backoff)."""
+        return (self._state is None or now >= self._read_at
+                or (bool(self._backoff.failures) and time.monotonic() >= self._backoff.next_at))
+
+    async def read_back(self, now: float) -> None:
         try:
             self._pooler_view = await self._call(self.pooler.read_pool)
             if self._read_failing and self._backoff.failures:
@@ -128,11 +124,39 @@ class PoolController:
                 log.info("%s: %s answers again; applying without waiting", self.cluster.name, self.pooler.kind)
                 self._backoff = _ApplyBackoff()
             self._read_failing = False
+            self._read_failures = 0
+            # Spread over the period, so that a fleet's controllers do not all read in one cycle.
+            wait = self.pooler.read_back_every * (0.5 + 0.5 * random.random())
         except PoolerError as exc:
             self._pooler_view = None
             self._read_failing = True
             self._read_errors += 1
+            self._read_failures += 1
             self._note_error(f"reading the pool: {exc}")
+            # Sooner after a failure (a pooler back up is seen at once), backing off to the period.
+            wait = min(self.pooler.read_back_every, self.interval * 2 ** (self._read_failures - 1))
+        self._read_at = now + wait
+
+    async def step(self, snapshot: ClusterSnapshot, now: float, standing: Standing, holds: Holds | HoldsError,
+                   may_apply: bool = True) -> PoolStatus | None:
+        """One cycle of this cluster alone: the three steps in order (the daemon runs each
+        step across its clusters at once)."""
+        if self.read_due(now):
+            await self.read_back(now)
+        planned = self.decide(snapshot, now, standing, holds, may_apply)
+        if planned is not None:
+            await self.apply(*planned)
+        return self.status()
+
+    # -- 2. the decision -------------------------------------------------------------------
+
+    def decide(self, snapshot: ClusterSnapshot, now: float, standing: Standing, holds: Holds | HoldsError,
+               may_apply: bool = True) -> tuple[frozenset[str], frozenset[str]] | None:
+        """This cycle's decision (logged and counted). Returns the members to apply and
+        what the pooler will route to then, if this instance leads (``standing``), may
+        apply (not stopping), and the pooler differs; else None."""
+        is_leader = bool(standing.leads) and not self.cluster.dry_run
+        self._standing = standing
         if self._state is None:
             if self._pooler_view is not None:
                 start = self._pooler_view
@@ -146,21 +170,30 @@ class PoolController:
             self._state = PolicyState.from_pool(start, self._names, now)
             self._applied = self._pooler_view
 
-        holds = self._holds()
+        holds_now = self._holds(holds)
         decision = decide(self._health(snapshot), {n: self.cluster.replica_sla(n) for n in self._names},
                           PoolRules(self.cluster.sla.min_replicas, self.cluster.sla.fallback_to_primary,
                                     self.cluster.sla.primary_in_read_pool),
-                          self._state, holds, now, [r.name for r in self.cluster.replicas if not r.read_pool])
-        self._state = decision.state
+                          self._state, holds_now, now, [r.name for r in self.cluster.replicas if not r.read_pool])
+        self._state, self._decision, self._holds_now = decision.state, decision, holds_now
         self._record(decision, snapshot, is_leader)
-        if is_leader and not self.cluster.dry_run:
-            routed = route_to_current_primary(decision.pool, snapshot.writer_member, self._names,
-                                              primary_routable=PRIMARY not in decision.pool
-                                              or PRIMARY in backends_from_cluster(self.cluster))
-            target = None if routed is None else self.pooler.routes_for(routed, self._pooler_view)
-            if routed is not None and target is not None and self._needs_apply(target):
-                await self._apply(routed, target)
-        return self._status(is_leader, decision, holds)
+        if not (is_leader and may_apply) or time.monotonic() < self._backoff.next_at:
+            return None
+        routed = route_to_current_primary(decision.pool, snapshot.writer_member, self._names,
+                                          primary_routable=PRIMARY not in decision.pool
+                                          or PRIMARY in backends_from_cluster(self.cluster))
+        target = None if routed is None else self.pooler.routes_for(routed, self._pooler_view)
+        if routed is None or target is None or not self._needs_apply(target):
+            return None
+        return routed, target
+
+    # -- 4. what the cycle publishes -------------------------------------------------------
+
+    def status(self) -> PoolStatus | None:
+        """The pool as of the last decision (None before the first)."""
+        if self._decision is None:
+            return None
+        return self._status(bool(self._standing.leads) and not self.cluster.dry_run, self._decision, self._holds_now)
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a blocking pooler call in a daemon thread with a deadline. A pooler that
@@ -206,16 +239,15 @@ class PoolController:
         # The pooler cannot be read right now: only push a change we have not applied yet.
         return target != self._applied
 
-    def _holds(self) -> dict[str, Hold]:
-        try:
-            holds = {r: h for r, h in self.holds.for_cluster(self.cluster.name).items() if r in self._names}
-        except HoldsError as exc:
+    def _holds(self, holds: Holds | HoldsError) -> dict[str, Hold]:
+        if isinstance(holds, HoldsError):
             # A half-edited or corrupt holds file: keep the holds last read, so a replica an
             # operator holds out is not readmitted by automation meanwhile.
-            self._note_error(f"{exc}; keeping the holds last read")
-            return dict(self._last_holds)
-        self._last_holds = holds
-        return holds
+            self._note_error(f"{holds}; keeping the holds last read")
+            return self._last_holds
+        mine = holds.get(self.cluster.name)
+        self._last_holds = {r: h for r, h in mine.items() if r in self._names} if mine else {}
+        return self._last_holds
 
     def _health(self, snapshot: ClusterSnapshot) -> list[ReplicaHealth]:
         by_name = {r.name: r for r in snapshot.replicas}
@@ -252,16 +284,18 @@ class PoolController:
             return " (dry run, not applied)"
         if is_leader:
             return ""
-        holder = self.leader.holder
+        holder = self._standing.holder
         if holder is None:
             return " (not applied here: this instance could not take the leader lock)"
         if holder.is_lagwatch:
             return f" (not applied here: the leader, another lagwatch instance, applies it; {holder.describe()})"
         return f" (NOT APPLIED: the leader lock is held by a session that is not lagwatch: {holder.describe()})"
 
-    async def _apply(self, members: frozenset[str], target: frozenset[str]) -> None:
-        if time.monotonic() < self._backoff.next_at:
-            return
+    # -- 3. making the pooler match ---------------------------------------------------------
+
+    async def apply(self, members: frozenset[str], target: frozenset[str]) -> None:
+        """Apply ``members`` (``decide``'s answer), then take ``target`` as the pooler's view:
+        every adapter reads its own view back after a change before it returns."""
         try:
             await self._call(self.pooler.apply_pool, members)
         except PoolerError as exc:
@@ -295,11 +329,8 @@ class PoolController:
             read_errors_total=self._read_errors,
             last_error=self._last_error,
             events=tuple(self._events),
-            leader_holder=self.leader.holder,
+            leader_holder=self._standing.holder,
         )
-
-    async def close(self) -> None:
-        await self.leader.close()
 
 
 def _fmt(value: float | None) -> str:

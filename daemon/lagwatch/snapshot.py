@@ -31,6 +31,9 @@ Role = Literal["primary", "replica"]  # the slot a node is configured in: only a
 ObservedRole = Literal["primary", "replica", "standby_leader", "unknown"]
 OBSERVED_ROLES: tuple[ObservedRole, ...] = ("primary", "replica", "standby_leader", "unknown")
 ErrorKind = Literal["connect", "timeout", "query"]
+# Why a node's answer is missing when that is no evidence about the node (lateness.py):
+# lagwatch got to its answer too late, or its first connection is still under way.
+Pending = Literal["late", "connecting"]
 
 
 @fast_init
@@ -62,10 +65,11 @@ class NodeObservation:
     connects_total: int = 0  # connection attempts to the node since start
     error_kind: ErrorKind | None = None
     error: str | None = None  # one line, never containing a password
+    pending: Pending | None = None  # no answer, and no evidence either way (see Pending)
 
     @property
     def ok(self) -> bool:
-        return self.error_kind is None
+        return self.error_kind is None and self.pending is None
 
     @property
     def observed_role(self) -> ObservedRole:
@@ -264,6 +268,9 @@ class ClusterSnapshot:
     last_role_change_ago: float | None = None
     sync: SyncReplication | None = None  # synchronous replication on the primary (None: no answer)
     slot_runways: dict[str, float] = field(default_factory=dict)  # limited slots: seconds until safe_wal_size is 0
+    # Cycles in a row this cluster was carried over as an earlier cycle left it, because
+    # lagwatch got to some of its answers too late to count them (0: as of this cycle).
+    carried_cycles: int = 0
 
 
 @dataclass(frozen=True)
@@ -299,6 +306,13 @@ class Snapshot:
     # clusters_dir: each cluster file and why it cannot be used as it is (None: in force as is).
     cluster_files: tuple[tuple[str, str | None], ...] = ()
     shard: tuple[int, int] | None = None  # (index, count) of this instance's part of a sharded fleet
+    interval: float = 0.0  # the configured interval (seconds)
+    effective_interval: float = 0.0  # the interval lagwatch keeps now: longer while cycles do not fit
+    loop_lag: float = 0.0  # the worst lateness of lagwatch's event loop since the last cycle (seconds)
+    late_answers_total: int = 0  # answers got to too late to count for or against their node, since start
+    # (cluster, node) of the nodes still making their first connection: they read neither
+    # up nor down, and a cluster is published once each of its nodes has answered or failed.
+    connecting: tuple[tuple[str, str], ...] = ()
 
 
 class SnapshotHolder:

@@ -75,6 +75,8 @@ def cluster_status(c: ClusterSnapshot) -> dict[str, Any]:
         "role_changes_total": c.role_changes_total,
         "last_role_change": c.last_role_change,
         "last_role_change_ago_seconds": c.last_role_change_ago,
+        # Cycles in a row this cluster's state was carried over (lagwatch late for some of its answers).
+        "carried_cycles": c.carried_cycles,
         # What the shipped alert rules see now (Prometheus fires each after its for:).
         "alert_conditions": [asdict(a) for a in conditions(c)],
         "primary_lsn": format_lsn(c.primary_lsn),
@@ -130,6 +132,12 @@ def snapshot_status(snapshot: Snapshot | None) -> dict[str, Any]:
         "cycle_duration_seconds": snapshot.cycle_duration,
         "cycles_total": snapshot.cycles_total,
         "overruns_total": snapshot.overruns_total,
+        "interval_seconds": snapshot.interval,
+        "effective_interval_seconds": snapshot.effective_interval,
+        "loop_lag_seconds": snapshot.loop_lag,
+        "late_answers_total": snapshot.late_answers_total,
+        # Nodes still making their first connection: neither up nor down yet.
+        "connecting": [{"cluster": c, "node": n, "state": "connecting"} for c, n in snapshot.connecting],
         "clusters": [cluster_status(c) for c in snapshot.clusters],
     })
     return cleaned

@@ -299,6 +299,27 @@ def _summary(snapshot: Snapshot) -> str:
             f"</tr></thead><tbody>{rows}</tbody></table></div>")
 
 
+def _daemon_line(snapshot: Snapshot, cluster: str | None) -> str:
+    """lagwatch's own trouble, when it has some: nodes still connecting (neither up nor down
+    yet), and an interval stretched because its cycles do not fit the configured one."""
+    parts = []
+    connecting = [f"{c}/{n}" for c, n in snapshot.connecting if cluster in (None, c)]
+    if connecting:
+        more = f" and {len(connecting) - 10} more" if len(connecting) > 10 else ""
+        parts.append(f'<span class="warn">connecting: {_e(", ".join(connecting[:10]))}{_e(more)}</span> '
+                     f'(first connection under way: neither up nor down yet)')
+    if snapshot.effective_interval > snapshot.interval:
+        parts.append(f'<span class="warn">overloaded: polling every {_e(_dur(snapshot.effective_interval))} instead '
+                     f'of {_e(_dur(snapshot.interval))}</span> (cycles do not fit the interval; loop lag '
+                     f'{_e(_dur(snapshot.loop_lag))})')
+    carried = [c.name for c in snapshot.clusters if c.carried_cycles and cluster in (None, c.name)]
+    if carried:
+        parts.append(f'<span class="warn">as of an earlier cycle: {_e(", ".join(carried[:10]))}'
+                     f'{_e(f" and {len(carried) - 10} more" if len(carried) > 10 else "")}</span> '
+                     f"(lagwatch got to some of their answers too late to count them)")
+    return "".join(f'<div class="meta lagwatch">{part}</div>' for part in parts)
+
+
 def render(snapshot: Snapshot | None, cluster: str | None = None) -> str:
     """The page: every cluster in detail, or for more than DETAILED_UP_TO clusters a summary
     line per cluster; ``cluster``: that one cluster in detail (``/status?cluster=NAME``)."""
@@ -314,6 +335,7 @@ def render(snapshot: Snapshot | None, cluster: str | None = None) -> str:
             body = _summary(snapshot)
         else:
             body = "".join(_cluster(c) for c in snapshot.clusters)
+        body = _daemon_line(snapshot, cluster) + body
         stamp = (f"as of {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(snapshot.taken_at))}, "
                  f"cycle {snapshot.cycle_duration * 1000:.1f} ms")
     return ("<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">"

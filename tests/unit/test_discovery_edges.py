@@ -246,10 +246,10 @@ def test_a_rebuild_that_fails_is_tried_again_next_cycle(monkeypatch: pytest.Monk
     real = daemon_module.pollers_for
     failures = [RuntimeError("cannot build")]
 
-    def flaky(cluster: Any, config: Any) -> list[NodePoller]:
+    def flaky(cluster: Any, config: Any, context: Any) -> list[NodePoller]:
         if failures:
             raise failures.pop()
-        return real(cluster, config)
+        return real(cluster, config, context)
 
     monkeypatch.setattr(daemon_module, "pollers_for", flaky)
 

@@ -54,7 +54,10 @@ def test_a_slow_node_costs_the_others_nothing_and_is_taken_later() -> None:
     assert all(r[0].ok for r in results)
     # Each slow answer (0.25 s) is taken by the cycle after the one that started it.
     assert [r[1].ok for r in results] == [False, True, False, True, False]
-    assert results[0][1].error_kind == "timeout" and "still trying" in (results[0][1].error or "")
+    # Not in yet, and no evidence either way: the first poll is a first connection, and
+    # the later ones have no statement under way whose silence lagwatch could have heard.
+    assert [r[1].pending for r in results] == ["connecting", None, "late", None, "late"]
+    assert all(r[1].error_kind is None for r in results)
 
 
 def test_reconnects_back_off_with_jitter_so_a_fleet_does_not_come_back_in_step() -> None:

@@ -2,6 +2,7 @@
 
 The real adapters and the real advisory lock are tested against real PgBouncer, HAProxy and
 PostgreSQL in tests/integration; here: what the controller does with what they return.
+Leadership and holds come in as arguments each cycle (the daemon looks them up).
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from typing import Any
 
 import pytest
 from lagwatch.config import ClusterConfig, parse_config
-from lagwatch.holds import HoldStore
+from lagwatch.holds import HoldsError, HoldStore
+from lagwatch.leader import Standing
 from lagwatch.poolcontrol import PoolController
 from lagwatch.poolers.base import PoolerError
 from lagwatch.snapshot import ClusterSnapshot, LockHolder, NodeObservation
@@ -35,6 +37,7 @@ def cluster_config(tmp_path: Path, dry_run: bool = False) -> ClusterConfig:
 
 class StubPooler:
     kind = "stub"
+    read_back_every = 0.0  # read back every cycle: what each test does to it is seen at once
 
     def __init__(self, pool: set[str]) -> None:
         self.pool = frozenset(pool)
@@ -58,26 +61,26 @@ class StubPooler:
 
 
 class StubLeader:
+    """What leader.Leadership would say of the cluster: this instance leads unless
+    ``holder`` (another session) holds the lock."""
+
     def __init__(self) -> None:
-        self.is_leader = False
-        self.refreshed = 0
-        self.released = 0
         self.holder: LockHolder | None = None  # None: this instance may take the lock
         self.ours = LockHolder(101, "lagwatch-leader", "lagwatch", "", True)
 
-    async def refresh(self) -> bool:
-        self.refreshed += 1
-        self.is_leader = self.holder is None or self.holder.is_us
-        if self.is_leader:
-            self.holder = self.ours
-        return self.is_leader
+    def standing(self) -> Standing:
+        if self.holder is None or self.holder.is_us:
+            return Standing(True, self.ours)
+        return Standing(False, self.holder)
 
-    def release(self) -> None:
-        self.released += 1
-        self.is_leader = False
 
-    async def close(self) -> None:
-        self.release()
+def step(h: Harness, snapshot: ClusterSnapshot, t: float) -> Any:
+    holds: Any
+    try:
+        holds = h.holds.current()
+    except HoldsError as exc:
+        holds = exc
+    return asyncio.run(h.controller.step(snapshot, t, h.leader.standing(), holds))
 
 
 def observations(t: float, lag1: int) -> list[NodeObservation]:
@@ -106,18 +109,17 @@ class Harness:
     def __init__(self, tmp_path: Path, pool: set[str], dry_run: bool = False) -> None:
         config = cluster_config(tmp_path, dry_run)
         self.holds = HoldStore(tmp_path / "holds.json")
-        self.controller = PoolController(config, 1.0, self.holds, 1.0)
+        self.controller = PoolController(config, 1.0, 1.0)
         self.pooler = StubPooler(pool)
         self.leader = StubLeader()
         self.controller.pooler = self.pooler  # type: ignore[assignment]
-        self.controller.leader = self.leader  # type: ignore[assignment]
         self.tracker = ClusterTracker(config, 1.0, 60.0)
         self.t = 0.0
 
     def cycle(self, lag1: int = 0) -> ClusterSnapshot:
         self.t += 1
         snapshot = self.tracker.update(observations(self.t, lag1), self.t)
-        status = asyncio.run(self.controller.step(snapshot, self.t))
+        status = step(self, snapshot, self.t)
         return ClusterSnapshot(**{**snapshot.__dict__, "pool": status})
 
 
@@ -172,15 +174,24 @@ def test_corrupt_holds_file_keeps_the_holds_last_read(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("dry_run", [True, False])
 def test_dry_run_never_leads_nor_applies(tmp_path: Path, dry_run: bool) -> None:
+    from lagwatch.daemon import Daemon, _claims
+
     h = Harness(tmp_path, {"replica1", "replica2"}, dry_run=dry_run)
     for _ in range(6):
         snap = h.cycle(lag1=10)
     assert snap.pool is not None and snap.pool.changes_total == {("replica1", "eject"): 1}
+    # A dry run's lock is not even asked for: a trial instance must not keep the real one from applying.
+    daemon = Daemon(parse_config({"interval": "1s", "state_dir": str(tmp_path), "clusters": [{
+        "name": "main", "primary": {"dsn": "host=p"}, "dry_run": dry_run, "sla": SLA,
+        "replicas": [{"name": "replica1", "dsn": "host=r1"}],
+        "pooler": {"kind": "command", "template": "{hosts}\n", "output_file": str(tmp_path / "pool.txt"),
+                   "reload_command": ["true"]}}]}))
+    claimed = set(_claims(daemon._runtime))
     if dry_run:
-        assert h.leader.refreshed == 0 and not snap.pool.leader
+        assert claimed == set() and not snap.pool.leader  # though the stub leader says it leads
         assert h.pooler.applied == []
     else:
-        assert h.leader.refreshed == 6 and snap.pool.leader
+        assert claimed == {"main"} and snap.pool.leader
         assert h.pooler.applied == [frozenset({"replica2"})]
 
 
@@ -233,13 +244,12 @@ def test_the_fallback_primary_is_whichever_node_accepts_writes_now(tmp_path: Pat
         "pooler": {"kind": "command", "template": "{hosts}\n", "output_file": str(tmp_path / "pool.txt"),
                    "reload_command": ["true"]}}]}).clusters[0]
     h = Harness(tmp_path, {"replica1", "replica2"})
-    h.controller = PoolController(config, 1.0, h.holds, 1.0)
+    h.controller = PoolController(config, 1.0, 1.0)
     h.controller.pooler = h.pooler  # type: ignore[assignment]
-    h.controller.leader = h.leader  # type: ignore[assignment]
     h.tracker = ClusterTracker(config, 1.0, 60.0)
     for t in range(1, 4):  # healthy
         snap = h.tracker.update(observations(t, 0), t)
-        asyncio.run(h.controller.step(snap, t))
+        step(h, snap, t)
     for t in range(4, 10):  # the primary gone, replica1 promoted, replica2 stuck at 3000
         lsn = 4000 + 1000 * (t - 4)
         obs = [NodeObservation(cluster="main", node="primary", role="primary", observed_at=t, duration=0.5,
@@ -251,7 +261,7 @@ def test_the_fallback_primary_is_whichever_node_accepts_writes_now(tmp_path: Pat
                                position=ServerPosition(True, None, 3000, 3000, "not paused", 1.0),
                                receiver=WalReceiver(None))]
         snap = h.tracker.update(obs, t)
-        status = asyncio.run(h.controller.step(snap, t))
+        status = step(h, snap, t)
     assert snap.primary_node == "replica1"
     assert status.members == {"primary"}, status.reasons
     assert h.pooler.applied[-1] == {"replica1"}
@@ -273,9 +283,8 @@ def test_a_discovered_clusters_fallback_routes_to_the_leader_member(tmp_path: Pa
     config = discovered(patroni, parse_cluster({"members": [
         {"name": n, "role": "replica", "host": f"10.0.0.{i}", "port": 5432} for i, n in ((1, "m1"), (2, "m2"))]}, "u"))
     h = Harness(tmp_path, {"m1"})
-    h.controller = PoolController(config, 1.0, h.holds, 1.0)
+    h.controller = PoolController(config, 1.0, 1.0)
     h.controller.pooler = h.pooler  # type: ignore[assignment]
-    h.controller.leader = h.leader  # type: ignore[assignment]
     h.tracker = ClusterTracker(config, 1.0, 60.0)
 
     def cycle(t: int, m2_answers: bool = True) -> Any:
@@ -291,7 +300,7 @@ def test_a_discovered_clusters_fallback_routes_to_the_leader_member(tmp_path: Pa
                NodeObservation(cluster="main", node="m2", role="replica", observed_at=t, duration=0.5,
                                error_kind="connect", error="timeout")]
         snap = h.tracker.update(obs, t)
-        return snap, asyncio.run(h.controller.step(snap, t))
+        return snap, step(h, snap, t)
 
     for t in range(1, 8):  # m1 stuck far behind, m2 leads
         snap, status = cycle(t)

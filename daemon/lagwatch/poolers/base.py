@@ -31,8 +31,15 @@ class Backend:
     port: int | None
 
 
+# How often lagwatch reads a pooler's own view back between its changes (seconds), so that
+# a restarted pooler or a hand edit is seen: state in a file lagwatch wrote survives a
+# restart; HAProxy's runtime state does not (read_back_every on its adapter).
+READ_BACK_EVERY = 10.0
+
+
 class Pooler(Protocol):
     kind: str
+    read_back_every: float  # seconds between read-backs of the pooler's own view (READ_BACK_EVERY)
 
     def read_pool(self) -> frozenset[str]:
         """The members the pooler routes reads to right now (raise PoolerError if unknown)."""

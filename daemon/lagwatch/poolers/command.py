@@ -29,7 +29,7 @@ from typing import IO
 
 from lagwatch.config import CommandPoolerConfig
 from lagwatch.files import write_atomically
-from lagwatch.poolers.base import Backend, PoolerError
+from lagwatch.poolers.base import READ_BACK_EVERY, Backend, PoolerError
 
 DEFAULT_PORT = 5432
 _STDERR_TAIL = 600  # characters of a failed reload command's stderr kept in the error
@@ -131,6 +131,7 @@ class CommandPooler:
     """Render ``template`` into ``output_file`` and run ``reload_command``."""
 
     kind = "command"
+    read_back_every = READ_BACK_EVERY
 
     def __init__(self, config: CommandPoolerConfig, backends: Mapping[str, Backend], timeout: float = 10.0) -> None:
         self.config = config

@@ -104,6 +104,8 @@ class HAProxyPooler:
     """Pooler adapter for one HAProxy backend; members map to servers via ``config.servers``."""
 
     kind = "haproxy"
+    # A restarted HAProxy forgets every runtime change: looked at often (one socket exchange).
+    read_back_every = 2.0
 
     def __init__(self, config: HAProxyPoolerConfig, timeout: float = 2.0) -> None:
         if timeout <= 0:

@@ -28,7 +28,7 @@ import psycopg.conninfo
 
 from lagwatch.config import POOLED_HOST, PgBouncerPoolerConfig
 from lagwatch.files import write_atomically
-from lagwatch.poolers.base import PRIMARY, Backend, PoolerError
+from lagwatch.poolers.base import PRIMARY, READ_BACK_EVERY, Backend, PoolerError
 from lagwatch.redact import redact_text
 
 log = logging.getLogger("lagwatch.poolers.pgbouncer")
@@ -71,6 +71,7 @@ class AdminUnreachableError(PoolerError):
 
 class PgBouncerPooler:
     kind = "pgbouncer"
+    read_back_every = READ_BACK_EVERY
 
     def __init__(self, config: PgBouncerPoolerConfig, backends: Mapping[str, Backend], timeout: float = 5.0) -> None:
         self.config = config

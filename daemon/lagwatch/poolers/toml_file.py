@@ -22,7 +22,7 @@ import tomlkit
 import tomlkit.exceptions
 
 from lagwatch.config import TomlPoolerConfig
-from lagwatch.poolers.base import Backend, PoolerError
+from lagwatch.poolers.base import READ_BACK_EVERY, Backend, PoolerError
 from lagwatch.poolers.command import DEFAULT_PORT, read_text, restore, run_reload, write_text
 
 Address = tuple[str, int]  # (host, port) as written in the pooler's file
@@ -112,6 +112,7 @@ class TomlFilePooler:
     def __init__(self, fmt: TomlFormat, config: TomlPoolerConfig, backends: Mapping[str, Backend],
                  timeout: float = 10.0) -> None:
         self.kind: str = config.kind
+        self.read_back_every = READ_BACK_EVERY
         self.fmt = fmt
         self.config = config
         self.backends = dict(backends)

@@ -1,0 +1,204 @@
+"""Whose lateness is it (lateness.py, session.py): the late-monitor rule as a table, the
+loop-lag meter, the pace, and the rule where a cycle applies it (poll_all), with a node
+whose connection is a socket pair: the test writes to the other end to make it answer.
+No server: what a real one does is in tests/integration/test_overload.py."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from typing import Any
+
+import pytest
+from lagwatch.config import parse_config
+from lagwatch.lateness import MAX_STRETCH, LoopLag, Pacer, judge_unanswered
+from lagwatch.poll import NodePoller, poll_all
+from lagwatch.session import SessionContext
+from lagwatch.snapshot import NodeObservation
+from lagwatch.views.probe import Capabilities
+from lagwatch.views.server import ServerPosition
+
+
+@pytest.mark.parametrize("first_connection,answer_waiting,attentive,verdict", [
+    # The node was silent while lagwatch listened for over half the budget: evidence.
+    (False, False, 0.5, "silent"),
+    (False, False, 0.8, "silent"),
+    # Lagwatch was late: the node answered and lagwatch did not get to it...
+    (False, True, 0.8, "late"),
+    (False, True, 0.0, "late"),
+    # ...or lagwatch gave it too little attention to say it was silent.
+    (False, False, 0.39, "late"),
+    # Both late and silent: no evidence either way.
+    (False, False, 0.0, "late"),
+    # A first connection under way is no evidence yet, however long.
+    (True, False, 5.0, "connecting"),
+    (True, True, 0.0, "connecting"),
+])
+def test_the_late_monitor_rule(first_connection: bool, answer_waiting: bool, attentive: float, verdict: str) -> None:
+    assert judge_unanswered(first_connection=first_connection, answer_waiting=answer_waiting,
+                            attentive=attentive, budget=0.8) == verdict
+
+
+def test_loop_lag_counts_a_stall_as_no_attention() -> None:
+    async def scenario() -> tuple[float, float, float]:
+        lag = LoopLag()
+        lag.start()
+        await asyncio.sleep(0.2)
+        mark = lag.mark(time.monotonic())
+        await asyncio.sleep(0.2)  # attentive
+        time.sleep(0.4)  # the loop stalls: lagwatch busy, or not scheduled
+        await asyncio.sleep(0.2)
+        now = time.monotonic()
+        attentive, stalled, worst = lag.attentive(mark, now), lag.stalled(now) - mark[1], lag.take_worst(now)
+        lag.stop()
+        return attentive, stalled, worst
+
+    attentive, stalled, worst = asyncio.run(scenario())
+    assert 0.3 <= stalled <= 0.5, stalled
+    assert 0.3 <= attentive <= 0.5, attentive  # 0.8 s of wall clock, 0.4 of it stalled
+    assert 0.3 <= worst <= 0.5, worst
+
+
+def test_a_stall_under_way_counts_before_the_loop_gets_to_its_tick() -> None:
+    """Asked in the very callback that ends a stall, the meter already counts it."""
+    async def scenario() -> float:
+        lag = LoopLag()
+        lag.start()
+        mark = lag.mark(time.monotonic())
+        time.sleep(0.3)
+        attentive = lag.attentive(mark, time.monotonic())
+        lag.stop()
+        return attentive
+
+    assert asyncio.run(scenario()) < 0.1
+
+
+@pytest.mark.parametrize("durations,paces", [
+    # Cycles that fit: the configured interval.
+    ([0.2, 0.3, 0.2], [1.0, 1.0, 1.0]),
+    # A node that never answers holds every cycle to the budget (0.8 s): it fits, nothing stretches.
+    ([0.85, 0.85, 0.85], [1.0, 1.0, 1.0]),
+    # A cycle that did not fit stretches at once (headroom, whole tenths), relaxes once the
+    # last three fit a shorter one.
+    ([1.3, 0.4, 0.4, 0.4], [1.7, 1.7, 1.7, 1.0]),
+    ([2.5, 2.4, 0.3, 0.3, 0.3], [3.2, 3.2, 3.2, 3.0, 1.0]),
+    # Never beyond MAX_STRETCH intervals.
+    ([60.0], [MAX_STRETCH]),
+])
+def test_the_pace_stretches_while_cycles_do_not_fit(durations: list[float], paces: list[float]) -> None:
+    pacer = Pacer(1.0)
+    assert [round(pacer.observe(d).interval, 3) for d in durations] == paces
+    assert pacer.pace.overloaded == (paces[-1] > 1.0)
+
+
+# -- the rule where a cycle applies it -------------------------------------------------------
+
+CONFIG = parse_config({"interval": "500ms", "query_timeout": "150ms", "clusters": [{
+    "name": "main", "primary": {"dsn": "host=p"}, "replicas": [{"name": "replica1", "dsn": "host=r1"}]}]})
+CAPS = Capabilities(version_num=180001, in_recovery=True, can_ls_waldir=True, has_walinspect=False,
+                    can_walinspect=False, can_read_all_stats=True)
+
+
+class _Pgconn:
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock, self.finished = sock, False
+
+    @property
+    def socket(self) -> int:
+        return self.sock.fileno()
+
+    def is_busy(self) -> bool:
+        return True  # a statement under way, its result not whole yet
+
+    def finish(self) -> None:
+        self.finished = True
+
+
+class _Conn:
+    def __init__(self, sock: socket.socket) -> None:
+        self.pgconn, self.closed = _Pgconn(sock), False
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+class SocketNode(NodePoller):
+    """A replica whose session is one end of a socket pair. ``answers``: its statement
+    returns at once; else it hangs (as one whose answer is still being read would) while
+    whatever the test wrote waits on the socket."""
+
+    def __init__(self, context: SessionContext) -> None:
+        cluster = CONFIG.clusters[0]
+        super().__init__(cluster, "replica1", "replica", cluster.replicas[0], CONFIG, context)
+        self.ours, self.theirs = socket.socketpair()
+        self.stub = _Conn(self.ours)
+        self.answers = True
+
+    async def _connection(self) -> Any:
+        if self._session.conn is None:
+            self._session.conn = self.stub  # type: ignore[assignment]
+            self._connects += 1
+        self._caps = CAPS
+        return self._session.conn
+
+    async def _query(self, conn: Any, caps: Capabilities) -> dict[str, Any]:
+        if not self.answers:
+            await asyncio.get_running_loop().create_future()  # never done
+        return {"capabilities": caps, "position": ServerPosition(True, None, 100, 100, "not paused", 1.0),
+                "views": {}}
+
+
+class BusyNeighbour(NodePoller):
+    """Another node whose poll, once started, holds the event loop for ``hold`` seconds:
+    lagwatch itself busy (or descheduled by a busy host)."""
+
+    def __init__(self, hold: float) -> None:
+        cluster = CONFIG.clusters[0]
+        super().__init__(cluster, "primary", "primary", cluster.primary, CONFIG)
+        self.hold = hold
+
+    async def poll(self) -> NodeObservation:
+        await asyncio.sleep(0)
+        time.sleep(self.hold)
+        return NodeObservation(cluster="main", node="primary", role="primary", observed_at=time.monotonic(),
+                               duration=self.hold)
+
+
+@pytest.mark.parametrize("node,lagwatch,pending,error_kind,closed", [
+    # Down, and its socket closed at its deadline.
+    ("silent", "on time", None, "timeout", True),
+    # No evidence: its answer waits, and so does its session, however long lagwatch waits then.
+    ("answered", "late", "late", None, False),
+    # Both: no evidence either way. Its session is closed only once lagwatch has listened
+    # for its whole deadline after the stall, and heard nothing.
+    ("silent", "late", "late", None, True),
+    # Answered, not yet taken: not silent.
+    ("answered", "on time", "late", None, False),
+])
+def test_a_cycle_reads_a_node_down_only_for_a_silence_lagwatch_was_there_to_hear(
+        node: str, lagwatch: str, pending: str | None, error_kind: str | None, closed: bool) -> None:
+    budget = CONFIG.cycle_budget
+
+    async def scenario() -> tuple[NodeObservation, bool]:
+        context = SessionContext()
+        context.loop_lag.start()
+        scripted = SocketNode(context)
+        [first] = await poll_all([scripted], budget)  # one answer: this is not a first connection
+        assert first.ok, first
+        scripted.answers = False
+        if node == "answered":
+            scripted.theirs.send(b"D")  # its answer's bytes, on the socket
+        others = [BusyNeighbour(2 * budget)] if lagwatch == "late" else []
+        [*_, observation] = await poll_all([*others, scripted], budget)
+        assert not scripted.stub.pgconn.finished or not others  # a late cycle closes nothing
+        await asyncio.sleep(0.05)
+        await poll_all([scripted], budget)  # lagwatch on time: over its 0.15 s deadline now
+        finished = scripted.stub.pgconn.finished
+        await scripted.close()
+        context.loop_lag.stop()
+        return observation, finished
+
+    observation, finished = asyncio.run(scenario())
+    assert (observation.pending, observation.error_kind) == (pending, error_kind), observation
+    assert finished == closed

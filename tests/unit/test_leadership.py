@@ -1,0 +1,81 @@
+"""What pool control costs per cluster: leadership is one session per primary server (not
+one per cluster), and the holds file is read only when it changed. The round trips
+themselves run against real servers in tests/integration (test_pool_pgbouncer's two
+instances, test_observability_e2e's stranger, test_overload's fleet)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from lagwatch.config import NodeConfig
+from lagwatch.holds import HoldStore
+from lagwatch.leader import Claim, Leadership, lock_key
+from lagwatch.session import SessionContext
+from lagwatch.snapshot import LockHolder
+
+
+def claims(names: list[str], dsn: str) -> dict[str, Claim]:
+    return {n: Claim(NodeConfig(dsn=dsn), lock_key(n)) for n in names}
+
+
+def test_one_session_per_primary_server_holds_every_clusters_lock() -> None:
+    async def scenario() -> None:
+        leadership = Leadership(SessionContext(), 1.0, 1.0, 1.0)
+        fleet = [f"c{i:03d}" for i in range(300)]
+        await leadership.want({**claims(fleet, "host=10.0.0.1"), **claims(["other"], "host=10.0.0.2")})
+        assert len(leadership._sessions) == 2
+        assert len(leadership._of["c000"].keys) == 300
+        # A cluster no longer wanted (removed, or in dry run) lets its lock go with its session's next round trip.
+        session = leadership._of["c001"]
+        session.held["c001"] = lock_key("c001")
+        session.session.conn = SimpleNamespace(closed=False)  # type: ignore[assignment]  # open: the release is queued
+        await leadership.want(claims([n for n in fleet if n != "c001"], "host=10.0.0.1"))
+        assert session._releases == [lock_key("c001")] and "c001" not in session.held
+        assert len(leadership._sessions) == 1  # "other"'s session is closed with its last cluster
+        session.session.conn = None
+        await leadership.close()
+
+    asyncio.run(scenario())
+
+
+def test_leadership_changes_are_said_in_one_line_for_many_clusters(caplog: pytest.LogCaptureFixture) -> None:
+    async def scenario() -> None:
+        leadership = Leadership(SessionContext(), 1.0, 1.0, 1.0)
+        await leadership.want(claims([f"c{i:03d}" for i in range(300)], "host=10.0.0.1"))
+        session = leadership._of["c000"]
+        session._me = LockHolder(9, "lagwatch-leader", "lagwatch", "", True)
+        session.held = dict(session.keys)
+        session.known = True
+        caplog.set_level(logging.INFO, logger="lagwatch")
+        leadership._say()
+        leadership._say()  # nothing new: nothing said
+        await leadership.close()
+
+    asyncio.run(scenario())
+    said = [r.getMessage() for r in caplog.records]
+    assert said == ["c000, c001, c002, c003, c004 and 295 more cluster(s): this instance is now the leader "
+                    "(applies pool changes)"]
+
+
+def test_the_holds_file_is_read_only_when_it_changed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = HoldStore(tmp_path / "holds.json")
+    assert store.current() == {}
+    store.set("main", "replica1", "out")
+    reads: list[Path] = []
+    real = Path.read_bytes
+
+    def counted(self: Path) -> bytes:
+        reads.append(self)
+        return real(self)
+
+    monkeypatch.setattr(Path, "read_bytes", counted)
+    for _ in range(100):
+        assert store.current() == {"main": {"replica1": "out"}}
+    assert len(reads) <= 1
+    (tmp_path / "holds.json").write_text(json.dumps({"main": {"replica1": "in"}}))
+    assert store.current() == {"main": {"replica1": "in"}}
