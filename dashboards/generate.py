@@ -528,13 +528,42 @@ def _lagwatch_row() -> list[Panel]:
             _timeseries("s", overrides=[_override("B", ("unit", "short"), ("custom.axisPlacement", "right"))]),
             TIMESERIES_OPTIONS),
         Panel(
+            "Interval and loop lag", "timeseries",
+            "The interval each lagwatch instance keeps (solid) against its configured interval (dashed): above "
+            "it when cycles do not fit, so lagwatch stretched its interval instead of falling behind (it logs a "
+            "WARNING a minute at most meanwhile; LagwatchOverloaded pages after 5 minutes of it). Staleness is "
+            "then read less often and pool decisions come later. Dotted: how late lagwatch's own event loop was, "
+            "at worst, to get to what it waited for in the last cycle; high with a stretched interval means a "
+            "busy host or too big a fleet for one instance.",
+            [Query(f"lagwatch_effective_interval_seconds and {this_cluster}", "{{instance}} effective interval"),
+             Query(f"lagwatch_interval_seconds and {this_cluster}", "{{instance}} configured interval"),
+             Query(f"lagwatch_loop_lag_seconds and {this_cluster}", "{{instance}} loop lag")],
+            6, 7,
+            _timeseries("s", overrides=[
+                _override("B", ("custom.lineStyle", DASHED), ("custom.fillOpacity", 0), ("custom.lineWidth", 2)),
+                _override("C", ("custom.lineStyle", DOTTED), ("custom.fillOpacity", 0))]),
+            TIMESERIES_OPTIONS),
+        Panel(
+            "Late answers, nodes connecting", "timeseries",
+            "Node answers per second that lagwatch got to too late to count for or against their node: a "
+            "cluster with one keeps its previous state for that cycle (no node read down, no pool decision), "
+            "since a busy lagwatch is no evidence against a node. Above 0 for long: lagwatch is overloaded (see "
+            "Interval and loop lag). Right axis: nodes still making their first connection after a start; they "
+            "read neither up nor down until they answer.",
+            [Query(f"rate(lagwatch_late_answers_total[{RATE}]) and {this_cluster}", "{{instance}} late answers/s"),
+             Query(f"lagwatch_nodes_connecting and {this_cluster}", "{{instance}} nodes connecting")],
+            6, 7,
+            _timeseries("short", fill=0, overrides=[_override("B", ("custom.axisPlacement", "right"),
+                                                               ("decimals", 0))]),
+            TIMESERIES_OPTIONS),
+        Panel(
             "Leader / dry run", "state-timeline",
             "Which lagwatch instance holds the cluster's advisory-lock leadership and applies pool changes "
             "(exactly one should be leader), and whether pool control is in dry run (decides and counts, "
             "changes nothing).",
             [Query(f"lagwatch_leader{{{C}}}", "{{cluster}} {{instance}} leader"),
              Query(f"lagwatch_pool_dry_run{{{C}}}", "{{cluster}} {{instance}} mode")],
-            6, 7,
+            12, 7,
             _state([_mapping({"1": ("leader", "blue"), "0": ("standby", "text")})],
                    [_override("B", ("mappings", [_mapping({"1": ("DRY RUN", "orange"),
                                                            "0": ("applying", "green")})]))]),
@@ -546,7 +575,7 @@ def _lagwatch_row() -> list[Panel]:
             "unreachable). Non-zero for long: the pool is not what the dashboard above says lagwatch decided.",
             [Query(f"rate(lagwatch_pool_apply_errors_total{{{C}}}[{RATE}])", "apply {{cluster}} {{instance}}"),
              Query(f"rate(lagwatch_pool_read_errors_total{{{C}}}[{RATE}])", "read {{cluster}} {{instance}}")],
-            6, 7, _timeseries("short", fill=0), TIMESERIES_OPTIONS),
+            12, 7, _timeseries("short", fill=0), TIMESERIES_OPTIONS),
     ]
 
 

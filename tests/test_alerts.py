@@ -103,7 +103,7 @@ def test_one_group_and_the_alerts_we_promise() -> None:
         "LagwatchRoleChanged": "info", "LagwatchDiscoveryDown": "warning",
         "LagwatchSyncCommitsStalled": "page", "LagwatchSyncOneLossFromStall": "warning",
         "LagwatchSyncCommitWaitHigh": "warning", "LagwatchSlotWalLossImminent": "page",
-        "LagwatchReplicaNotCatchingUp": "warning",
+        "LagwatchReplicaNotCatchingUp": "warning", "LagwatchOverloaded": "page",
     }
     got = {rule["alert"]: rule["labels"]["severity"] for rule in alert_rules()}
     assert got == expected
@@ -198,6 +198,7 @@ def test_alertmanager_receivers_send_resolved() -> None:
 @pytest.mark.parametrize("labels,receiver", [
     (["severity=page", "alertname=LagwatchReplicaLagFarOverSLA", "cluster=main", "replica=r1"], "pager"),
     (["severity=page", "alertname=LagwatchDown"], "pager"),
+    (["severity=page", "alertname=LagwatchOverloaded", "instance=lw:9847", "job=lagwatch"], "pager"),
     (["severity=warning", "alertname=LagwatchReplicaEjected", "cluster=main", "replica=r1"], "chat"),
     (["severity=info", "alertname=LagwatchRoleChanged", "cluster=main"], "chat"),
     (["severity=page", "alertname=LagwatchSplitBrain", "cluster=main"], "pager"),
@@ -245,6 +246,7 @@ def inhibitions(url: str, wanted: dict[Key, bool]) -> dict[Key, bool]:
 def test_alertmanager_inhibitions() -> None:
     """Replica/slot alerts are muted while lagwatch is down or not polling for their cluster, or
     while its primary is unreachable; a replica's "not catching up" while its replay is paused;
+    an instance's LagwatchOverloaded while that instance is not polling;
     nothing else, and no other cluster, is. A LagwatchDown /
     LagwatchNotPolling without a cluster label mutes every cluster only when it has no
     `instance` either (the absent() branch: no lagwatch scraped at all)."""
@@ -287,6 +289,12 @@ def test_alertmanager_inhibitions() -> None:
             {} if name == "LagwatchTooFewHealthyReplicas" else {"replica": "replica1"})
         alerts.append({"labels": {"alertname": name, "severity": "page", "cluster": cluster, **subject}})
     target_state = {(name, cluster, ""): muted for (name, cluster), muted in targets.items()}
+    # Per process, without a cluster: muted only by the same instance's LagwatchNotPolling
+    # (with or without a cluster), by no LagwatchDown (a target that is down has no series).
+    overloaded = {"lw:9847": True, "lw3:9847": True, "lw-e:9847": False, "lw9:9847": False}
+    alerts += [{"labels": {"alertname": "LagwatchOverloaded", "severity": "page", "instance": instance,
+                           "job": "lagwatch"}} for instance in overloaded]
+    overloaded_state = {("LagwatchOverloaded", "", instance): muted for instance, muted in overloaded.items()}
 
     with tempfile.TemporaryDirectory(prefix="lagwatch-am-") as folder:
         port = free_port()
@@ -307,7 +315,7 @@ def test_alertmanager_inhibitions() -> None:
                     assert time.monotonic() < deadline and proc.poll() is None, log.read_text()[-2000:]
                     time.sleep(0.2)
             http_json(f"{url}/api/v2/alerts", alerts)
-            wanted = {**target_state, **{alert_key(s): False for s in sources}}
+            wanted = {**target_state, **overloaded_state, **{alert_key(s): False for s in sources}}
             assert inhibitions(url, wanted) == wanted
             # No lagwatch scraped at all (absent(): neither cluster nor instance label) mutes
             # every replica and slot alert, whatever the cluster.
