@@ -35,7 +35,10 @@ class CheckRow:
     note: str
 
 
-def evaluate(snapshot: Snapshot, warning: float, critical: float) -> tuple[int, list[CheckRow], list[str]]:
+def evaluate(snapshot: Snapshot, warning: float, critical: float,
+             expected: tuple[str, ...] = ()) -> tuple[int, list[CheckRow], list[str]]:
+    """The check's verdict on ``snapshot``; ``expected``: the clusters it was to read (one
+    not in the snapshot had a node still connecting, or an answer not taken in time)."""
     rows: list[CheckRow] = []
     problems: list[str] = []
     worst = OK
@@ -43,6 +46,13 @@ def evaluate(snapshot: Snapshot, warning: float, critical: float) -> tuple[int, 
         if not discovered.up:  # its members are unknown, or may be out of date
             worst = worse(worst, UNKNOWN)
             problems.append(f"{discovered.cluster}: member discovery failed: {discovered.error}")
+    published = {c.name for c in snapshot.clusters}
+    for name in expected:
+        if name not in published:
+            worst = worse(worst, UNKNOWN)
+            waiting = [n for c, n in snapshot.connecting if c == name]
+            problems.append(f"{name}: not read: " + (f"still connecting to {', '.join(waiting)}" if waiting
+                                                      else "an answer came too late to count"))
     for cluster in snapshot.clusters:
         primary = next((n for n in cluster.nodes if n.role == "primary"), None)
         if primary is None or not primary.up:
@@ -102,7 +112,8 @@ def run_check(config: Config, *, warning: float, critical: float, out: TextIO) -
             await daemon.close()
 
     snapshot = asyncio.run(two_polls())
-    code, rows, problems = evaluate(snapshot, warning, critical)
+    code, rows, problems = evaluate(snapshot, warning, critical,
+                                    tuple(c.name for c in daemon.config.clusters_with_nodes))
     summary = "; ".join(problems) if problems else f"{len(rows)} replica(s) within {format_duration(warning)}"
     print(f"LAGWATCH {STATE_NAMES[code]} - {summary}", file=out)
     print(render(rows), file=out)

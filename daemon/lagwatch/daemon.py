@@ -75,6 +75,7 @@ class _Runtime:
     pollers: dict[str, list[NodePoller]]
     controllers: dict[str, PoolController]
     holds: HoldStore
+    claims: dict[str, Claim]  # the leader locks it wants (leader.Leadership.want)
     # Kept controllers and what they take on at commit (their history carries over).
     reconfigured: list[tuple[PoolController, Reconfiguration]] = field(default_factory=list)
     # Kept pollers and the cluster and node config they take on at commit (their connection carries over).
@@ -107,7 +108,7 @@ class Daemon:
         self.discovery = Discovery()
         # One-shot commands ask once (discover_now) and must not wait on a second ask at exit.
         self.discover_every_cycle = True
-        self._runtime = _Runtime(config, {}, {}, {}, HoldStore(config.holds_file))
+        self._runtime = _Runtime(config, {}, {}, {}, HoldStore(config.holds_file), {})
         self._commit(self._build(self._effective(self._source)))
         self._cycles = 0
         self._overruns = 0
@@ -178,7 +179,8 @@ class Daemon:
             else:
                 controllers[cluster.name] = PoolController(cluster, config.interval, timeout)
         hooks = [hook(config) for hook in self.reload_hooks] if reloading else []
-        return _Runtime(config, trackers, pollers, controllers, holds, reconfigured, retargeted, hooks)
+        return _Runtime(config, trackers, pollers, controllers, holds, _claims(config), reconfigured, retargeted,
+                        hooks)
 
     def _pollers(self, config: Config) -> tuple[dict[str, list[NodePoller]],
                                                 list[tuple[NodePoller, ClusterConfig, NodeConfig]]]:
@@ -242,7 +244,7 @@ class Daemon:
                 self._discovering = asyncio.ensure_future(
                     self.discovery.refresh(self._source.patroni_clusters, budget))
             # Leadership's round trips (one per primary server) run beside the polls.
-            await self.leadership.want(_claims(runtime))
+            await self.leadership.want(runtime.claims)
             rounds = self.leadership.start()
             # Every node of every cluster at once, with one deadline for all.
             pollers = [p for c in clusters for p in runtime.pollers[c.name]]
@@ -599,11 +601,11 @@ def _names(config: Config) -> set[str]:
     return {c.name for c in config.clusters}
 
 
-def _claims(runtime: _Runtime) -> dict[str, Claim]:
+def _claims(config: Config) -> dict[str, Claim]:
     """The clusters whose leader lock this instance wants: those under pool control, but
     not in a dry run (a trial instance must not keep the real one from applying)."""
-    return {name: Claim(controller.cluster.primary, lock_key(name, controller.cluster.leader_lock_key))
-            for name, controller in runtime.controllers.items() if not controller.cluster.dry_run}
+    return {c.name: Claim(c.primary, lock_key(c.name, c.leader_lock_key))
+            for c in config.clusters_with_nodes if c.pooler is not None and not c.dry_run}
 
 
 def watchdog_budget(config: Config) -> float:

@@ -265,6 +265,7 @@ class Leadership:
         self._sessions: list[_LockSession] = []
         self._of: dict[str, _LockSession] = {}  # cluster -> its session
         self._said: dict[str, tuple[bool | None, tuple[int, str, str] | None]] = {}
+        self._wanted: Mapping[str, Claim] | None = None
 
     def retime(self, connect_timeout: float, query_timeout: float, interval: float) -> None:
         """A reload's timeouts, for the sessions made from now on (the open ones stay)."""
@@ -276,7 +277,11 @@ class Leadership:
         """The clusters whose locks this instance wants now. A cluster stays on its session
         while that session serves its primary (discovery changing the writer's host list
         must not hand leadership to the other instance); one no longer wanted, or whose
-        primary moved, lets its lock go."""
+        primary moved, lets its lock go. The same ``claims`` as last time (the daemon's
+        runtime keeps them) cost nothing."""
+        if claims is self._wanted:
+            return
+        self._wanted = claims
         for cluster in [c for c in self._of if c not in claims]:
             self._of.pop(cluster).unassign(cluster)
             self._said.pop(cluster, None)

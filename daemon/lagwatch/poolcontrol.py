@@ -29,7 +29,7 @@ from lagwatch.holds import Hold, Holds, HoldsError
 from lagwatch.leader import Standing
 from lagwatch.policy import Decision, PolicyState, PoolRules, ReplicaHealth, decide, route_to_current_primary
 from lagwatch.poolers import make_pooler
-from lagwatch.poolers.base import PRIMARY, Pooler, PoolerError, backends_from_cluster
+from lagwatch.poolers.base import PRIMARY, NeverAppliedError, Pooler, PoolerError, backends_from_cluster
 from lagwatch.snapshot import ClusterSnapshot, PoolEvent, PoolStatus
 
 log = logging.getLogger("lagwatch.pool")
@@ -77,6 +77,7 @@ class PoolController:
         self.deadline = max(3.0, 2 * timeout)
         self._read_at = 0.0  # monotonic time the pooler's view is read back next
         self._read_failures = 0
+        self._unknown_why: str | None = None  # why the first read could not tell the pool (no failure)
         self._standing = Standing(False, None)
         self._decision: Decision | None = None
         self._holds_now: dict[str, Hold] = {}
@@ -127,6 +128,11 @@ class PoolController:
             self._read_failures = 0
             # Spread over the period, so that a fleet's controllers do not all read in one cycle.
             wait = self.pooler.read_back_every * (0.5 + 0.5 * random.random())
+        except NeverAppliedError as exc:
+            # A fresh start: unknown until the first apply (the leader's, at once), no failure.
+            self._pooler_view = None
+            self._unknown_why = str(exc)
+            wait = self.pooler.read_back_every * (0.5 + 0.5 * random.random())
         except PoolerError as exc:
             self._pooler_view = None
             self._read_failing = True
@@ -166,7 +172,8 @@ class PoolController:
                 # Unknown (pooler down, or a command adapter that never applied): start with
                 # every replica in and let the policy and the next apply converge.
                 start = frozenset(self._names)
-                log.info("%s: the pooler's pool is unknown; starting with every replica in", self.cluster.name)
+                log.info("%s: the pooler's pool is unknown (%s); starting with every replica in", self.cluster.name,
+                         self._unknown_why or self._last_error or "?")
             self._state = PolicyState.from_pool(start, self._names, now)
             self._applied = self._pooler_view
 

@@ -31,6 +31,72 @@ def test_sigterm_exits_cleanly_within_2s(pg_cluster: ChaosCluster, tmp_path: Pat
     assert lw.stop() == 0
 
 
+class BlackHole:
+    """A TCP server on loopback that accepts every connection and never says a word: a node
+    whose connection attempt hangs until lagwatch's deadline."""
+
+    def __init__(self) -> None:
+        import socket
+        import threading
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.held: list[socket.socket] = []
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.held.append(conn)
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self.held:
+            conn.close()
+
+
+def test_sigterm_in_the_middle_of_a_cycle_exits_0_with_only_the_stop_line(pg_cluster: ChaosCluster,
+                                                                          tmp_path: Path) -> None:
+    """The first cycle waits its whole budget (1.6 s) on a node that never answers; SIGTERM
+    comes in the middle of it. The cycle ends (applying nothing), lagwatch exits 0, and
+    after the signal its output holds the stop line and nothing else."""
+    hole = BlackHole()
+    config = cluster_config(pg_cluster, free_port(["127.0.0.1"]), interval="2s", state_dir=str(tmp_path / "state"))
+    config["clusters"][0]["replicas"].append(
+        {"name": "hole", "dsn": f"host=127.0.0.1 port={hole.port} user=postgres dbname=postgres"})
+    config["clusters"][0]["pooler"] = {"kind": "command", "template": "{members}\n",
+                                       "output_file": str(tmp_path / "pool.txt"), "reload_command": ["true"]}
+    lw = Lagwatch(tmp_path, config, log_level="info")
+    try:
+        lw.wait_for("the HTTP server", lambda: _answers(lw, "/healthz"), 10)
+        time.sleep(0.4)  # the first cycle is under way: connecting to the hole, for 1.6 s
+        assert lw.get("/readyz")[0] == 503  # still in it
+        before = len(lw.log_text())
+        lw.signal(signal.SIGTERM)
+        assert lw.proc.wait(10) == 0
+        after = lw.log_text()[before:]
+        assert [line.split(" ", 2)[-1] for line in after.splitlines()] == ["INFO lagwatch.daemon: stopping"], after
+        assert "Traceback" not in lw.log_text() and "CancelledError" not in lw.log_text()
+        assert not (tmp_path / "pool.txt").exists()  # the pool as it was: never written
+    finally:
+        lw.stop()
+        hole.close()
+
+
+def _answers(lw: Lagwatch, path: str) -> bool:
+    try:
+        lw.get(path)
+    except OSError:
+        return False
+    return True
+
+
 def test_sighup_reload_good_and_bad(pg_cluster: ChaosCluster, tmp_path: Path) -> None:
     port = free_port(["127.0.0.1"])
     lw = Lagwatch(tmp_path, cluster_config(pg_cluster, port, replicas=["replica1"]))

@@ -40,6 +40,17 @@ def test_check_verdicts(replicas: tuple[ReplicaState, ...], primary_up: bool, ex
     assert "REPLICA" in render(rows)
 
 
+def test_a_cluster_not_read_is_unknown_never_silently_ok() -> None:
+    """A cluster with a node still connecting (or an answer not taken in time) is not in
+    the snapshot: the check says so and is UNKNOWN, not OK by omission."""
+    ok = snapshot(replica("r1", 0.0))
+    waiting = Snapshot(0.0, 0.01, 1, 0, ok.clusters, connecting=(("east", "replica2"),))
+    code, rows, problems = evaluate(waiting, warning=5.0, critical=30.0, expected=("main", "east", "west"))
+    assert code == UNKNOWN and len(rows) == 1
+    assert problems == ["east: not read: still connecting to replica2",
+                        "west: not read: an answer came too late to count"]
+
+
 def test_redact_dsn_and_text() -> None:
     assert "hunter2" not in redact_dsn("host=a password=hunter2 user=x")
     assert "hunter2" not in redact_dsn("postgresql://u:hunter2@h/db")

@@ -186,7 +186,7 @@ def test_dry_run_never_leads_nor_applies(tmp_path: Path, dry_run: bool) -> None:
         "replicas": [{"name": "replica1", "dsn": "host=r1"}],
         "pooler": {"kind": "command", "template": "{hosts}\n", "output_file": str(tmp_path / "pool.txt"),
                    "reload_command": ["true"]}}]}))
-    claimed = set(_claims(daemon._runtime))
+    claimed = set(_claims(daemon.config))
     if dry_run:
         assert claimed == set() and not snap.pool.leader  # though the stub leader says it leads
         assert h.pooler.applied == []

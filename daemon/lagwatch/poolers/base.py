@@ -22,6 +22,11 @@ class PoolerError(Exception):
     """An apply or read that failed; the message says what and where (never a password)."""
 
 
+class NeverAppliedError(PoolerError):
+    """The pool cannot be read back because lagwatch has never applied one here (a fresh
+    start of a ``command`` pooler): unknown, but nothing has failed."""
+
+
 @dataclass(frozen=True)
 class Backend:
     """One member the pooler can route reads to."""
@@ -31,10 +36,11 @@ class Backend:
     port: int | None
 
 
-# How often lagwatch reads a pooler's own view back between its changes (seconds), so that
-# a restarted pooler or a hand edit is seen: state in a file lagwatch wrote survives a
-# restart; HAProxy's runtime state does not (read_back_every on its adapter).
-READ_BACK_EVERY = 10.0
+# How often lagwatch reads a pooler's own view back between its changes (seconds; each read
+# comes after a random 50-100 % of it, so a fleet's reads are spread), so that a hand edit
+# is seen: state in a file lagwatch wrote survives the pooler's restart, and a read costs a
+# thread. HAProxy's runtime state does not survive one: its adapter reads far more often.
+READ_BACK_EVERY = 30.0
 
 
 class Pooler(Protocol):

@@ -29,7 +29,7 @@ from typing import IO
 
 from lagwatch.config import CommandPoolerConfig
 from lagwatch.files import write_atomically
-from lagwatch.poolers.base import READ_BACK_EVERY, Backend, PoolerError
+from lagwatch.poolers.base import READ_BACK_EVERY, Backend, NeverAppliedError, PoolerError
 
 DEFAULT_PORT = 5432
 _STDERR_TAIL = 600  # characters of a failed reload command's stderr kept in the error
@@ -150,7 +150,7 @@ class CommandPooler:
         output = self.config.output_file
         raw = read_text(self.sidecar)
         if raw is None:
-            raise PoolerError(f"{output}: pool unknown: never applied (no {self.sidecar.name})")
+            raise NeverAppliedError(f"{output}: pool unknown: never applied (no {self.sidecar.name})")
         try:
             state = json.loads(raw)
             members = state["members"]
