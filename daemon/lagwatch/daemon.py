@@ -273,7 +273,8 @@ class Daemon:
                 self._duration_histogram.observe(duration)
             else:
                 self._first_cycle = duration
-            self._pace(duration)
+            loop_lag = self.sessions.loop_lag.take_worst(time.monotonic())
+            self._pace(duration, loop_lag)
             self._say_connecting(connecting, sum(len(o) for o in results))
             snapshot = Snapshot(taken_at=time.time(), cycle_duration=duration, cycles_total=self._cycles,
                                 overruns_total=self._overruns, clusters=snapshots,
@@ -285,7 +286,7 @@ class Daemon:
                                 cycle_quantiles=_quantiles(self._durations), first_cycle_duration=self._first_cycle,
                                 cycle_histogram=self._duration_histogram.snapshot(),
                                 interval=self.config.interval, effective_interval=self._pacer.pace.interval,
-                                loop_lag=self.sessions.loop_lag.take_worst(time.monotonic()),
+                                loop_lag=loop_lag,
                                 late_answers_total=self._late_answers, connecting=tuple(connecting))
             self.holder.publish(snapshot)
             log_cycle(snapshot)
@@ -305,14 +306,14 @@ class Daemon:
         last = self._published.get(cluster.name)
         return None if last is None else replace(last, carried_cycles=last.carried_cycles + 1)
 
-    def _pace(self, duration: float) -> None:
+    def _pace(self, duration: float, loop_lag: float) -> None:
         """Count an overrun, keep the interval cycles need (rescheduling when it changes),
         and say so: at most one WARNING a minute while cycles do not fit."""
         configured = self.config.interval
         before = self._pacer.pace
         if duration > before.interval:
             self._overruns += 1
-        pace = self._pacer.observe(duration)
+        pace = self._pacer.observe(duration, loop_lag)
         if pace.interval != before.interval and self._scheduler is not None:
             self._add_job(pace.interval, first_in=pace.interval)
         now = time.monotonic()

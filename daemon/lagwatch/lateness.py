@@ -125,6 +125,9 @@ PACE_CYCLES = 3
 MAX_STRETCH = 10.0
 # Changes smaller than this share of the configured interval are not worth a reschedule.
 PACE_STEP = 0.1
+# A loop lag below this share of the configured interval is lagwatch on time again: a cycle
+# that then fits the configured interval ends a stretch at once (a host no longer busy).
+PUNCTUAL = 0.1
 
 
 @dataclass(frozen=True)
@@ -137,21 +140,26 @@ class Pacer:
     """The interval lagwatch keeps: the configured one while cycles fit it, else the longest
     recent cycle plus headroom (up to MAX_STRETCH intervals). A cycle that took longer than
     the interval then in force stretches it at once; once the recent cycles fit again it
-    relaxes to what they need. A cycle's length here is lagwatch's: waiting on a node that
-    does not answer ends at the cycle's budget (below the interval), so a hung node never
-    stretches anything. Pure: durations in, the pace out."""
+    relaxes to what they need, and at once to the configured one when a cycle fits that and
+    lagwatch was on time in it (its loop lag small: the host is no longer busy). A cycle's
+    length here is lagwatch's: waiting on a node that does not answer ends at the cycle's
+    budget (below the interval), so a hung node never stretches anything. Pure: durations
+    and loop lags in, the pace out."""
 
     def __init__(self, configured: float) -> None:
         self.configured = configured
         self._recent: deque[float] = deque(maxlen=PACE_CYCLES)
         self.pace = Pace(configured, False)
 
-    def observe(self, duration: float) -> Pace:
+    def observe(self, duration: float, loop_lag: float = 0.0) -> Pace:
         self._recent.append(duration)
         need = max(self._recent) * HEADROOM
         current = self.pace.interval
         if duration > current:  # did not fit: stretch now
             wanted = need
+        elif current > self.configured and duration * HEADROOM <= self.configured \
+                and loop_lag <= PUNCTUAL * self.configured:
+            wanted = self.configured  # on time again
         elif need < current:  # the recent cycles fit a shorter one: relax towards it
             wanted = need
         else:

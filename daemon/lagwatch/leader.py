@@ -28,7 +28,6 @@ and the clusters on that session make no pool decision that cycle.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import logging
 import time
@@ -42,7 +41,7 @@ import psycopg.conninfo
 
 from lagwatch.config import NodeConfig, PasswordUnavailableError
 from lagwatch.conninfo import build_conninfo, connected_address, serves_as
-from lagwatch.session import Session, SessionContext, reconnect_delay
+from lagwatch.session import Outlasting, Session, SessionContext, reconnect_delay
 from lagwatch.snapshot import LEADER_APPLICATION_NAME, LockHolder
 
 log = logging.getLogger("lagwatch.leader")
@@ -116,8 +115,7 @@ class _LockSession:
         self._holders_in = 0  # cycles until the holders are looked up again
         self._failures = 0
         self._next_attempt = 0.0
-        self._inflight: asyncio.Future[None] | None = None
-        self._inflight_used = True
+        self._trip: Outlasting[None] = Outlasting()  # the round trip under way
 
     def serves(self, primary: NodeConfig) -> bool:
         return self.primary == primary or serves_as(self.primary, primary, connected_address(self.session.conn))
@@ -147,21 +145,18 @@ class _LockSession:
         """This cycle's round trip: one still under way from an earlier cycle, one that
         ended after its cycle stopped waiting (taken now), or a new one."""
         self.known = False
-        if self._inflight is None or (self._inflight.done() and self._inflight_used):
-            self._inflight = asyncio.ensure_future(self._round_trip())
-            self._inflight_used = False
-        return self._inflight
+        return self._trip.start(self._round_trip)
 
     def settle(self, now: float) -> None:
         """After the cycle's wait: take the round trip's outcome. One still under way knows
         nothing this cycle (lagwatch late, a slow server, a first connection): no pool
         decision for its clusters. One past its deadline (lagwatch's attention) and still
         silent is ended: its locks count as lost from the cycle that takes that outcome."""
-        inflight = self._inflight
-        if inflight is None:
+        trip = self._trip.current
+        if trip is None:
             return
-        if inflight.done():
-            self._inflight_used = True
+        if trip.done():
+            self._trip.take(trip)
             self.known = True
             return
         self.session.expire_overdue(now)
@@ -237,11 +232,7 @@ class _LockSession:
         self.session.drop()
 
     async def close(self) -> None:
-        inflight, self._inflight = self._inflight, None
-        if inflight is not None and not inflight.done():
-            inflight.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await inflight
+        await self._trip.cancel()
         self.held = {}
         self.session.drop()  # no round trip: the server releases the locks on its own
 

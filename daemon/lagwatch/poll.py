@@ -11,7 +11,6 @@ lagwatch did not get to in time, or a first connection still under way, is no ev
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import time
@@ -31,7 +30,7 @@ from lagwatch.conninfo import build_conninfo, connected_address, poller_applicat
 from lagwatch.lateness import Verdict
 from lagwatch.lsn import format_lsn
 from lagwatch.redact import redact_text
-from lagwatch.session import Session, SessionContext, reconnect_delay
+from lagwatch.session import Outlasting, Session, SessionContext, reconnect_delay
 from lagwatch.snapshot import ErrorKind, NodeObservation, Role
 from lagwatch.views import CYCLE_VIEWS, probe, walinspect
 from lagwatch.views.base import View
@@ -105,9 +104,7 @@ class NodePoller:
         self._resting: dict[str, float] = {}  # view -> monotonic time it is tried again
         self._view_errors: dict[str, int] = {}  # view -> failed reads since start
         self._walinspect_state: bool | None = None  # whether the last WAL inspection worked
-        # The poll under way, which may outlive the cycle that started it (poll_all).
-        self._inflight: asyncio.Future[NodeObservation] | None = None
-        self._inflight_used = True
+        self._poll: Outlasting[NodeObservation] = Outlasting()  # the poll under way (poll_all)
 
     @property
     def _conn(self) -> psycopg.AsyncConnection[dict[str, Any]] | None:
@@ -119,18 +116,13 @@ class NodePoller:
     def start(self) -> asyncio.Future[NodeObservation]:
         """This cycle's poll: one still running from an earlier cycle, one that finished
         after its cycle stopped waiting (its answer is used now), or a new one."""
-        if self._inflight is None or (self._inflight.done() and self._inflight_used):
-            self._inflight = asyncio.ensure_future(self.poll())
-            self._inflight_used = False
-        return self._inflight
+        return self._poll.start(self.poll)
 
     def take(self, poll: asyncio.Future[NodeObservation]) -> NodeObservation:
         """The answer of a finished poll from ``start``: evidence about the node, whether
         it answered or failed."""
-        if poll is self._inflight:
-            self._inflight_used = True
         self._evidence = True
-        return poll.result()
+        return self._poll.take(poll)
 
     def judge(self, now: float, budget: float) -> Verdict:
         """Why this node's poll, still under way, has not answered within the cycle's budget."""
@@ -448,11 +440,7 @@ class NodePoller:
         return replace(inspection, compressed=compressed)
 
     async def close(self) -> None:
-        inflight, self._inflight = self._inflight, None
-        if inflight is not None and not inflight.done():
-            inflight.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await inflight
+        await self._poll.cancel()
         await self._disconnect()
 
     async def _disconnect(self) -> None:

@@ -19,9 +19,9 @@ import contextlib
 import random
 import select
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 import psycopg
 
@@ -152,6 +152,35 @@ class Session:
                 await asyncio.wait_for(conn.close(), 1.0)
             except (TimeoutError, psycopg.Error, OSError):
                 pass
+
+
+class Outlasting(Generic[T]):
+    """Work on a session that may outlive the cycle that started it (a node's poll, a lock
+    round trip): each cycle takes the one still under way, or the one that ended after its
+    cycle stopped waiting (its outcome is used now), or else starts a new one."""
+
+    def __init__(self) -> None:
+        self.current: asyncio.Future[T] | None = None
+        self._used = True
+
+    def start(self, work: Callable[[], Coroutine[Any, Any, T]]) -> asyncio.Future[T]:
+        if self.current is None or (self.current.done() and self._used):
+            self.current = asyncio.ensure_future(work())
+            self._used = False
+        return self.current
+
+    def take(self, done: asyncio.Future[T]) -> T:
+        """The outcome of ``done`` (from ``start``), which the next ``start`` will not give again."""
+        if done is self.current:
+            self._used = True
+        return done.result()
+
+    async def cancel(self) -> None:
+        current, self.current = self.current, None
+        if current is not None and not current.done():
+            current.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await current
 
 
 def reconnect_delay(failures: int, interval: float, backoff_max: float, draw: float | None = None) -> float:

@@ -88,8 +88,16 @@ def test_a_stall_under_way_counts_before_the_loop_gets_to_its_tick() -> None:
 ])
 def test_the_pace_stretches_while_cycles_do_not_fit(durations: list[float], paces: list[float]) -> None:
     pacer = Pacer(1.0)
-    assert [round(pacer.observe(d).interval, 3) for d in durations] == paces
+    # Each cycle with a loop lag of a third of the interval: lagwatch is still late.
+    assert [round(pacer.observe(d, loop_lag=0.3).interval, 3) for d in durations] == paces
     assert pacer.pace.overloaded == (paces[-1] > 1.0)
+
+
+def test_the_pace_is_back_at_once_when_lagwatch_is_on_time_again() -> None:
+    pacer = Pacer(1.0)
+    assert pacer.observe(2.5, loop_lag=1.2).interval == pytest.approx(3.2)
+    assert pacer.observe(0.3, loop_lag=0.05).interval == 1.0  # fits, and on time: the host is no longer busy
+    assert not pacer.pace.overloaded
 
 
 # -- the rule where a cycle applies it -------------------------------------------------------
