@@ -96,7 +96,7 @@ class Daemon:
         # Every session's connect gate and the loop-lag meter their deadlines count by.
         self.sessions = SessionContext()
         self.leadership = Leadership(self.sessions, config.effective_connect_timeout,
-                                     config.effective_query_timeout, config.interval)
+                                     config.effective_query_timeout)
         # The config file as loaded; the source is that plus its clusters_dir's clusters;
         # what runs is the source plus the members discovery found.
         self._file_config = config
@@ -220,8 +220,7 @@ class Daemon:
             poller.cluster, poller.node_config = cluster, node_config
         for apply in new.hooks:
             apply()
-        self.leadership.retime(new.config.effective_connect_timeout, new.config.effective_query_timeout,
-                               new.config.interval)
+        self.leadership.retime(new.config.effective_connect_timeout, new.config.effective_query_timeout)
         return old
 
     async def _close_replaced(self, old: _Runtime) -> None:

@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import time
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -41,7 +40,7 @@ import psycopg.conninfo
 
 from lagwatch.config import NodeConfig, PasswordUnavailableError
 from lagwatch.conninfo import build_conninfo, connected_address, serves_as
-from lagwatch.session import Outlasting, Session, SessionContext, reconnect_delay
+from lagwatch.session import Outlasting, Session, SessionContext
 from lagwatch.snapshot import LEADER_APPLICATION_NAME, LockHolder
 
 log = logging.getLogger("lagwatch.leader")
@@ -52,7 +51,6 @@ LOCK_CLASS = 0x6C6167  # "lag"
 HOLDER_EVERY = 30
 # Clusters a leadership line names before "and N more".
 NAMED = 5
-RECONNECT_MAX = 30.0  # seconds: the longest wait between attempts to reach a primary that fails
 
 # Tries every lock at once: the ordinals of those taken.
 TRY_SQL = """
@@ -102,10 +100,10 @@ class _LockSession:
     """One session on one primary server, holding the locks of the clusters assigned to it."""
 
     def __init__(self, primary: NodeConfig, context: SessionContext, connect_timeout: float,
-                 query_timeout: float, interval: float) -> None:
+                 query_timeout: float) -> None:
         self.primary = primary
         self.session = Session(context)
-        self.connect_timeout, self.query_timeout, self.interval = connect_timeout, query_timeout, interval
+        self.connect_timeout, self.query_timeout = connect_timeout, query_timeout
         self.keys: dict[str, tuple[int, int]] = {}  # assigned cluster -> its key
         self.held: dict[str, tuple[int, int]] = {}  # cluster -> the key this session holds for it
         self.holders: dict[str, LockHolder] = {}  # clusters whose lock another session holds: who
@@ -113,8 +111,6 @@ class _LockSession:
         self._releases: list[tuple[int, int]] = []  # keys to let go of
         self._me: LockHolder | None = None
         self._holders_in = 0  # cycles until the holders are looked up again
-        self._failures = 0
-        self._next_attempt = 0.0
         self._trip: Outlasting[None] = Outlasting()  # the round trip under way
 
     def serves(self, primary: NodeConfig) -> bool:
@@ -162,8 +158,9 @@ class _LockSession:
         self.session.expire_overdue(now)
 
     async def _round_trip(self) -> None:
-        if not self.session.open and time.monotonic() < self._next_attempt:
-            return  # failed lately: waits before reconnecting, holding nothing
+        # A lost session is made again the next cycle, without backing off: one attempt a
+        # cycle per primary server, and after a failover the new primary's locks are taken
+        # the first cycle it accepts writes.
         try:
             conn = await self._connection()
             await self.session.ask(self._ask(conn), self.query_timeout)
@@ -174,8 +171,6 @@ class _LockSession:
         except Exception:  # a bug must not end leadership checks for good; logged with its trace
             log.exception("leader lock session on %s failed unexpectedly", _where(self.primary))
             self._lost("internal error")
-        else:
-            self._failures = 0
 
     async def _connection(self) -> psycopg.AsyncConnection[Any]:
         if self.session.open:
@@ -227,8 +222,6 @@ class _LockSession:
         """The session failed: its locks are gone (the server let them go with it)."""
         log.debug("leader lock session on %s lost (%s)", _where(self.primary), why)
         self.held, self.holders, self._releases = {}, {}, []
-        self._failures += 1
-        self._next_attempt = time.monotonic() + reconnect_delay(self._failures, self.interval, RECONNECT_MAX)
         self.session.drop()
 
     async def close(self) -> None:
@@ -249,20 +242,19 @@ class Leadership:
     primaries and keys; ``start`` the round trips (one per session) beside the polls;
     ``settle`` once the cycle stops waiting; then ``standing`` tells each cluster's."""
 
-    def __init__(self, context: SessionContext, connect_timeout: float, query_timeout: float,
-                 interval: float) -> None:
+    def __init__(self, context: SessionContext, connect_timeout: float, query_timeout: float) -> None:
         self.context = context
-        self.connect_timeout, self.query_timeout, self.interval = connect_timeout, query_timeout, interval
+        self.connect_timeout, self.query_timeout = connect_timeout, query_timeout
         self._sessions: list[_LockSession] = []
         self._of: dict[str, _LockSession] = {}  # cluster -> its session
         self._said: dict[str, tuple[bool | None, tuple[int, str, str] | None]] = {}
         self._wanted: Mapping[str, Claim] | None = None
 
-    def retime(self, connect_timeout: float, query_timeout: float, interval: float) -> None:
-        """A reload's timeouts, for the sessions made from now on (the open ones stay)."""
-        self.connect_timeout, self.query_timeout, self.interval = connect_timeout, query_timeout, interval
+    def retime(self, connect_timeout: float, query_timeout: float) -> None:
+        """A reload's timeouts (the open sessions stay open)."""
+        self.connect_timeout, self.query_timeout = connect_timeout, query_timeout
         for s in self._sessions:
-            s.connect_timeout, s.query_timeout, s.interval = connect_timeout, query_timeout, interval
+            s.connect_timeout, s.query_timeout = connect_timeout, query_timeout
 
     async def want(self, claims: Mapping[str, Claim]) -> None:
         """The clusters whose locks this instance wants now. A cluster stays on its session
@@ -285,8 +277,7 @@ class Leadership:
             if session is None:
                 session = next((s for s in self._sessions if s.primary == claim.primary), None)
                 if session is None:
-                    session = _LockSession(claim.primary, self.context, self.connect_timeout, self.query_timeout,
-                                           self.interval)
+                    session = _LockSession(claim.primary, self.context, self.connect_timeout, self.query_timeout)
                     self._sessions.append(session)
                 self._of[cluster] = session
             session.assign(cluster, claim.key)

@@ -25,7 +25,7 @@ def claims(names: list[str], dsn: str) -> dict[str, Claim]:
 
 def test_one_session_per_primary_server_holds_every_clusters_lock() -> None:
     async def scenario() -> None:
-        leadership = Leadership(SessionContext(), 1.0, 1.0, 1.0)
+        leadership = Leadership(SessionContext(), 1.0, 1.0)
         fleet = [f"c{i:03d}" for i in range(300)]
         await leadership.want({**claims(fleet, "host=10.0.0.1"), **claims(["other"], "host=10.0.0.2")})
         assert len(leadership._sessions) == 2
@@ -45,7 +45,7 @@ def test_one_session_per_primary_server_holds_every_clusters_lock() -> None:
 
 def test_leadership_changes_are_said_in_one_line_for_many_clusters(caplog: pytest.LogCaptureFixture) -> None:
     async def scenario() -> None:
-        leadership = Leadership(SessionContext(), 1.0, 1.0, 1.0)
+        leadership = Leadership(SessionContext(), 1.0, 1.0)
         await leadership.want(claims([f"c{i:03d}" for i in range(300)], "host=10.0.0.1"))
         session = leadership._of["c000"]
         session._me = LockHolder(9, "lagwatch-leader", "lagwatch", "", True)
