@@ -433,7 +433,7 @@ class Daemon:
             holds = runtime.holds.current()
         except HoldsError as exc:
             holds = exc
-        due = [controller for _, controller, _ in steps if controller.read_due(now)]
+        due = [controller for _, controller, standing in steps if controller.read_due(now, standing)]
         await asyncio.gather(*(controller.read_back(now) for controller in due))
         applies = []
         may_apply = not self._stopped.is_set()

@@ -78,6 +78,7 @@ class PoolController:
         self._read_at = 0.0  # monotonic time the pooler's view is read back next
         self._read_failures = 0
         self._unknown_why: str | None = None  # why the first read could not tell the pool (no failure)
+        self._led = False  # whether this instance led at the last decision
         self._standing = Standing(False, None)
         self._decision: Decision | None = None
         self._holds_now: dict[str, Hold] = {}
@@ -111,10 +112,13 @@ class PoolController:
 
     # -- 1. the pooler's own view, when due ------------------------------------------------
 
-    def read_due(self, now: float) -> bool:
-        """At start, when the period is up, and before retrying a failed apply (a pooler
-        back up is then seen answering, and the retry goes out without its backoff)."""
+    def read_due(self, now: float, standing: Standing) -> bool:
+        """At start, when the period is up, when this instance has just become the leader
+        (the pool it read while another instance led is stale), and before retrying a failed
+        apply (a pooler back up is then seen answering, and the retry goes out without its
+        backoff)."""
         return (self._state is None or now >= self._read_at
+                or (bool(standing.leads) and not self._led and not self.cluster.dry_run)
                 or (bool(self._backoff.failures) and time.monotonic() >= self._backoff.next_at))
 
     async def read_back(self, now: float) -> None:
@@ -147,7 +151,7 @@ class PoolController:
                    may_apply: bool = True) -> PoolStatus | None:
         """One cycle of this cluster alone: the three steps in order (the daemon runs each
         step across its clusters at once)."""
-        if self.read_due(now):
+        if self.read_due(now, standing):
             await self.read_back(now)
         planned = self.decide(snapshot, now, standing, holds, may_apply)
         if planned is not None:
@@ -162,7 +166,7 @@ class PoolController:
         what the pooler will route to then, if this instance leads (``standing``), may
         apply (not stopping), and the pooler differs; else None."""
         is_leader = bool(standing.leads) and not self.cluster.dry_run
-        self._standing = standing
+        self._standing, self._led = standing, is_leader
         if self._state is None:
             if self._pooler_view is not None:
                 start = self._pooler_view

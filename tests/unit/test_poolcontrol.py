@@ -311,3 +311,20 @@ def test_a_discovered_clusters_fallback_routes_to_the_leader_member(tmp_path: Pa
     snap, status = cycle(8, m2_answers=False)  # the leader answers only through the writer DSN
     assert snap.writer_member is None
     assert h.pooler.pool == {"m2"} and len(h.pooler.applied) == applied  # left as it is, never the writer DSN
+
+
+def test_a_new_leader_reads_the_pool_back_before_it_decides_what_to_apply(tmp_path: Path) -> None:
+    """While another instance led, it changed the pooler; this one's last read of it is
+    stale. Become the leader, and it reads the pooler first: it applies what the pooler
+    lacks rather than trusting the old view (test_pool_pgbouncer's two instances saw that)."""
+    h = Harness(tmp_path, {"replica1", "replica2"})
+    h.pooler.read_back_every = 1e9  # type: ignore[misc]  # no periodic read in this test
+    h.leader.holder = LockHolder(4242, "lagwatch-leader", "lagwatch", "10.0.0.9", False)  # the other instance
+    for _ in range(3):
+        snap = h.cycle()
+    assert snap.pool is not None and not snap.pool.leader and snap.pool.pooler_members == {"replica1", "replica2"}
+    h.pooler.pool = frozenset({"replica2"})  # the other instance ejected replica1, then died
+    h.leader.holder = None
+    snap = h.cycle()
+    assert snap.pool is not None and snap.pool.leader
+    assert h.pooler.applied == [frozenset({"replica1", "replica2"})]
