@@ -177,14 +177,32 @@ class Histogram(Family):
             add(f"{self.name}_sum{plain} {_value(sum_value)}\n")
 
 
+class Summary(Family):
+    """Quantiles over a window (``quantile`` samples), with ``_count`` and ``_sum`` over
+    everything since start, as a summary's are (client libraries' sliding-window summaries
+    keep them the same way)."""
+
+    kind = "summary"
+    __slots__ = ()
+
+    def add_metric(self, labels: Sequence[str], quantiles: Iterable[tuple[str, float]], count: float,
+                   sum_value: float) -> None:
+        base = self._labels(labels)
+        head, plain = (f"{self.name}{{{base},", f"{{{base}}}") if base else (f"{self.name}{{", "")
+        add = self.lines.append
+        for q, value in quantiles:
+            add(f'{head}quantile="{q}"}} {_value(value)}\n')
+        add(f"{self.name}_count{plain} {_value(count)}\n")
+        add(f"{self.name}_sum{plain} {_value(sum_value)}\n")
+
+
 def render_text(families: Iterable[Family]) -> bytes:
     """The families in the Prometheus text format, version 0.0.4 (CONTENT_TYPE); a family
-    with no sample is left out."""
+    with no sample is declared all the same (its HELP and TYPE lines)."""
     out: list[str] = []
     for f in families:
-        if f.lines:
-            out.append(f.head())
-            out.extend(f.lines)
+        out.append(f.head())
+        out.extend(f.lines)
     return "".join(out).encode()
 
 

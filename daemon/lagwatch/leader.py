@@ -280,6 +280,9 @@ class Leadership:
                     session = _LockSession(claim.primary, self.context, self.connect_timeout, self.query_timeout)
                     self._sessions.append(session)
                 self._of[cluster] = session
+            # Kept on a session that serves its new host list: that list is the one to
+            # reconnect with (after a failover to a member that joined meanwhile).
+            session.primary = claim.primary
             session.assign(cluster, claim.key)
         idle = [s for s in self._sessions if not s.keys]
         self._sessions = [s for s in self._sessions if s.keys]

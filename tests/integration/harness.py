@@ -170,6 +170,12 @@ class Lagwatch(LagwatchHttp):
     def signal(self, sig: signal.Signals) -> None:
         self.proc.send_signal(sig)
 
+    def __enter__(self) -> Lagwatch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
     def stop(self, timeout: float = 10) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)

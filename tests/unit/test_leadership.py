@@ -79,3 +79,23 @@ def test_the_holds_file_is_read_only_when_it_changed(tmp_path: Path, monkeypatch
     assert len(reads) <= 1
     (tmp_path / "holds.json").write_text(json.dumps({"main": {"replica1": "in"}}))
     assert store.current() == {"main": {"replica1": "in"}}
+
+
+def test_a_session_kept_through_a_membership_change_reconnects_to_the_new_host_list() -> None:
+    """Discovery adds a member while the lock session is open on the leader: the session
+    stays (no leadership handed over for nothing), and should it be lost, it reconnects
+    with the new list, which may hold the member promoted next (CI's Patroni failover:
+    the session kept dialling the old list, whose members all refused writes)."""
+    async def scenario() -> None:
+        leadership = Leadership(SessionContext(), 1.0, 1.0)
+        old = "host=10.0.0.1,10.0.0.2 port=5432,5432 target_session_attrs=read-write"
+        new = "host=10.0.0.1,10.0.0.2,10.0.0.4 port=5432,5432,5432 target_session_attrs=read-write"
+        await leadership.want(claims(["main"], old))
+        session = leadership._of["main"]
+        session.session.conn = SimpleNamespace(closed=False, info=SimpleNamespace(host="10.0.0.2", port=5432))  # type: ignore[assignment]
+        await leadership.want(claims(["main"], new))
+        assert leadership._of["main"] is session and session.primary == NodeConfig(dsn=new)
+        session.session.conn = None
+        await leadership.close()
+
+    asyncio.run(scenario())
