@@ -20,9 +20,9 @@ sys.path.insert(0, str(ROOT / "daemon"))
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
 
 from harness import Lagwatch, Writer, cluster_config  # noqa: E402
-from lagwatch.localcluster import LocalCluster  # noqa: E402
-from lagwatch.pgbinaries import find_binaries  # noqa: E402
-from lagwatch.ports import free_port  # noqa: E402
+from lagwatch.demo.binaries import find_binaries  # noqa: E402
+from lagwatch.demo.cluster import LocalCluster  # noqa: E402
+from lagwatch.demo.ports import free_port  # noqa: E402
 from pgbouncer_server import PgBouncerServer, readable_by_servers  # noqa: E402
 
 INTERVAL, EJECT_AFTER, MAX_LAG = "1s", 2, "1s"

@@ -80,9 +80,10 @@ sys.path.insert(0, str(ROOT / "daemon"))
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
 
 from harness import Lagwatch  # noqa: E402
-from lagwatch.localcluster import LocalCluster, LocalServer  # noqa: E402
-from lagwatch.pgbinaries import find_binaries  # noqa: E402
-from lagwatch.ports import free_port  # noqa: E402
+from lagwatch.demo.binaries import find_binaries  # noqa: E402
+from lagwatch.demo.cluster import LocalCluster  # noqa: E402
+from lagwatch.demo.ports import free_port  # noqa: E402
+from lagwatch.demo.servers import LocalServer  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")

@@ -32,8 +32,9 @@ sys.path.insert(0, str(ROOT / "daemon"))
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
 
 from harness import Lagwatch  # noqa: E402
-from lagwatch.localcluster import LocalCluster, LocalServer  # noqa: E402
-from lagwatch.pgbinaries import find_binaries  # noqa: E402
+from lagwatch.demo.binaries import find_binaries  # noqa: E402
+from lagwatch.demo.cluster import LocalCluster  # noqa: E402
+from lagwatch.demo.servers import LocalServer  # noqa: E402
 
 ARMS = ("none", "1s", "100ms")
 TICKS = os.sysconf("SC_CLK_TCK")

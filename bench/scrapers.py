@@ -26,8 +26,8 @@ sys.path.insert(0, str(ROOT / "daemon"))
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
 
 from harness import Lagwatch  # noqa: E402
-from lagwatch.localcluster import LocalCluster  # noqa: E402
-from lagwatch.pgbinaries import find_binaries  # noqa: E402
+from lagwatch.demo.binaries import find_binaries  # noqa: E402
+from lagwatch.demo.cluster import LocalCluster  # noqa: E402
 
 
 def rss_mb(pid: int) -> float:

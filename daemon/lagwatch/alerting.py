@@ -57,6 +57,12 @@ def _make(alert: str, subject: str, text: str) -> AlertCondition:
 
 
 def _conditions(c: ClusterSnapshot) -> Iterator[AlertCondition]:
+    yield from _role_conditions(c)
+    yield from _replica_conditions(c)
+    yield from _sync_conditions(c)
+
+
+def _role_conditions(c: ClusterSnapshot) -> Iterator[AlertCondition]:
     if c.primaries >= 2:
         yield _make("LagwatchSplitBrain", "", f"{c.primaries} servers accept writes")
     elif c.primaries == 0 and not any(n.observed_role == "standby_leader" for n in c.nodes):
@@ -67,27 +73,38 @@ def _conditions(c: ClusterSnapshot) -> Iterator[AlertCondition]:
     recent = c.last_role_change_ago
     if recent is not None and recent <= ROLE_CHANGE_RECENT_SECONDS:
         yield _make("LagwatchRoleChanged", "", f"{c.last_role_change} {format_duration(recent)} ago")
+
+
+def _replica_conditions(c: ClusterSnapshot) -> Iterator[AlertCondition]:
+    recent = c.last_role_change_ago
+    lately_changed = recent is not None and recent <= NOT_FOLLOWING_AFTER_CHANGE_SECONDS
+    pool = c.pool
+    members = pool.members if pool is not None else None
     for r in c.replicas:
         if not r.configured:
             continue
-        if r.follows_primary is False and recent is not None and recent <= NOT_FOLLOWING_AFTER_CHANGE_SECONDS:
+        if r.follows_primary is False and lately_changed:
             yield _make("LagwatchReplicaNotFollowingPrimary", r.name,
                         f"{r.name} does not replicate from the current primary ({c.primary_node or '?'})")
         if r.streaming is False:
             yield _make("LagwatchReplicaNotStreaming", r.name, f"{r.name}'s WAL receiver is not streaming")
         if r.replay_paused:
             yield _make("LagwatchReplicaReplayPaused", r.name, f"replay is paused on {r.name}")
-    pool = c.pool
-    if pool is not None and pool.members is not None:
-        for r in c.replicas:
-            if r.configured and r.name not in pool.members and pool.holds.get(r.name) != "out":
-                yield _make("LagwatchReplicaEjected", r.name,
-                            f"{r.name} is out of the read pool: {pool.reasons.get(r.name, '?')}")
+    if pool is None or members is None:
+        return
+    for r in c.replicas:
+        if r.configured and r.name not in members and pool.holds.get(r.name) != "out":
+            yield _make("LagwatchReplicaEjected", r.name,
+                        f"{r.name} is out of the read pool: {pool.reasons.get(r.name, '?')}")
+
+
+def _sync_conditions(c: ClusterSnapshot) -> Iterator[AlertCondition]:
     s = c.sync
-    if s is not None and s.waits_on_standbys:
-        if s.at_risk:
-            yield _make("LagwatchSyncCommitsStalled", "",
-                        f"{s.healthy} healthy synchronous standby(s), commits wait for {s.required}")
-        elif s.spare == 0:
-            yield _make("LagwatchSyncOneLossFromStall", "",
-                        f"{s.healthy} healthy synchronous standby(s) = required: one more loss stalls commits")
+    if s is None or not s.waits_on_standbys:
+        return
+    if s.at_risk:
+        yield _make("LagwatchSyncCommitsStalled", "",
+                    f"{s.healthy} healthy synchronous standby(s), commits wait for {s.required}")
+    elif s.spare == 0:
+        yield _make("LagwatchSyncOneLossFromStall", "",
+                    f"{s.healthy} healthy synchronous standby(s) = required: one more loss stalls commits")

@@ -11,9 +11,9 @@ import asyncio
 from dataclasses import dataclass
 from typing import TextIO
 
-from lagwatch.config import Config
+from lagwatch.config import Config, ReplicaSla
 from lagwatch.durations import format_duration
-from lagwatch.snapshot import CONDITION_TEXT, Snapshot, replica_condition
+from lagwatch.snapshot import CONDITION_TEXT, ReplicaState, Snapshot, replica_condition
 
 OK, WARNING, CRITICAL, UNKNOWN = 0, 1, 2, 3
 STATE_NAMES = {OK: "OK", WARNING: "WARNING", CRITICAL: "CRITICAL", UNKNOWN: "UNKNOWN"}
@@ -39,45 +39,53 @@ def evaluate(snapshot: Snapshot, warning: float, critical: float,
              expected: tuple[str, ...] = ()) -> tuple[int, list[CheckRow], list[str]]:
     """The check's verdict on ``snapshot``; ``expected``: the clusters it was to read (one
     not in the snapshot had a node still connecting, or an answer not taken in time)."""
+    problems = _not_read(snapshot, expected)
     rows: list[CheckRow] = []
-    problems: list[str] = []
-    worst = OK
-    for discovered in snapshot.discovery:
-        if not discovered.up:  # its members are unknown, or may be out of date
-            worst = worse(worst, UNKNOWN)
-            problems.append(f"{discovered.cluster}: member discovery failed: {discovered.error}")
-    published = {c.name for c in snapshot.clusters}
-    for name in expected:
-        if name not in published:
-            worst = worse(worst, UNKNOWN)
-            waiting = [n for c, n in snapshot.connecting if c == name]
-            problems.append(f"{name}: not read: " + (f"still connecting to {', '.join(waiting)}" if waiting
-                                                      else "an answer came too late to count"))
     for cluster in snapshot.clusters:
         primary = next((n for n in cluster.nodes if n.role == "primary"), None)
         if primary is None or not primary.up:
-            worst = worse(worst, UNKNOWN)
-            problems.append(f"{cluster.name}: primary unreachable ({primary.last_error if primary else '?'})")
+            problems.append((UNKNOWN, f"{cluster.name}: primary unreachable "
+                                      f"({primary.last_error if primary else '?'})"))
         for r in cluster.replicas:
-            lag = r.staleness
-            condition = replica_condition(r, cluster.slas.get(r.name))
-            state, note = OK, CONDITION_TEXT[condition]
-            if condition == "down":
-                state, note = CRITICAL, "unreachable"
-            elif condition == "not_streaming":
-                state, note = CRITICAL, f"not streaming ({r.wal_receiver_status or 'no WAL receiver'})"
-            elif condition in ("unknown", "cannot_see"):
-                state = UNKNOWN
-            if lag is not None and lag >= critical:
-                state = CRITICAL
-            elif lag is not None and lag >= warning:
-                state = worse(state, WARNING)
-            ws = r.walsender
-            rows.append(CheckRow(cluster.name, r.name, state, lag, ws.lag_bytes("replay") if ws else None, note))
-            if state != OK:
-                problems.append(f"{cluster.name}/{r.name}: {STATE_NAMES[state]} {note}".rstrip())
-            worst = worse(worst, state)
-    return worst, rows, problems
+            row = _row(cluster.name, r, cluster.slas.get(r.name), warning, critical)
+            rows.append(row)
+            if row.state != OK:
+                problems.append((row.state, f"{cluster.name}/{r.name}: {STATE_NAMES[row.state]} {row.note}".rstrip()))
+    worst = OK
+    for state, _ in problems:
+        worst = worse(worst, state)
+    return worst, rows, [text for _, text in problems]
+
+
+def _not_read(snapshot: Snapshot, expected: tuple[str, ...]) -> list[tuple[int, str]]:
+    """Clusters whose members or nodes could not be read: UNKNOWN, never OK by omission."""
+    problems = [(UNKNOWN, f"{d.cluster}: member discovery failed: {d.error}")  # members unknown, or out of date
+                for d in snapshot.discovery if not d.up]
+    published = {c.name for c in snapshot.clusters}
+    for name in expected:
+        if name not in published:
+            waiting = [n for c, n in snapshot.connecting if c == name]
+            problems.append((UNKNOWN, f"{name}: not read: " + (f"still connecting to {', '.join(waiting)}" if waiting
+                                                                else "an answer came too late to count")))
+    return problems
+
+
+def _row(cluster: str, r: ReplicaState, sla: ReplicaSla | None, warning: float, critical: float) -> CheckRow:
+    condition = replica_condition(r, sla)
+    state, note = OK, CONDITION_TEXT[condition]
+    if condition == "down":
+        state, note = CRITICAL, "unreachable"
+    elif condition == "not_streaming":
+        state, note = CRITICAL, f"not streaming ({r.wal_receiver_status or 'no WAL receiver'})"
+    elif condition in ("unknown", "cannot_see"):
+        state = UNKNOWN
+    lag = r.staleness
+    if lag is not None and lag >= critical:
+        state = CRITICAL
+    elif lag is not None and lag >= warning:
+        state = worse(state, WARNING)
+    ws = r.walsender
+    return CheckRow(cluster, r.name, state, lag, ws.lag_bytes("replay") if ws else None, note)
 
 
 def render(rows: list[CheckRow]) -> str:

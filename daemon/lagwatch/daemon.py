@@ -18,9 +18,8 @@ import asyncio
 import logging
 import signal
 import time
-from collections import deque
-from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field, replace
+from collections.abc import Coroutine
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -28,61 +27,26 @@ from typing import Any
 from apscheduler.events import EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED, JobEvent
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
+from lagwatch import runtime as runtime_module
 from lagwatch.clusterdir import ClusterDir
-from lagwatch.config import ClusterConfig, Config, NodeConfig, load_config
-from lagwatch.conninfo import serves_as
+from lagwatch.config import Config, load_config
 from lagwatch.cyclelog import log_cycle, status_line
+from lagwatch.cyclestats import CycleStats, watchdog_budget
 from lagwatch.discovery import Discovery
 from lagwatch.durations import format_duration
 from lagwatch.errors import ConfigError
-from lagwatch.holds import Holds, HoldsError, HoldStore
-from lagwatch.lag import CYCLE_BUCKETS, LagHistogram, nearest_rank
-from lagwatch.lateness import Pacer
-from lagwatch.leader import Claim, Leadership, lock_key
-from lagwatch.poll import NodePoller, poll_all, pollers_for
-from lagwatch.poolcontrol import PoolController, Reconfiguration
+from lagwatch.evidence import Evidence
+from lagwatch.leader import Leadership
+from lagwatch.poll import poll_all
+from lagwatch.poolcontrol import control_all
+from lagwatch.runtime import ReloadHook, Runtime
 from lagwatch.sdnotify import Notifier
 from lagwatch.session import SessionContext
-from lagwatch.snapshot import ClusterSnapshot, NodeObservation, PoolStatus, Snapshot, SnapshotHolder
-from lagwatch.tracker import ClusterTracker
+from lagwatch.snapshot import ClusterSnapshot, Snapshot, SnapshotHolder
 
 log = logging.getLogger("lagwatch.daemon")
 
 CLUSTER_DIR_SCAN_SECONDS = 1.0  # how often clusters_dir is looked at (every cycle, at most once a second)
-CYCLE_HISTORY = 600  # cycles whose durations give lagwatch_cycle_duration_window_seconds
-CYCLE_QUANTILES = (0.5, 0.9, 0.99, 1.0)
-OVERLOAD_SAY_EVERY = 60.0  # seconds between two WARNINGs that cycles do not fit the interval
-
-
-def _quantiles(durations: deque[float]) -> tuple[tuple[float, float], ...]:
-    ordered = sorted(durations)
-    return tuple((q, nearest_rank(ordered, q)) for q in CYCLE_QUANTILES) if ordered else ()
-
-
-# Prepares a reloaded config's part that lives outside the daemon (the web server's TLS
-# and auth): may raise to reject the reload; returns what makes it take effect, which must not.
-ReloadHook = Callable[[Config], Callable[[], None]]
-
-
-@dataclass
-class _Runtime:
-    """Everything a config puts in force. A reload builds a whole new one beside the
-    running one, touching nothing that runs; only if all of it builds is it put in force,
-    in one step (``Daemon._commit``)."""
-
-    config: Config
-    trackers: dict[str, ClusterTracker]
-    pollers: dict[str, list[NodePoller]]
-    controllers: dict[str, PoolController]
-    holds: HoldStore
-    claims: dict[str, Claim]  # the leader locks it wants (leader.Leadership.want)
-    # Kept controllers and what they take on at commit (their history carries over).
-    reconfigured: list[tuple[PoolController, Reconfiguration]] = field(default_factory=list)
-    # Kept pollers and the cluster and node config they take on at commit (their connection carries over).
-    retargeted: list[tuple[NodePoller, ClusterConfig, NodeConfig]] = field(default_factory=list)
-    hooks: list[Callable[[], None]] = field(default_factory=list)
-
-
 class Daemon:
     def __init__(self, config: Config, config_path: Path | None = None,
                  holder: SnapshotHolder | None = None, notifier: Notifier | None = None,
@@ -108,13 +72,9 @@ class Daemon:
         self.discovery = Discovery()
         # One-shot commands ask once (discover_now) and must not wait on a second ask at exit.
         self.discover_every_cycle = True
-        self._runtime = _Runtime(config, {}, {}, {}, HoldStore(config.holds_file), {})
+        self._runtime = Runtime.empty(config)
         self._commit(self._build(self._effective(self._source)))
-        self._cycles = 0
-        self._overruns = 0
-        self._durations: deque[float] = deque(maxlen=CYCLE_HISTORY)
-        self._duration_histogram = LagHistogram(CYCLE_BUCKETS)
-        self._first_cycle: float | None = None
+        self._stats = CycleStats(config.interval)
         self._reload_ok = True
         self._reload_success_at = time.time()  # the config loaded at start counts, as in Prometheus
         self._background_errors = 0
@@ -123,14 +83,8 @@ class Daemon:
         self._scheduler: AsyncIOScheduler | None = None
         self._discovering: asyncio.Future[bool] | None = None
         self._members_pending = False  # members that could not be put in force yet
-        self._pacer = Pacer(config.interval)
-        self._said_overload_at: float | None = None  # when cycles last were said not to fit
-        self._overruns_said = 0  # overruns when that was said
-        self._published: dict[str, ClusterSnapshot] = {}  # each cluster as the last cycle published it
-        self._late_answers = 0
-        self._connecting_said = False  # the start's "still connecting" line
+        self._evidence = Evidence()
         self._cycle_task: asyncio.Task[Any] | None = None  # the cycle under way (a stop waits for it)
-        self._started_at = time.monotonic()
 
     @property
     def config(self) -> Config:
@@ -149,84 +103,20 @@ class Daemon:
         clusters = (*source.clusters_with_nodes, *self.discovery.cluster_configs(source.patroni_clusters))
         return source.model_copy(update={"clusters": clusters})
 
-    def _build(self, config: Config, *, reloading: bool = True) -> _Runtime:
-        """The runtime for ``config``, built beside the one running: what can carry over
-        (lag history, connections, pool-control streaks, counters, leadership) is reused,
-        but nothing in force is changed here. Raises if any part cannot be built. A rebuild
-        for new members (``reloading=False``) leaves the files read on reload alone."""
-        running = self._runtime
-        trackers = {}
-        for cluster in config.clusters_with_nodes:
-            old = running.trackers.get(cluster.name)
-            if old is not None and (old.interval, old.window, old.horizon) == (config.interval, config.window,
-                                                                                config.forecast_horizon):
-                trackers[cluster.name] = old  # keeps its history; takes the new cluster config at commit
-            else:
-                trackers[cluster.name] = ClusterTracker(cluster, config.interval, config.window,
-                                                        config.forecast_horizon)
-        pollers, retargeted = self._pollers(config)
-        holds = running.holds if running.holds.path == config.holds_file else HoldStore(config.holds_file)
-        timeout = config.effective_query_timeout
-        controllers, reconfigured = {}, []
-        for cluster in config.clusters_with_nodes:
-            if cluster.pooler is None:
-                continue
-            kept = running.controllers.get(cluster.name)
-            change = kept.prepare(cluster, config.interval, timeout) if kept is not None else None
-            if kept is not None and change is not None:
-                controllers[cluster.name] = kept  # streaks and counters carry over
-                reconfigured.append((kept, change))
-            else:
-                controllers[cluster.name] = PoolController(cluster, config.interval, timeout)
-        hooks = [hook(config) for hook in self.reload_hooks] if reloading else []
-        return _Runtime(config, trackers, pollers, controllers, holds, _claims(config), reconfigured, retargeted,
-                        hooks)
+    def _build(self, config: Config, *, reloading: bool = True) -> Runtime:
+        """The runtime for ``config``, built beside the one running (runtime.build). A
+        rebuild for new members (``reloading=False``) leaves the files read on reload alone."""
+        return runtime_module.build(config, self._runtime, self.sessions, self.reload_hooks if reloading else [])
 
-    def _pollers(self, config: Config) -> tuple[dict[str, list[NodePoller]],
-                                                list[tuple[NodePoller, ClusterConfig, NodeConfig]]]:
-        """Each node's poller: the running one, with its connection, when the poll
-        settings and the node's config are unchanged (or the writer's host list changed
-        and still holds the server it is on), else a new one. Discovery rebuilds the
-        runtime whenever a cluster's members change: the members that stay keep theirs."""
-        running = self._runtime
-        no_clusters = {"clusters": ()}
-        same_polling = running.config.model_copy(update=no_clusters) == config.model_copy(update=no_clusters)
-        pollers: dict[str, list[NodePoller]] = {}
-        retargeted = []
-        for cluster in config.clusters_with_nodes:
-            old = {p.node: p for p in running.pollers.get(cluster.name, ())} if same_polling else {}
-            pollers[cluster.name] = []
-            for fresh in pollers_for(cluster, config, self.sessions):
-                kept = old.get(fresh.node)
-                if (kept is not None and kept.role == fresh.role
-                        and (kept.cluster.walinspect, kept.cluster.walinspect_max_bytes)
-                        == (cluster.walinspect, cluster.walinspect_max_bytes)
-                        and serves_as(kept.node_config, fresh.node_config, kept.connected_address())):
-                    pollers[cluster.name].append(kept)
-                    retargeted.append((kept, cluster, fresh.node_config))
-                else:
-                    pollers[cluster.name].append(fresh)
-        return pollers, retargeted
-
-    def _commit(self, new: _Runtime) -> _Runtime:
+    def _commit(self, new: Runtime) -> Runtime:
         """Put ``new`` in force in one step (nothing here can fail); returns the runtime it
-        replaced, whose pollers and retired controllers the caller closes."""
+        replaced, whose pollers the caller closes."""
         old, self._runtime = self._runtime, new
-        for cluster in new.config.clusters_with_nodes:
-            new.trackers[cluster.name].cluster = cluster
-        for controller, change in new.reconfigured:
-            controller.commit(change)
-        for poller, cluster, node_config in new.retargeted:
-            poller.cluster, poller.node_config = cluster, node_config
-        for apply in new.hooks:
-            apply()
-        self.leadership.retime(new.config.effective_connect_timeout, new.config.effective_query_timeout)
+        runtime_module.put_in_force(new, self.leadership)
         return old
 
-    async def _close_replaced(self, old: _Runtime) -> None:
-        kept_pollers = {id(p) for pollers in self._runtime.pollers.values() for p in pollers}
-        await asyncio.gather(*(p.close() for pollers in old.pollers.values() for p in pollers
-                               if id(p) not in kept_pollers))
+    async def _close_replaced(self, old: Runtime) -> None:
+        await runtime_module.close_replaced(old, self._runtime)
 
     # -- one cycle ------------------------------------------------------------------------
 
@@ -251,94 +141,50 @@ class Daemon:
             results = [[next(answers) for _ in runtime.pollers[c.name]] for c in clusters]
             now = time.monotonic()
             self.leadership.settle(now)
-            published: list[ClusterSnapshot | None] = []
-            fresh: list[ClusterSnapshot] = []
             connecting: list[tuple[str, str]] = []
-            for cluster, observations in zip(clusters, results, strict=True):
-                tracked = self._track(runtime, cluster, observations, now, connecting)
-                published.append(tracked)
-                if tracked is not None and not tracked.carried_cycles:
-                    fresh.append(tracked)
-            pools = await self._control(fresh, now, runtime)
-            snapshots = tuple(replace(c, pool=pools[c.name]) if c.name in pools else c
-                              for c in published if c is not None)
-            self._published = {c.name: c for c in snapshots}
+            published = [self._evidence.track(runtime.trackers[cluster.name], observations, now, connecting)
+                         for cluster, observations in zip(clusters, results, strict=True)]
+            snapshots = await self._control(runtime, [c for c in published if c is not None], now)
             await self._take_discovery()
             await self._take_cluster_files()
             duration = time.monotonic() - started
-            self._cycles += 1
-            if self._cycles > 1:  # the first connects to every node: lagwatch_first_cycle_duration_seconds
-                self._durations.append(duration)
-                self._duration_histogram.observe(duration)
-            else:
-                self._first_cycle = duration
             loop_lag = self.sessions.loop_lag.take_worst(time.monotonic())
-            self._pace(duration, loop_lag)
-            self._say_connecting(connecting, sum(len(o) for o in results))
-            snapshot = Snapshot(taken_at=time.time(), cycle_duration=duration, cycles_total=self._cycles,
-                                overruns_total=self._overruns, clusters=snapshots,
-                                reload_successful=self._reload_ok, reload_success_at=self._reload_success_at,
-                                background_errors_total=self._background_errors,
-                                discovery=self.discovery.statuses(self._source.patroni_clusters),
-                                cluster_files=self._cluster_files(),
-                                shard=(self.config.shard.index, self.config.shard.count) if self.config.shard else None,
-                                cycle_quantiles=_quantiles(self._durations), first_cycle_duration=self._first_cycle,
-                                cycle_histogram=self._duration_histogram.snapshot(),
-                                interval=self.config.interval, effective_interval=self._pacer.pace.interval,
-                                loop_lag=loop_lag,
-                                late_answers_total=self._late_answers, connecting=tuple(connecting))
+            stats = self._stats
+            new_pace = stats.finished(duration, loop_lag)
+            if new_pace is not None and self._scheduler is not None:
+                self._add_job(new_pace.interval, first_in=new_pace.interval)
+            self._evidence.say_connecting(stats.cycles == 1, connecting, sum(len(o) for o in results))
+            snapshot = self._snapshot(snapshots, duration, loop_lag, connecting)
             self.holder.publish(snapshot)
             log_cycle(snapshot)
-            self._notify(snapshot)
+            self.notifier.cycle(snapshot.cycles_total == 1, status_line(snapshot) if self.notifier.enabled else "",
+                                any(n.up for c in snapshot.clusters for n in c.nodes))
             return snapshot
 
-    def _track(self, runtime: _Runtime, cluster: ClusterConfig, observations: list[NodeObservation], now: float,
-               connecting: list[tuple[str, str]]) -> ClusterSnapshot | None:
-        """The cluster as this cycle leaves it: tracked from its answers, or, when some of
-        them are no evidence (lagwatch late, a first connection under way), as the last
-        cycle published it (None before its first publication)."""
-        pending = [o for o in observations if o.pending is not None]
-        if not pending:
-            return runtime.trackers[cluster.name].update(observations, now)
-        self._late_answers += sum(1 for o in pending if o.pending == "late")
-        connecting.extend((cluster.name, o.node) for o in pending if o.pending == "connecting")
-        last = self._published.get(cluster.name)
-        return None if last is None else replace(last, carried_cycles=last.carried_cycles + 1)
+    async def _control(self, runtime: Runtime, published: list[ClusterSnapshot],
+                       now: float) -> tuple[ClusterSnapshot, ...]:
+        """Pool control for the clusters tracked afresh (a carried one keeps its pool as it
+        was); the clusters with their pools, and remembered as this cycle published them."""
+        fresh = [c for c in published if not c.carried_cycles]
+        pools = await control_all(fresh, runtime.controllers, self.leadership.standing, runtime.holds, now,
+                                  may_apply=not self._stopped.is_set())
+        snapshots = tuple(replace(c, pool=pools[c.name]) if c.name in pools else c for c in published)
+        self._evidence.published(snapshots)
+        return snapshots
 
-    def _pace(self, duration: float, loop_lag: float) -> None:
-        """Count an overrun, keep the interval cycles need (rescheduling when it changes),
-        and say so: at most one WARNING a minute while cycles do not fit."""
-        configured = self.config.interval
-        before = self._pacer.pace
-        if duration > before.interval:
-            self._overruns += 1
-        pace = self._pacer.observe(duration, loop_lag)
-        if pace.interval != before.interval and self._scheduler is not None:
-            self._add_job(pace.interval, first_in=pace.interval)
-        now = time.monotonic()
-        if pace.overloaded:
-            if self._said_overload_at is None or now - self._said_overload_at >= OVERLOAD_SAY_EVERY:
-                log.warning("cycles do not fit the %s interval (the last took %s; %d overrun(s) since last said): "
-                            "polling every %s until they do; lagwatch_effective_interval_seconds says how far behind",
-                            format_duration(configured), format_duration(duration),
-                            self._overruns - self._overruns_said, format_duration(pace.interval))
-                self._said_overload_at, self._overruns_said = now, self._overruns
-        elif before.overloaded:
-            log.info("cycles fit the %s interval again (the last took %s)", format_duration(configured),
-                     format_duration(duration))
-            self._said_overload_at = None
-
-    def _say_connecting(self, connecting: list[tuple[str, str]], nodes: int) -> None:
-        """At start, one line for the nodes still connecting and one when none is, not a
-        WARNING per node: they are no evidence of anything yet."""
-        if self._cycles == 1 and connecting:
-            self._connecting_said = True
-            log.info("first cycle: %d of %d node(s) answered; %d still connecting (read neither up nor down "
-                     "until they answer or fail)", nodes - len(connecting), nodes, len(connecting))
-        elif self._connecting_said and not connecting:
-            self._connecting_said = False
-            log.info("every node has answered or failed once, %s after start",
-                     format_duration(time.monotonic() - self._started_at))
+    def _snapshot(self, clusters: tuple[ClusterSnapshot, ...], duration: float, loop_lag: float,
+                  connecting: list[tuple[str, str]]) -> Snapshot:
+        stats, shard = self._stats, self.config.shard
+        return Snapshot(taken_at=time.time(), cycle_duration=duration, cycles_total=stats.cycles,
+                        overruns_total=stats.overruns, clusters=clusters, reload_successful=self._reload_ok,
+                        reload_success_at=self._reload_success_at, background_errors_total=self._background_errors,
+                        discovery=self.discovery.statuses(self._source.patroni_clusters),
+                        cluster_files=self._cluster_files(),
+                        shard=(shard.index, shard.count) if shard is not None else None,
+                        cycle_quantiles=stats.quantiles(), first_cycle_duration=stats.first_cycle,
+                        cycle_histogram=stats.histogram(), interval=self.config.interval,
+                        effective_interval=stats.pace.interval, loop_lag=loop_lag,
+                        late_answers_total=self._evidence.late_answers, connecting=tuple(connecting))
 
     async def discover_now(self, timeout: float = 2.0) -> None:
         """Ask for every discovered cluster's members and put them in force before the
@@ -396,59 +242,6 @@ class Daemon:
         self._members_pending = False
         await self._close_replaced(self._commit(runtime))
 
-    def _notify(self, snapshot: Snapshot) -> None:
-        if not self.notifier.enabled:
-            return  # not under systemd: no status line to build
-        status = status_line(snapshot)
-        if snapshot.cycles_total == 1:
-            self.notifier.ready(status)
-        # The watchdog is only fed while polling works: if no node has answered for longer
-        # than WatchdogSec, systemd restarts lagwatch (a fresh start may well fix it).
-        if any(n.up for c in snapshot.clusters for n in c.nodes):
-            self.notifier.watchdog(status)
-        else:
-            self.notifier.status(f"no node answered the last poll; {status}")
-
-    async def _control(self, fresh: list[ClusterSnapshot], now: float,
-                       runtime: _Runtime) -> dict[str, PoolStatus | None]:
-        """Pool control for the clusters tracked from this cycle's answers: the pooler's
-        views that are due read back, every decision, then every apply, each step's I/O
-        concurrent across clusters. A cluster whose leadership is not known this cycle
-        (its lock session's answer came late) decides nothing, like a carried one. The
-        holds file is looked at once. A stopping daemon decides but applies nothing."""
-        steps = []
-        for cluster in fresh:
-            controller = runtime.controllers.get(cluster.name)
-            if controller is None:
-                continue
-            standing = self.leadership.standing(cluster.name)
-            if standing.leads is None and not controller.cluster.dry_run:
-                continue
-            steps.append((cluster, controller, standing))
-        if not steps:
-            return {cluster.name: runtime.controllers[cluster.name].status() for cluster in fresh
-                    if cluster.name in runtime.controllers}
-        holds: Holds | HoldsError
-        try:
-            holds = runtime.holds.current()
-        except HoldsError as exc:
-            holds = exc
-        due = [controller for _, controller, standing in steps if controller.read_due(now, standing)]
-        await asyncio.gather(*(controller.read_back(now) for controller in due))
-        applies = []
-        may_apply = not self._stopped.is_set()
-        for cluster, controller, standing in steps:
-            try:
-                planned = controller.decide(cluster, now, standing, holds, may_apply)
-            except Exception:  # pool control must never stop the measuring
-                log.exception("%s: pool control failed; measuring goes on", cluster.name)
-                continue
-            if planned is not None:
-                applies.append(controller.apply(*planned))
-        await asyncio.gather(*applies)
-        return {cluster.name: runtime.controllers[cluster.name].status() for cluster in fresh
-                if cluster.name in runtime.controllers}
-
     async def _scheduled_cycle(self) -> None:
         self._cycle_task = asyncio.current_task()
         try:
@@ -463,8 +256,8 @@ class Daemon:
             self._cycle_task = None
 
     def _on_skipped(self, event: JobEvent) -> None:
-        # A cycle still running when the next was due: counted; said by _pace, at most once a minute.
-        self._overruns += 1
+        # A cycle still running when the next was due: counted; said at most once a minute.
+        self._stats.skipped()
 
     # -- running --------------------------------------------------------------------------
 
@@ -478,7 +271,7 @@ class Daemon:
         scheduler.add_listener(self._on_skipped, EVENT_JOB_MAX_INSTANCES | EVENT_JOB_MISSED)
         self._scheduler = scheduler
         self.sessions.loop_lag.start()
-        self._add_job(self._pacer.pace.interval)
+        self._add_job(self._stats.pace.interval)
         scheduler.start()
         shard = self.config.shard
         log.info("polling %d cluster(s) every %s, window %s%s",
@@ -489,7 +282,7 @@ class Daemon:
         if self._dir is not None:
             log.info("clusters_dir %s: %d cluster file(s) in force, %d with errors", self._dir.path,
                      len(self._dir.clusters), sum(1 for f in self._dir.files if f.error is not None))
-        self.notifier.ensure_watchdog(watchdog_budget(self.config))
+        self.notifier.ensure_watchdog(watchdog_budget(self.config.interval, self.config.effective_query_timeout))
         try:
             await self._stopped.wait()
         finally:
@@ -579,14 +372,15 @@ class Daemon:
             self._file_config, self._dir, self._source = new, cluster_dir, source
             self._dir_scanned_at = time.monotonic()
             if new.interval != old.config.interval:
-                self._pacer = Pacer(new.interval)
+                self._stats.new_interval(new.interval)
                 if self._scheduler is not None:
                     self._add_job(new.interval)
         await self._close_replaced(old)
         self._reload_ok, self._reload_success_at = True, time.time()
         log.info("reloaded %s: %d cluster(s), interval %s", self.config_path, len(new.clusters),
                  format_duration(new.interval))
-        self.notifier.ensure_watchdog(watchdog_budget(new))  # the interval may have changed
+        # The interval may have changed, and with it how long a cycle may take.
+        self.notifier.ensure_watchdog(watchdog_budget(new.interval, new.effective_query_timeout))
         self.notifier.ready(f"reloaded {self.config_path}")
         return True
 
@@ -599,17 +393,3 @@ class Daemon:
 
 def _names(config: Config) -> set[str]:
     return {c.name for c in config.clusters}
-
-
-def _claims(config: Config) -> dict[str, Claim]:
-    """The clusters whose leader lock this instance wants: those under pool control, but
-    not in a dry run (a trial instance must not keep the real one from applying)."""
-    return {c.name: Claim(c.primary, lock_key(c.name, c.leader_lock_key))
-            for c in config.clusters_with_nodes if c.pooler is not None and not c.dry_run}
-
-
-def watchdog_budget(config: Config) -> float:
-    """How long systemd must wait for a WATCHDOG=1: a slow cycle may take up to 3 intervals
-    plus the query timeout. A WatchdogSec= below that would get lagwatch restarted for every
-    slow cycle, so it is raised at runtime (WATCHDOG_USEC=, systemd 236+)."""
-    return 3 * config.interval + config.effective_query_timeout

@@ -24,6 +24,12 @@ class ConfigError(Exception):
         return "\n".join(lines)
 
 
+def flat_message(exc: BaseException) -> str:
+    """An error's message with its whitespace runs as single spaces: libpq's span several
+    indented lines; a node's status and a log line want one."""
+    return " ".join(str(exc).split())
+
+
 def one_line(text: str, limit: int = 500) -> str:
     """``text`` as one printable line of bounded length: a key or value from a hostile file
     must not start a new log line (or a fake one) or flood the terminal."""

@@ -27,13 +27,16 @@ WAL_STATUSES = ("reserved", "extended", "unreserved", "lost")
 SYNC_STATES = ("async", "potential", "sync", "quorum")
 
 
-def families(snapshot: Snapshot | None) -> list[Family]:
+def families(snapshot: Snapshot | None, also: Callable[[], object] | None = None) -> list[Family]:
     """Every family lagwatch exports, in the catalogue's order, with ``snapshot``'s samples:
     the daemon's own, then the clusters', each cluster's samples in the one family of each
-    name (exposition.collecting)."""
-    if snapshot is None:
-        return []
+    name (exposition.collecting); ``also`` adds samples of its own meanwhile (the HTTP
+    server's). Before the first poll, only what ``also`` adds."""
     with collecting() as made:
+        if also is not None:
+            also()
+        if snapshot is None:
+            return list(made.values())
         _daemon_metrics(snapshot)
         for cluster in snapshot.clusters:
             _cluster_metrics(cluster)

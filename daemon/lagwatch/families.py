@@ -106,6 +106,13 @@ CLUSTER_FILE_ERRORS = gauge("lagwatch_cluster_config_errors", "1 if the clusters
                             "is (a new one is not watched; a changed one keeps its last good version), else 0",
                             "file")
 
+# -- the HTTP server (web.py: added to each scrape as it is served) ----------------------
+_section = "the HTTP server"
+HTTP_CONNECTIONS = _spec(Gauge, "lagwatch_http_connections", "Open HTTP connections.")
+HTTP_CAP = _spec(Gauge, "lagwatch_http_connection_cap", "Open HTTP connections allowed (kept below the descriptor "
+                 "limit).")
+HTTP_CLOSED = counter("lagwatch_http_connections_closed", "HTTP connections closed early, by reason.", "reason")
+
 # -- discovery ----------------------------------------------------------------------------
 _section = "Patroni discovery"
 DISCOVERY_UP = gauge("lagwatch_discovery_up", "1 if the cluster's members were discovered in the last cycle; 0 if "

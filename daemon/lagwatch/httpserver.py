@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import dataclasses
 import email.utils
 import logging
@@ -34,13 +33,15 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import h11
 
 from lagwatch.config import HttpConfig
 from lagwatch.errors import one_line
+from lagwatch.httpconn import one_line_exceptions, partial_request, peer_name, reason, refuse
+from lagwatch.httpmessages import Handler, Request, Response
 
 log = logging.getLogger("lagwatch.http")
 
@@ -50,30 +51,6 @@ MAX_BODY_BYTES = 64 * 1024  # lagwatch's endpoints take no body; a small one is 
 
 
 WORKERS = 4  # handler threads: bcrypt and rendering run here, never on the event loop
-
-
-@dataclass(frozen=True)
-class Request:
-    method: str
-    target: str
-    headers: dict[str, str]  # lower-case names
-    peer: str
-    tls_peer_cert: dict[str, Any] | None = None
-
-    @property
-    def path(self) -> str:
-        return self.target.split("?", 1)[0]
-
-
-@dataclass(frozen=True)
-class Response:
-    status: int
-    body: bytes
-    content_type: str = "text/plain; charset=utf-8"
-    headers: dict[str, str] = field(default_factory=dict)
-
-
-Handler = Callable[[Request], Response]
 
 
 @dataclass(eq=False)
@@ -125,7 +102,7 @@ class HttpServer:
         self._connections: set[_Connection] = set()
         self.closed: collections.Counter[str] = collections.Counter()  # why connections ended early
         self._loop = asyncio.new_event_loop()
-        self._loop.set_exception_handler(_one_line_exceptions)
+        self._loop.set_exception_handler(one_line_exceptions)
         self._workers = ThreadPoolExecutor(WORKERS, thread_name_prefix="lagwatch-http")
         self._thread = threading.Thread(target=self._run, name="lagwatch-http", daemon=True)
         self._accepting: asyncio.Task[None] | None = None
@@ -191,9 +168,9 @@ class HttpServer:
             connection = _Connection(sock, time.monotonic())
             if not self._admit(connection):
                 self.closed["refused"] += 1
-                _refuse(sock)
+                refuse(sock)
                 continue
-            connection.task = self._loop.create_task(self._serve(_peer(address), connection))
+            connection.task = self._loop.create_task(self._serve(peer_name(address), connection))
             await asyncio.sleep(0)  # let accepted connections read their requests between accepts
 
     def _admit(self, newcomer: _Connection) -> bool:
@@ -230,7 +207,7 @@ class HttpServer:
                 return
             except (OSError, ssl.SSLError) as exc:
                 self.closed["handshake"] += 1
-                log.info("%s: TLS handshake failed: %s", peer, _reason(exc))
+                log.info("%s: TLS handshake failed: %s", peer, reason(exc))
                 return
             connection.transport = transport
             writer = asyncio.StreamWriter(transport, protocol, reader, self._loop)
@@ -242,7 +219,7 @@ class HttpServer:
                 await self._finish(writer)
         except (ConnectionError, ssl.SSLError) as exc:
             self.closed["reset"] += 1
-            log.info("%s: connection lost: %s", peer, _reason(exc))
+            log.info("%s: connection lost: %s", peer, reason(exc))
         except asyncio.CancelledError:
             pass  # evicted to make room, or the server stops
         finally:
@@ -315,7 +292,7 @@ class HttpServer:
                     except TimeoutError:
                         self.closed["deadline"] += 1
                         log.debug("%s: request not complete within %.0fs: closed", peer, limits.request_timeout)
-                        if request is not None or _partial_request(http):
+                        if request is not None or partial_request(http):
                             await self._send_raw(writer, 408, b"request timeout\n")
                         return None
                 connection.reading = False
@@ -390,40 +367,3 @@ class HttpServer:
 
     def _at(self, monotonic_deadline: float) -> float:
         return self._loop.time() + (monotonic_deadline - time.monotonic())
-
-
-def _partial_request(http: h11.Connection) -> bool:
-    """Whether a partial request is buffered (a slow client, not an idle one)."""
-    return bool(getattr(http, "trailing_data", (b"", False))[0])
-
-
-def _refuse(sock: socket.socket) -> None:
-    """Above the cap with every connection busy: say so at once and close (plain HTTP; a
-    TLS client just sees the connection closed)."""
-    with contextlib.suppress(OSError):
-        sock.setblocking(False)
-        sock.send(b"HTTP/1.1 503 Service Unavailable\r\nServer: lagwatch\r\nContent-Length: 0\r\n"
-                  b"Connection: close\r\nRetry-After: 1\r\n\r\n")
-    sock.close()
-
-
-def _peer(address: Any) -> str:
-    if isinstance(address, tuple) and len(address) >= 2:
-        host = str(address[0])
-        return f"[{host}]:{address[1]}" if ":" in host else f"{host}:{address[1]}"
-    return str(address)
-
-
-def _reason(exc: BaseException) -> str:
-    if isinstance(exc, ssl.SSLError):
-        reason = exc.reason or exc.strerror or str(exc)
-        if reason in ("WRONG_VERSION_NUMBER", "HTTP_REQUEST"):
-            return f"{reason} (plain HTTP to the TLS port?)"
-        return one_line(str(reason))
-    return one_line(exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or type(exc).__name__)
-
-
-def _one_line_exceptions(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-    """asyncio's default handler prints a traceback per failed connection; one line instead."""
-    exc = context.get("exception")
-    log.info("http: %s%s", context.get("message", "error"), f": {_reason(exc)}" if exc else "")

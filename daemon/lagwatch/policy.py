@@ -34,7 +34,7 @@ from typing import Literal
 
 from lagwatch.config import ReplicaSla
 from lagwatch.durations import format_duration as _d
-from lagwatch.lag import nearest_rank
+from lagwatch.windows import nearest_rank
 
 PRIMARY = "primary"
 # A p95 over fewer samples than this is just the max of a handful: not evidence.
@@ -109,41 +109,55 @@ def p95_since(samples: Sequence[tuple[float, float]], since: float) -> float | N
     return nearest_rank(values, 0.95)
 
 
+def _problem(health: ReplicaHealth) -> str:
+    """What, if anything, makes this cycle a bad one whatever the SLA."""
+    if not health.reachable:
+        return "unreachable"
+    if not health.streaming:
+        return "not streaming"
+    if health.follows_primary is False:
+        return "not replicating from the current primary"
+    if health.staleness is None:
+        return "staleness unknown"
+    return ""
+
+
 def _judge(health: ReplicaHealth, sla: ReplicaSla, prev: ReplicaPolicyState, now: float) -> ReplicaPolicyState:
     if health.promoted:
         # Out at once, not after eject_after cycles: it is no replica now. Should it be
         # demoted and follow again, it earns its way back like any ejected replica.
         return ReplicaPolicyState(eligible=False, reason="promoted: it accepts writes now")
-    if not health.reachable:
-        problem = "unreachable"
-    elif not health.streaming:
-        problem = "not streaming"
-    elif health.follows_primary is False:
-        problem = "not replicating from the current primary"
-    elif health.staleness is None:
-        problem = "staleness unknown"
-    else:
-        problem = ""
-    if prev.eligible:
+    judge = _judge_member if prev.eligible else _judge_outsider
+    return judge(health, sla, prev, now, _problem(health))
+
+
+def _judge_member(health: ReplicaHealth, sla: ReplicaSla, prev: ReplicaPolicyState, now: float,
+                  problem: str) -> ReplicaPolicyState:
+    """A pool member: out after eject_after bad cycles in a row, or at once when its p95
+    since it was admitted breaks the SLA's p95."""
+    if not problem:
         # Sorting the window costs a fleet's every cluster every cycle: only with a p95 SLA.
-        p95 = p95_since(health.samples, prev.admitted_at) if sla.p95 is not None and not problem else None
-        if not problem and sla.p95 is not None and p95 is not None and p95 > sla.p95:
-            return replace(prev, eligible=False, bad_streak=0, good_streak=0,
-                           reason=f"p95 {_d(p95)} > {_d(sla.p95)}")
-        if not problem and health.staleness is not None and health.staleness > sla.max_lag:
+        p95 = p95_since(health.samples, prev.admitted_at) if sla.p95 is not None else None
+        if sla.p95 is not None and p95 is not None and p95 > sla.p95:
+            return replace(prev, eligible=False, bad_streak=0, good_streak=0, reason=f"p95 {_d(p95)} > {_d(sla.p95)}")
+        if health.staleness is not None and health.staleness > sla.max_lag:
             problem = f"staleness {_d(health.staleness)} > max_lag {_d(sla.max_lag)}"
-        if not problem:
-            return replace(prev, bad_streak=0, good_streak=0, reason="")
-        streak = prev.bad_streak + 1
-        if streak >= sla.eject_after:
-            return replace(prev, eligible=False, bad_streak=0, good_streak=0,
-                           reason=f"{problem} for {streak} cycle(s)")
-        return replace(prev, bad_streak=streak, reason=f"{problem} ({streak}/{sla.eject_after})")
-    # Out of the pool: only a clean run of good cycles brings it back.
-    if not problem and health.staleness is not None and health.staleness >= sla.readmit_below:
-        problem = f"staleness {_d(health.staleness)} >= readmit_below {_d(sla.readmit_below)}"
-    if not problem and health.staleness is not None and sla.p95 is not None and health.staleness > sla.p95:
-        problem = f"staleness {_d(health.staleness)} > p95 SLA {_d(sla.p95)}"
+    if not problem:
+        return replace(prev, bad_streak=0, good_streak=0, reason="")
+    streak = prev.bad_streak + 1
+    if streak >= sla.eject_after:
+        return replace(prev, eligible=False, bad_streak=0, good_streak=0, reason=f"{problem} for {streak} cycle(s)")
+    return replace(prev, bad_streak=streak, reason=f"{problem} ({streak}/{sla.eject_after})")
+
+
+def _judge_outsider(health: ReplicaHealth, sla: ReplicaSla, prev: ReplicaPolicyState, now: float,
+                    problem: str) -> ReplicaPolicyState:
+    """Out of the pool: only a clean run of good cycles brings it back."""
+    staleness = health.staleness
+    if not problem and staleness is not None and staleness >= sla.readmit_below:
+        problem = f"staleness {_d(staleness)} >= readmit_below {_d(sla.readmit_below)}"
+    if not problem and staleness is not None and sla.p95 is not None and staleness > sla.p95:
+        problem = f"staleness {_d(staleness)} > p95 SLA {_d(sla.p95)}"
     if problem:
         return replace(prev, good_streak=0, reason=problem)
     streak = prev.good_streak + 1
@@ -172,45 +186,53 @@ def decide(replicas: Sequence[ReplicaHealth], slas: Mapping[str, ReplicaSla], ru
         if name in judged:
             pool.discard(name)
             reasons[name] = "never in the read pool (noloadbalance)"
-
-    healthy = len(pool)
-    if healthy < rules.min_replicas:
-        if rules.fallback_to_primary:
-            pool.add(PRIMARY)
-            reasons[PRIMARY] = f"fallback: {healthy} healthy replica(s) < min_replicas {rules.min_replicas}"
-        else:
-            # Keep the least-behind of the rest (never one an operator holds out).
-            by_health = {h.name: h for h in replicas}
-
-            def keep_order(name: str) -> tuple[bool, float, str]:
-                health = by_health[name]
-                usable = (health.reachable and health.streaming and health.staleness is not None
-                          and health.follows_primary is not False)
-                lag = _lag_key(health.staleness)
-                if name in state.pool:
-                    # Stays kept unless another is clearly less behind: by more than its
-                    # max_lag and by more than half its staleness.
-                    lag = min(lag - slas[name].max_lag, lag / 2)
-                return (not usable, lag, name)
-
-            candidates = sorted((n for n in judged if n not in pool and holds.get(n) != "out" and n not in never
-                                 and not by_health[n].promoted), key=keep_order)
-            for name in candidates[: rules.min_replicas - healthy]:
-                pool.add(name)
-                reasons[name] = f"kept to honour min_replicas {rules.min_replicas} ({reasons[name]})"
-
+    _honour_min_replicas(pool, reasons, replicas, slas, rules, state, holds, never)
     if rules.primary_in_read_pool:
         pool.add(PRIMARY)
         reasons[PRIMARY] = "primary_in_read_pool: reads go to the primary too"
-
     new_pool = frozenset(pool)
-    changes = tuple(
+    return Decision(new_pool, _changes(state.pool, new_pool, reasons), PolicyState(judged, new_pool), reasons)
+
+
+def _honour_min_replicas(pool: set[str], reasons: dict[str, str], replicas: Sequence[ReplicaHealth],
+                         slas: Mapping[str, ReplicaSla], rules: PoolRules, state: PolicyState,
+                         holds: Mapping[str, Hold], never: Collection[str]) -> None:
+    """Never fewer than min_replicas: the primary joins (fallback_to_primary), or the
+    least-behind of the rest stay (never one an operator holds out)."""
+    healthy = len(pool)
+    if healthy >= rules.min_replicas:
+        return
+    if rules.fallback_to_primary:
+        pool.add(PRIMARY)
+        reasons[PRIMARY] = f"fallback: {healthy} healthy replica(s) < min_replicas {rules.min_replicas}"
+        return
+    by_health = {h.name: h for h in replicas}
+
+    def keep_order(name: str) -> tuple[bool, float, str]:
+        health = by_health[name]
+        usable = (health.reachable and health.streaming and health.staleness is not None
+                  and health.follows_primary is not False)
+        lag = _lag_key(health.staleness)
+        if name in state.pool:
+            # Stays kept unless another is clearly less behind: by more than its
+            # max_lag and by more than half its staleness.
+            lag = min(lag - slas[name].max_lag, lag / 2)
+        return (not usable, lag, name)
+
+    candidates = sorted((n for n in by_health if n not in pool and holds.get(n) != "out" and n not in never
+                         and not by_health[n].promoted), key=keep_order)
+    for name in candidates[: rules.min_replicas - healthy]:
+        pool.add(name)
+        reasons[name] = f"kept to honour min_replicas {rules.min_replicas} ({reasons[name]})"
+
+
+def _changes(before: frozenset[str], after: frozenset[str], reasons: Mapping[str, str]) -> tuple[PoolChange, ...]:
+    return tuple(
         [PoolChange(m, "remove", "enough healthy replicas again") if m == PRIMARY
          else PoolChange(m, "eject", reasons.get(m, "no longer configured"))
-         for m in sorted(state.pool - new_pool)]
+         for m in sorted(before - after)]
         + [PoolChange(m, "add" if m == PRIMARY else "readmit", reasons.get(m, ""))
-           for m in sorted(new_pool - state.pool)])
-    return Decision(new_pool, changes, PolicyState(judged, new_pool), reasons)
+           for m in sorted(after - before)])
 
 
 def _lag_key(staleness: float | None) -> float:

@@ -19,13 +19,13 @@ import random
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from lagwatch.config import ClusterConfig, PasswordUnavailableError
 from lagwatch.durations import format_duration
-from lagwatch.holds import Hold, Holds, HoldsError
+from lagwatch.holds import Hold, Holds, HoldsError, HoldStore
 from lagwatch.leader import Standing
 from lagwatch.policy import Decision, PolicyState, PoolRules, ReplicaHealth, decide, route_to_current_primary
 from lagwatch.poolers import make_pooler
@@ -346,3 +346,37 @@ class PoolController:
 
 def _fmt(value: float | None) -> str:
     return "?" if value is None else format_duration(value)
+
+
+async def control_all(fresh: Iterable[ClusterSnapshot], controllers: Mapping[str, PoolController],
+                      standing_of: Callable[[str], Standing], holds_store: HoldStore, now: float,
+                      may_apply: bool = True) -> dict[str, PoolStatus | None]:
+    """Pool control for the clusters tracked from this cycle's answers: the pooler's views
+    that are due read back, every decision, then every apply, each step's I/O concurrent
+    across clusters (so a cluster with nothing to do costs no task and no thread). A
+    cluster whose leadership is not known this cycle (its lock session's answer came
+    late) decides nothing, like a carried one. The holds file is looked at once. A
+    stopping daemon (``may_apply`` false) decides but applies nothing. Returns each
+    controlled cluster's pool as of its last decision."""
+    controlled = [(cluster, controllers[cluster.name]) for cluster in fresh if cluster.name in controllers]
+    steps = [(cluster, controller, standing) for cluster, controller in controlled
+             if (standing := standing_of(cluster.name)).leads is not None or controller.cluster.dry_run]
+    if steps:
+        holds: Holds | HoldsError
+        try:
+            holds = holds_store.current()
+        except HoldsError as exc:
+            holds = exc
+        await asyncio.gather(*(controller.read_back(now) for _, controller, standing in steps
+                               if controller.read_due(now, standing)))
+        applies = []
+        for cluster, controller, standing in steps:
+            try:
+                planned = controller.decide(cluster, now, standing, holds, may_apply)
+            except Exception:  # pool control must never stop the measuring
+                log.exception("%s: pool control failed; measuring goes on", cluster.name)
+                continue
+            if planned is not None:
+                applies.append(controller.apply(*planned))
+        await asyncio.gather(*applies)
+    return {cluster.name: controller.status() for cluster, controller in controlled}

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import math
 from array import array
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from lagwatch.fastinit import fast_init
+from lagwatch.views.slots import Slot
 
 
 class Progress:
@@ -144,3 +146,62 @@ def describe(c: CatchUp) -> str:
         return f"falling behind, {_bytes_per_second(net)}" if net > 0 else "not catching up"
     eta = c.eta_seconds
     return f"catching up, ~{eta:.0f} s" if eta < 120 else f"catching up, ~{eta / 60:.0f} min"
+
+
+class Forecaster:
+    """One cluster's rates and what they forecast: the primary's WAL generation, each
+    replica's replay (catch-up ETAs) and each slot's release of WAL (runways), over the
+    forecast horizon. Pure: positions and times in, forecasts out."""
+
+    def __init__(self, horizon: float) -> None:
+        self.horizon = horizon
+        self._generation = Progress(horizon)  # the primary's current LSN
+        self._replayed: dict[str, Progress] = {}  # replica -> its replay LSN
+        self._slot_restart: dict[str, Progress] = {}  # slot -> current LSN minus what it retains
+
+    def generation_rate(self) -> float | None:
+        return self._generation.rate()
+
+    def note_primary(self, at: float, lsn: int) -> None:
+        self._generation.add(at, lsn)
+
+    def catch_up(self, replica: str, replay_lsn: int, replay_at: float, primary_lsn: int,
+                 within: float) -> CatchUp:
+        """A replica's replay rate, backlog and catch-up ETA: the rate since replay last
+        stood still (after a pause, how fast it replays now), against the primary's WAL
+        generation rate, both over the forecast horizon."""
+        progress = self._replayed.setdefault(replica, Progress(self.horizon))
+        progress.add(replay_at, replay_lsn)
+        return catch_up(max(0, primary_lsn - replay_lsn), progress.rate_since_stall(), self._generation.rate(),
+                        within=within)
+
+    def runways(self, slots: Iterable[Slot], primary_lsn: int | None, at: float) -> dict[str, float]:
+        """Seconds until each limited slot's safe_wal_size reaches 0 at the current net rate
+        (WAL written minus WAL the consumer lets go); +inf when it does not shrink."""
+        out: dict[str, float] = {}
+        present = set()
+        for slot in slots:
+            present.add(slot.name)
+            if primary_lsn is None or slot.retained_bytes is None:
+                continue
+            progress = self._slot_restart.setdefault(slot.name, Progress(self.horizon))
+            progress.add(at, primary_lsn - slot.retained_bytes)
+            generation, released = self._generation.rate(), progress.rate()
+            if slot.safe_wal_size is None or generation is None or released is None:
+                continue
+            left = runway(slot.safe_wal_size, generation - released)
+            if left is not None:
+                out[slot.name] = left
+        if primary_lsn is not None:  # a primary that did not answer this cycle dropped no slot
+            for name in set(self._slot_restart) - present:
+                del self._slot_restart[name]  # a dropped slot
+        return out
+
+    def forget_replica(self, replica: str) -> None:
+        self._replayed.pop(replica, None)
+
+    def forget(self) -> None:
+        """Another server, or its WAL went back: rates over both would mean nothing."""
+        self._generation.clear()
+        self._replayed.clear()
+        self._slot_restart.clear()

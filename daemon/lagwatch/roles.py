@@ -60,6 +60,15 @@ class RoleView:
         return _role(obs, self.standby_leader)
 
 
+def _the_primary(writers: Sequence[NodeObservation]) -> NodeObservation | None:
+    """The configured primary DSN is where applications write: with two writers it is the
+    one that counts. Otherwise the writer on the newest timeline."""
+    primary = next((o for o in writers if o.role == "primary"), None)
+    if primary is None and writers:
+        primary = max(writers, key=lambda o: o.timeline or 0)
+    return primary
+
+
 def _role(obs: NodeObservation, standby_leader: str | None) -> ObservedRole:
     role = obs.observed_role
     if role == "replica" and standby_leader is not None and obs.server_id == standby_leader:
@@ -79,6 +88,26 @@ class RoleTracker:
         self._changes = 0
         self._last_change: RoleChange | None = None
         self._said_primaries: int | None = None
+        self._followed_fork: Fork | None = None  # the promotion the set below is about
+        self._followed_since_fork: set[str] = set()  # replicas seen following the new primary since
+
+    def note_follows(self, replica: str, follows: bool | None) -> None:
+        """Whether ``replica`` was seen following the current primary this cycle."""
+        if self._fork != self._followed_fork:
+            self._followed_fork, self._followed_since_fork = self._fork, set()
+        if follows:
+            self._followed_since_fork.add(replica)
+
+    def replayed_of_current(self, replica: str, lsn: int) -> int:
+        """How much of the current primary's WAL a replica that replayed up to ``lsn`` has:
+        all of it if it followed the new primary since the last promotion (note_follows);
+        if not (left on the old timeline), what it replayed past the fork is not the new
+        primary's WAL, so no more than the fork. One that did follow and only lost its
+        connection later is not held back to the fork."""
+        fork = self._fork
+        if fork is not None and replica not in self._followed_since_fork and lsn > fork.lsn:
+            return fork.lsn
+        return lsn
 
     def observe(self, observations: Sequence[NodeObservation]) -> RoleView:
         writers = [o for o in observations if o.observed_role == "primary"]
@@ -91,27 +120,24 @@ class RoleTracker:
             self._note_role(obs, _role(obs, standby_leader))
         primaries = len({o.server_id or f"node {o.node}" for o in writers})
         self._say_primaries(writers, primaries, standby)
-        # The configured primary DSN is where applications write: with two writers it is
-        # the one that counts. Otherwise the writer on the newest timeline.
-        primary = next((o for o in writers if o.role == "primary"), None)
-        if primary is None and writers:
-            primary = max(writers, key=lambda o: o.timeline or 0)
-        if primary is None:
-            primary = standby
-        changed = False
-        if primary is not None:
-            server = primary.server_id
-            changed = self._primary_server is not None and server != self._primary_server
-            if changed:
-                self._note_new_primary(primary, observations)
-            self._primary_server = server
-            self._primary_timeline = primary.timeline
+        primary = _the_primary(writers) or standby
+        changed = primary is not None and self._follow(primary, observations)
         self._replica_replay = {o.node: o.position.replay_lsn for o in observations
                                 if o.observed_role == "replica" and o.position is not None
                                 and o.position.replay_lsn is not None}
         return RoleView(primary=primary, primaries=primaries, timeline=primary.timeline if primary else None,
                         fork=self._fork, changed=changed, role_changes_total=self._changes,
                         last_change=self._last_change, standby_leader=standby_leader)
+
+    def _follow(self, primary: NodeObservation, observations: Sequence[NodeObservation]) -> bool:
+        """Take ``primary`` as this cycle's; whether it is another server than last cycle's."""
+        server = primary.server_id
+        changed = self._primary_server is not None and server != self._primary_server
+        if changed:
+            self._note_new_primary(primary, observations)
+        self._primary_server = server
+        self._primary_timeline = primary.timeline
+        return changed
 
     def _note_role(self, obs: NodeObservation, role: ObservedRole) -> None:
         if role == "unknown":

@@ -57,12 +57,12 @@ class Notifier:
         if self.watchdog_seconds is not None and round(self.watchdog_seconds * 1_000_000) == usec:
             return self.watchdog_seconds
         if not self.send(f"WATCHDOG_USEC={usec}"):
-            log.warning("WatchdogSec=%gs is under what the interval needs (%gs: 3 intervals plus the query "
+            log.warning("WatchdogSec=%gs is under what the interval needs (%gs: 11 intervals plus the query "
                         "timeout), and systemd could not be told: a slow cycle will get lagwatch restarted",
                         configured, needed)
             return self.watchdog_seconds
         if wanted > configured:
-            log.info("watchdog: WatchdogSec=%gs is under what the interval needs (3 intervals plus the query "
+            log.info("watchdog: WatchdogSec=%gs is under what the interval needs (11 intervals plus the query "
                      "timeout); extended to %gs (WATCHDOG_USEC=%d)", configured, wanted, usec)
         else:
             log.info("watchdog: back to the unit's WatchdogSec=%gs (WATCHDOG_USEC=%d)", configured, usec)
@@ -71,6 +71,19 @@ class Notifier:
 
     def watchdog(self, status: str) -> None:
         self.send("WATCHDOG=1", f"STATUS={_one_line(status)}")
+
+    def cycle(self, first: bool, status: str, any_up: bool) -> None:
+        """A cycle ended: READY=1 after the first. The watchdog is only fed while polling
+        works: if no node has answered for longer than WatchdogSec, systemd restarts
+        lagwatch (a fresh start may well fix it)."""
+        if not self.enabled:
+            return
+        if first:
+            self.ready(status)
+        if any_up:
+            self.watchdog(status)
+        else:
+            self.status(f"no node answered the last poll; {status}")
 
     def status(self, status: str) -> None:
         self.send(f"STATUS={_one_line(status)}")

@@ -13,7 +13,6 @@ from typing import Literal
 
 from lagwatch.config import ReplicaSla
 from lagwatch.fastinit import fast_init
-from lagwatch.lag import HistogramCounts, WindowStats
 from lagwatch.rates import CatchUp
 from lagwatch.syncrep import SyncReplication
 from lagwatch.views.probe import Capabilities
@@ -23,7 +22,8 @@ from lagwatch.views.slots import Slot
 from lagwatch.views.wal import WalStats
 from lagwatch.views.wal_dir import WalDir
 from lagwatch.views.wal_receiver import WalReceiver
-from lagwatch.views.walinspect import WalInspection
+from lagwatch.views.walinspect import WalInspection, WalInspectTotals
+from lagwatch.windows import HistogramCounts, WindowStats
 
 Role = Literal["primary", "replica"]  # the slot a node is configured in: only a name
 # What a node is, as observed each cycle: a primary accepts writes (not in recovery);
@@ -173,22 +173,6 @@ class NodeHealth:
     observed_role: ObservedRole = "unknown"
     timeline: int | None = None
     connects_total: int = 0  # connection attempts since start (a poll still under way: as last known)
-
-
-@fast_init
-@dataclass(frozen=True)
-class WalInspectTotals:
-    """pg_walinspect counters since lagwatch started (bytes)."""
-
-    inspected_bytes: int
-    skipped_bytes: int
-    fpi_bytes: int
-    record_bytes: int
-    last_interval_fpi_bytes: int
-    last_interval_bytes: int
-    # Compressed full-page images by method: (images, stored bytes, uncompressed bytes) since
-    # start; empty until measured (pg_get_wal_block_info, 16+).
-    compressed: dict[str, tuple[int, int, int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

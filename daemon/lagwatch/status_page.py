@@ -208,6 +208,15 @@ def _alerts_line(c: ClusterSnapshot) -> str:
 
 
 def _cluster(c: ClusterSnapshot) -> str:
+    rows = "".join(_replica_row(c, r) for r in c.replicas)
+    return (f'<section data-cluster="{_e(c.name)}"><h2>{_e(c.name)}</h2><div class="meta">nodes: {_nodes_line(c)}</div>'
+            f"{_sync_line(c)}{_slots_line(c)}{_compression_line(c)}{_pool_line(c)}{_alerts_line(c)}"
+            f"<div class=\"wrap\"><table><thead><tr><th>replica</th><th>state</th><th>pool</th><th>staleness</th>"
+            f"<th>p95</th><th>SLA</th><th>window</th></tr></thead>"
+            f"<tbody>{rows}</tbody></table></div>{_events(c)}</section>")
+
+
+def _nodes_line(c: ClusterSnapshot) -> str:
     nodes = ", ".join(f'<span class="{"ok" if n.up else "bad"}">{_e(n.name)} '
                       f'{_e(_node_role(n.observed_role, n.timeline)) if n.up else "down"}</span>' for n in c.nodes)
     if c.primaries >= 2:
@@ -216,34 +225,33 @@ def _cluster(c: ClusterSnapshot) -> str:
         nodes += ' — <span class="bad">no primary answers</span>'
     if c.last_role_change is not None and c.last_role_change_ago is not None:
         nodes += f' — last role change: {_e(c.last_role_change)}, {_e(_dur(c.last_role_change_ago))} ago'
+    return nodes
+
+
+def _pool_line(c: ClusterSnapshot) -> str:
     pool = c.pool
-    pool_line = ""
-    if pool is not None:
-        members = ", ".join(sorted(pool.members)) if pool.members is not None else "unknown"
-        flags = [pool.kind, "leader" if pool.leader else "standby (not applying)"]
-        if pool.dry_run:
-            flags.append("dry run")
-        pool_line = f'<div class="meta">read pool: <b>{_e(members or "(empty)")}</b> — {_e(", ".join(flags))}'
-        holder = pool.leader_holder
-        if holder is not None and not holder.is_us:
-            who = f"leader lock held by {holder.describe()}"
-            pool_line += (f" — {_e(who)} (another lagwatch)" if holder.is_lagwatch else
-                          f' — <span class="bad">{_e(who)}: not lagwatch, no instance applies pool changes</span>')
-        if pool.last_error:
-            pool_line += f' — <span class="bad">{_e(pool.last_error)}</span>'
-        pool_line += "</div>"
-    rows = "".join(_replica_row(c, r) for r in c.replicas)
-    events = ""
-    if pool is not None:
-        items = "".join(
-            f"<li>{_e(time.strftime('%H:%M:%S', time.localtime(e.at)))} <b>{_e(e.action)}</b> {_e(e.member)}"
-            f"{' (dry run)' if e.dry_run else ''}: {_e(e.reason)}</li>" for e in reversed(pool.events[-15:]))
-        events = f'<h3 class="meta">recent pool events</h3><ul class="events">{items or "<li>none yet</li>"}</ul>'
-    return (f'<section data-cluster="{_e(c.name)}"><h2>{_e(c.name)}</h2><div class="meta">nodes: {nodes}</div>'
-            f"{_sync_line(c)}{_slots_line(c)}{_compression_line(c)}{pool_line}{_alerts_line(c)}"
-            f"<div class=\"wrap\"><table><thead><tr><th>replica</th><th>state</th><th>pool</th><th>staleness</th>"
-            f"<th>p95</th><th>SLA</th><th>window</th></tr></thead>"
-            f"<tbody>{rows}</tbody></table></div>{events}</section>")
+    if pool is None:
+        return ""
+    members = ", ".join(sorted(pool.members)) if pool.members is not None else "unknown"
+    flags = [pool.kind, "leader" if pool.leader else "standby (not applying)"] + (["dry run"] if pool.dry_run else [])
+    line = f'<div class="meta">read pool: <b>{_e(members or "(empty)")}</b> — {_e(", ".join(flags))}'
+    holder = pool.leader_holder
+    if holder is not None and not holder.is_us:
+        who = f"leader lock held by {holder.describe()}"
+        line += (f" — {_e(who)} (another lagwatch)" if holder.is_lagwatch else
+                 f' — <span class="bad">{_e(who)}: not lagwatch, no instance applies pool changes</span>')
+    if pool.last_error:
+        line += f' — <span class="bad">{_e(pool.last_error)}</span>'
+    return line + "</div>"
+
+
+def _events(c: ClusterSnapshot) -> str:
+    if c.pool is None:
+        return ""
+    items = "".join(
+        f"<li>{_e(time.strftime('%H:%M:%S', time.localtime(e.at)))} <b>{_e(e.action)}</b> {_e(e.member)}"
+        f"{' (dry run)' if e.dry_run else ''}: {_e(e.reason)}</li>" for e in reversed(c.pool.events[-15:]))
+    return f'<h3 class="meta">recent pool events</h3><ul class="events">{items or "<li>none yet</li>"}</ul>'
 
 
 # Above this many clusters /status shows one line per cluster, worst first, each linking to
@@ -263,12 +271,6 @@ def _worst(c: ClusterSnapshot) -> tuple[int, int, float, str]:
 
 def _summary_row(c: ClusterSnapshot) -> str:
     found = conditions(c)
-    worst_replica = min(c.replicas, key=lambda r: _CONDITION_ORDER[replica_condition(r, c.slas.get(r.name))],
-                        default=None)
-    condition = replica_condition(worst_replica, c.slas.get(worst_replica.name)) if worst_replica else None
-    state = (f'<span class="{_CONDITION_CSS[condition]}">{_e(worst_replica.name if worst_replica else "")}: '
-             f"{_e(CONDITION_TEXT[condition])}</span>" if condition and condition != "streaming"
-             else '<span class="ok">all streaming</span>' if c.replicas else '<span class="muted">no replicas</span>')
     staleness = max((r.staleness for r in c.replicas if r.staleness is not None), default=None)
     p95 = max((r.window.p95 for r in c.replicas if r.window is not None), default=None)
     out_of_pool = "" if c.pool is None or c.pool.members is None else str(
@@ -278,7 +280,7 @@ def _summary_row(c: ClusterSnapshot) -> str:
     pages = any(a.severity == "page" for a in found)
     link = f'<a href="/status?cluster={urllib.parse.quote(c.name, safe="")}">{_e(c.name)}</a>'
     return (f'<tr data-cluster="{_e(c.name)}"><td data-label="cluster">{link}</td>'
-            f'<td data-label="replicas">{state}</td>'
+            f'<td data-label="replicas">{_worst_replica(c)}</td>'
             f'<td data-label="primaries" class="num{" bad" if c.primaries != 1 else ""}">{c.primaries}</td>'
             f'<td data-label="staleness" class="num">{_e(_dur(staleness))}</td>'
             f'<td data-label="worst p95" class="num">{_e(_dur(p95))}</td>'
@@ -286,6 +288,17 @@ def _summary_row(c: ClusterSnapshot) -> str:
             f'<td data-label="nodes down" class="num{" bad" if down else ""}">{down}</td>'
             f'<td data-label="alert conditions" class="{"bad" if pages else "warn" if found else "muted"}">'
             f"{_e(alerts or 'none')}</td></tr>")
+
+
+def _worst_replica(c: ClusterSnapshot) -> str:
+    """The cluster's worst replica and its condition, or that they all stream."""
+    if not c.replicas:
+        return '<span class="muted">no replicas</span>'
+    worst = min(c.replicas, key=lambda r: _CONDITION_ORDER[replica_condition(r, c.slas.get(r.name))])
+    condition = replica_condition(worst, c.slas.get(worst.name))
+    if condition == "streaming":
+        return '<span class="ok">all streaming</span>'
+    return f'<span class="{_CONDITION_CSS[condition]}">{_e(worst.name)}: {_e(CONDITION_TEXT[condition])}</span>'
 
 
 def _summary(snapshot: Snapshot) -> str:

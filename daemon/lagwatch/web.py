@@ -19,11 +19,14 @@ from typing import Any
 from lagwatch import status_page
 from lagwatch.config import Config
 from lagwatch.export import families
-from lagwatch.exposition import CONTENT_TYPE, Counter, Family, Gauge, render_text
-from lagwatch.httpserver import HttpServer, Request, Response
+from lagwatch.exposition import CONTENT_TYPE, render_text
+from lagwatch.families import HTTP_CAP, HTTP_CLOSED, HTTP_CONNECTIONS
+from lagwatch.httpmessages import Request, Response
+from lagwatch.httpserver import HttpServer
 from lagwatch.snapshot import Snapshot, SnapshotHolder
 from lagwatch.status import snapshot_status
-from lagwatch.webconfig import BasicAuth, WebConfig, client_has_allowed_san, ssl_context
+from lagwatch.webauth import BasicAuth
+from lagwatch.webconfig import WebConfig, client_has_allowed_san, ssl_context
 
 log = logging.getLogger("lagwatch.web")
 
@@ -172,7 +175,7 @@ class WebServer:
         return self._render(snapshot), CONTENT_TYPE
 
     def _render(self, snapshot: Snapshot | None) -> bytes:
-        body = render_text([*families(snapshot), *self._http_families()])
+        body = render_text(families(snapshot, also=self._http_samples))
         cached = self._rendered
         if cached is None or not _later(cached[0], snapshot):  # never over a newer one rendered ahead meanwhile
             self._rendered = (snapshot, body)
@@ -203,19 +206,17 @@ class WebServer:
         return True, "ok"
 
 
-    def _http_families(self) -> list[Family]:
+    def _http_samples(self) -> None:
         """The HTTP server's own figures: open connections and why connections were closed
         early (deadline, evicted to make room, refused at the cap, failed handshakes...)."""
         http = self.http
-        closed = Counter("lagwatch_http_connections_closed", "HTTP connections closed early, by reason.",
-                         labels=["reason"])
+        closed = HTTP_CLOSED.make()
         for reason in ("deadline", "evicted", "refused", "handshake", "client_cert", "reset", "bad_request",
                        "slow_reader"):
             closed.add_metric([reason], http.closed[reason])
-        return [Gauge("lagwatch_http_connections", "Open HTTP connections.", http.open_connections),
-                Gauge("lagwatch_http_connection_cap", "Open HTTP connections allowed (kept below the descriptor "
-                      "limit).", http.connection_cap()),
-                closed]
+        connections, cap = HTTP_CONNECTIONS.make(), HTTP_CAP.make()
+        connections.add_metric([], http.open_connections)
+        cap.add_metric([], http.connection_cap())
 
 
 def _later(rendered: Snapshot | None, current: Snapshot | None) -> bool:

@@ -15,22 +15,18 @@ cannot is said once in the log, with why. Keys exporter-toolkit does not know ar
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import hmac
 import ipaddress
 import logging
-import re
 import ssl
 import threading
 import warnings
 from pathlib import Path
 from typing import Any, Literal
 
-import bcrypt
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 from lagwatch.errors import ConfigError, validation_problems
+from lagwatch.webauth import bcrypt_cost
 from lagwatch.yamlfile import load_yaml
 
 log = logging.getLogger("lagwatch.webconfig")
@@ -173,7 +169,7 @@ class HttpServerConfig(_Strict):
             if allowed and value not in allowed:
                 raise ValueError(f"invalid value for {name}: expected one of {', '.join(allowed)}, got {value!r}")
             if not all(" " <= ch <= "~" for ch in value):
-                # http.server writes headers as Latin-1; anything else would fail every
+                # HTTP/1.1 headers are Latin-1 (h11 writes them so); anything else would fail every
                 # response (/healthz too), and control characters could split the header.
                 raise ValueError(f"{name}: the value must be printable ASCII on one line")
         return headers
@@ -188,7 +184,7 @@ class WebConfig(_Strict):
     @classmethod
     def _bcrypt_hashes(cls, users: dict[str, str]) -> dict[str, str]:
         for user, hashed in users.items():
-            cost = _bcrypt_cost(hashed)
+            cost = bcrypt_cost(hashed)
             if cost is None:
                 raise ValueError(f"{user}: expected a bcrypt hash ($2y$...), not a plain password")
             if not 4 <= cost <= MAX_BCRYPT_COST:
@@ -197,11 +193,6 @@ class WebConfig(_Strict):
                 raise ValueError(f"{user}: bcrypt cost {cost:02d} is out of range (4 to {MAX_BCRYPT_COST}; "
                                  "10 to 12 is usual)")
         return users
-
-
-def _bcrypt_cost(hashed: str) -> int | None:
-    match = re.fullmatch(r"\$2[aby]\$(\d\d)\$[./A-Za-z0-9]{53}", hashed)
-    return int(match.group(1)) if match else None
 
 
 def load_web_config(path: Path) -> WebConfig:
@@ -225,7 +216,7 @@ def load_web_config(path: Path) -> WebConfig:
             raise ConfigError(source, [f"tls_server_config: cannot load the certificate or key: {exc}"]) from None
     http = config.http_server_config
     if http is not None and http.http2 and "http2" in http.model_fields_set:
-        warn_once("web config: http2 is ignored: lagwatch serves HTTP/1.1 (Python's http.server), "
+        warn_once("web config: http2 is ignored: lagwatch serves HTTP/1.1 (httpserver.py, on h11), "
                   "which Prometheus scrapes as well", logging.INFO)
     return config
 
@@ -338,65 +329,3 @@ def client_has_allowed_san(cert: dict[str, Any] | None, allowed: tuple[str, ...]
     log.warning("refused a TLS client: its certificate has none of client_allowed_sans (it has: %s)",
                 ", ".join(sorted(found)) or "no SANs")
     return False
-
-
-class BasicAuth:
-    """Checks Authorization headers against bcrypt hashes. bcrypt is slow on purpose, so a
-    successful check is remembered (as a keyed digest, never the password) for later scrapes.
-
-    An unknown user costs a bcrypt check too, against a decoy hash of the cost of one of
-    the real users, chosen by a keyed digest of the name: the same name always takes the
-    same time, and with users of different costs the time of a name does not tell whether
-    it exists (a cheaper real user looks like any unknown name mapped to its cost)."""
-
-    def __init__(self, users: dict[str, str]) -> None:
-        self.users = {u: h.encode() for u, h in users.items()}
-        self._key = hashlib.sha256(b"".join(self.users.values()) + b"lagwatch").digest()
-        self._good: set[bytes] = set()
-        self._lock = threading.Lock()
-        self._costs = sorted(_bcrypt_cost(h) or 4 for h in users.values())
-        self._decoys: dict[int, bytes] = {}  # made on first use: no CPU spent before listening
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self.users)
-
-    def allows(self, header: str | None) -> bool:
-        if not self.users:
-            return True
-        scheme, _, credentials = (header or "").strip().partition(" ")
-        if scheme.lower() != "basic":  # RFC 7235: the scheme is case-insensitive
-            return False
-        try:
-            user, _, password = base64.b64decode(credentials.strip(), validate=True).decode().partition(":")
-        except (ValueError, UnicodeDecodeError):
-            return False
-        hashed = self.users.get(user)
-        token = hmac.new(self._key, f"{user}\0{password}".encode(), hashlib.sha256).digest()
-        if hashed is not None:
-            with self._lock:
-                if token in self._good:
-                    return True
-        # bcrypt reads 72 bytes at most (as Go's and htpasswd's do); bcrypt 5 refuses more.
-        secret = password.encode()[:72]
-        if hashed is None:
-            bcrypt.checkpw(secret, self._decoy_for(user))  # the work of some real user's check
-            return False
-        if not bcrypt.checkpw(secret, hashed):
-            return False
-        with self._lock:
-            if len(self._good) > 1000:
-                self._good.clear()
-            self._good.add(token)
-        return True
-
-    def _decoy_for(self, user: str) -> bytes:
-        pick = hmac.new(self._key, user.encode(errors="replace"), hashlib.sha256).digest()
-        cost = self._costs[int.from_bytes(pick[:4], "big") % len(self._costs)]
-        with self._lock:
-            decoy = self._decoys.get(cost)
-        if decoy is None:
-            decoy = bcrypt.hashpw(b"lagwatch decoy password", bcrypt.gensalt(rounds=cost))
-            with self._lock:
-                decoy = self._decoys.setdefault(cost, decoy)
-        return decoy

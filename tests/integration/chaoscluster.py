@@ -1,7 +1,7 @@
 """Test clusters that can be frozen, cut off, promoted and healed.
 
 The servers themselves (binaries, initdb, start, stop, replicas) are lagwatch's own
-(lagwatch.localcluster, which ``lagwatch demo`` needs); what only tests do to them lives
+(lagwatch.demo.cluster, which ``lagwatch demo`` needs); what only tests do to them lives
 here, so the package ships none of it.
 """
 
@@ -15,16 +15,8 @@ import socket
 import time
 from typing import Any
 
-from lagwatch.localcluster import (
-    SUPERUSER,
-    LocalCluster,
-    LocalReplica,
-    LocalServer,
-    _proc_state,
-    _remaining,
-    _signal,
-    _wait_until,
-)
+from lagwatch.demo.cluster import LocalCluster, _proc_state, _remaining, _signal, _wait_until
+from lagwatch.demo.servers import SUPERUSER, LocalReplica, LocalServer
 
 
 def _proc_table() -> dict[int, tuple[int, str]]:

@@ -1,4 +1,4 @@
-"""Fixtures starting real local PostgreSQL replication clusters (chaoscluster.py over lagwatch.localcluster).
+"""Fixtures starting real local PostgreSQL replication clusters (chaoscluster.py over lagwatch.demo.cluster).
 
 Set LAGWATCH_TEST_PG_MAJORS="18" (comma/space separated) to choose the versions tested.
 """
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from chaoscluster import ChaosCluster
-from lagwatch.pgbinaries import find_binaries
+from lagwatch.demo.binaries import find_binaries
 
 _HERE = Path(__file__).parent.resolve()
 

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from lagwatch.ports import free_port
+from lagwatch.demo.ports import free_port
 
 HAPROXY = Path("/usr/sbin/haproxy")
 _SUN_PATH_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux

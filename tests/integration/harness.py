@@ -20,8 +20,8 @@ from typing import Any
 
 import yaml
 from chaoscluster import ChaosCluster
-from lagwatch.localcluster import LocalServer
-from lagwatch.ports import free_port
+from lagwatch.demo.ports import free_port
+from lagwatch.demo.servers import LocalServer
 from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from lagwatch.pgbinaries import find_binaries, run_user
-from lagwatch.ports import free_port
+from lagwatch.demo.binaries import find_binaries, run_user
+from lagwatch.demo.ports import free_port
 
 PATRONI = Path("/opt/lagwatch-test/patroni/bin/patroni")
 ETCD = Path("/usr/bin/etcd")

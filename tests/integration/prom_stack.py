@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from lagwatch.ports import free_port
+from lagwatch.demo.ports import free_port
 
 PROMETHEUS = "/usr/bin/prometheus"
 ALERTMANAGER = "/usr/bin/prometheus-alertmanager"

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from chaoscluster import ChaosCluster
 from harness import Lagwatch, Writer, cluster_config, run_cli
-from lagwatch.ports import free_port
+from lagwatch.demo.ports import free_port
 
 pytestmark = pytest.mark.one_pg_version
 

@@ -11,7 +11,7 @@ from chaoscluster import ChaosCluster
 from config_corpus import SECRET, Case, build
 from harness import Lagwatch, cluster_config, run_cli
 from lagwatch.cli import main
-from lagwatch.ports import free_port
+from lagwatch.demo.ports import free_port
 
 pytestmark = pytest.mark.one_pg_version
 

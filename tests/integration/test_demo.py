@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psycopg
 from harness import ROOT, LagwatchHttp, chromium
-from lagwatch.ports import free_port
+from lagwatch.demo.ports import free_port
 
 
 def _pids_under(folder: str) -> list[int]:

@@ -22,8 +22,8 @@ import pytest
 import yaml
 from chaoscluster import ChaosCluster
 from harness import ROOT, Lagwatch, cluster_config
-from lagwatch.pgbinaries import find_binaries
-from lagwatch.ports import free_port
+from lagwatch.demo.binaries import find_binaries
+from lagwatch.demo.ports import free_port
 
 pytestmark = pytest.mark.one_pg_version
 

@@ -23,9 +23,9 @@ import pytest
 from chaoscluster import ChaosCluster
 from haproxy_server import HAProxyServer
 from harness import Lagwatch, Writer, cluster_config
+from lagwatch.demo.ports import free_port
 from lagwatch.poolers import pgcat, pgdog
 from lagwatch.poolers.haproxy import parse_servers_state
-from lagwatch.ports import free_port
 from pgbouncer_server import PgBouncerServer, readable_by_servers
 
 pytestmark = pytest.mark.one_pg_version

@@ -30,8 +30,8 @@ import pytest
 import yaml
 from chaoscluster import ChaosCluster
 from harness import ROOT, Lagwatch, LagwatchHttp
-from lagwatch.pgbinaries import find_binaries
-from lagwatch.ports import free_port
+from lagwatch.demo.binaries import find_binaries
+from lagwatch.demo.ports import free_port
 from lagwatch.shard import shard_of
 from prom_stack import Prometheus
 

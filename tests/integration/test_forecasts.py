@@ -23,8 +23,8 @@ import psycopg
 import pytest
 from chaoscluster import ChaosCluster
 from harness import ROOT, Lagwatch, cluster_config
-from lagwatch.localcluster import LocalReplica
-from lagwatch.ports import free_port
+from lagwatch.demo.ports import free_port
+from lagwatch.demo.servers import LocalReplica
 from prom_stack import Prometheus, rules_with_shorter_for
 from throttled_link import ThrottledLink
 

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from haproxy_server import HAPROXY, HAProxyServer
 from lagwatch.config import HAProxyPoolerConfig
+from lagwatch.demo.ports import free_port
 from lagwatch.poolers.base import PoolerError
 from lagwatch.poolers.haproxy import ADMF_FDRAIN, ADMF_FMAINT, HAProxyPooler, parse_servers_state
-from lagwatch.ports import free_port
 
 pytestmark = pytest.mark.skipif(not HAPROXY.exists(), reason=f"{HAPROXY} not installed (apt-get install haproxy)")
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from chaoscluster import ChaosCluster
 from harness import Lagwatch, cluster_config
-from lagwatch.ports import free_port
+from lagwatch.demo.ports import free_port
 
 pytestmark = pytest.mark.one_pg_version
 

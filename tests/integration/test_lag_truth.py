@@ -449,8 +449,8 @@ def test_unanswering_node_is_down_alone(pg_cluster: ChaosCluster, watchers: dict
         log = lw.log_text()[logged[name]:]
         down = [line for line in log.splitlines() if "main/replica2: down: " in line]
         up = [line for line in log.splitlines() if "main/replica2: up again after " in line]
-        assert down and all("WARNING lagwatch.tracker" in line for line in down), (name, down)
-        assert len(up) == len(down) and all("INFO lagwatch.tracker" in line for line in up), (name, down, up)
+        assert down and all("WARNING lagwatch.nodes" in line for line in down), (name, down)
+        assert len(up) == len(down) and all("INFO lagwatch.nodes" in line for line in up), (name, down, up)
         assert " psycopg" not in log and "AsyncPipeline" not in log, name
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 from chaoscluster import ChaosCluster, ChaosServer
 from harness import ROOT, Lagwatch, Writer, cluster_config, run_cli
-from lagwatch.ports import free_port
+from lagwatch.demo.ports import free_port
 
 ROLE_SQL = ROOT / "deploy" / "sql" / "lagwatch-role.sql"
 REQUIRED = [

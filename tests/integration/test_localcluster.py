@@ -1,4 +1,4 @@
-"""Smoke test of lagwatch.localcluster against real servers."""
+"""Smoke test of lagwatch.demo.cluster against real servers."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 import psycopg
 import pytest
 from chaoscluster import ChaosCluster
-from lagwatch.localcluster import INACTIVE_SLOT
+from lagwatch.demo.servers import INACTIVE_SLOT
 
 
 def _wait(pred: object, timeout: float = 10) -> bool:

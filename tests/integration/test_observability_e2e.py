@@ -23,8 +23,8 @@ import pytest
 import yaml
 from chaoscluster import ChaosCluster
 from harness import ROOT, Lagwatch, Writer, chromium, cluster_config
-from lagwatch.pgbinaries import find_binaries
-from lagwatch.ports import free_port
+from lagwatch.demo.binaries import find_binaries
+from lagwatch.demo.ports import free_port
 from pgbouncer_server import PgBouncerServer, readable_by_servers
 from prom_stack import Alertmanager, Prometheus, WebhookReceiver, rules_with_shorter_for
 

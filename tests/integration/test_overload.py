@@ -37,8 +37,8 @@ from typing import Any
 import pytest
 from chaoscluster import ChaosCluster
 from harness import Lagwatch, Writer
-from lagwatch.pgbinaries import find_binaries
-from lagwatch.ports import free_port
+from lagwatch.demo.binaries import find_binaries
+from lagwatch.demo.ports import free_port
 
 pytestmark = pytest.mark.one_pg_version
 

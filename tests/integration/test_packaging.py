@@ -107,7 +107,8 @@ def test_sdist_wheel_venv(tmp_path: Path, source: tuple[Path, set[str]]) -> None
 
     with zipfile.ZipFile(wheel) as zf:
         files = zf.namelist()
-        starter = {name: zf.read(f"lagwatch/{name}").decode() for name in ("localcluster.py", "pgbinaries.py")}
+        starter = {name: zf.read(f"lagwatch/demo/{name}").decode() for name in ("cluster.py", "servers.py",
+                                                                                   "binaries.py")}
     assert not [f for f in files if f.startswith("tests/") or "chaoscluster" in f or "oracle" in f], files
     for test_only in ("def freeze", "def cut_off", "def promote", "def heal", "def rebuild_replica",
                       "def restore_auto_conf", "_proc_table", "shmctl"):

@@ -22,7 +22,7 @@ import psycopg
 import pytest
 import yaml
 from harness import Lagwatch, run_cli
-from lagwatch.ports import free_port
+from lagwatch.demo.ports import free_port
 from patroni_cluster import PatroniCluster, available
 from pgbouncer_server import PgBouncerServer, readable_by_servers
 

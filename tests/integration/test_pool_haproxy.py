@@ -12,8 +12,8 @@ import pytest
 from chaoscluster import ChaosCluster
 from haproxy_server import HAProxyServer
 from harness import Lagwatch, Writer, cluster_config
+from lagwatch.demo.ports import free_port
 from lagwatch.poolers.haproxy import parse_servers_state
-from lagwatch.ports import free_port
 
 INTERVAL = 1.0
 

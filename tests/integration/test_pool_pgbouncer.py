@@ -14,7 +14,7 @@ import psycopg
 import pytest
 from chaoscluster import ChaosCluster
 from harness import Lagwatch, Writer, cluster_config, run_cli
-from lagwatch.ports import free_port
+from lagwatch.demo.ports import free_port
 from oracle import LagOracle
 from pgbouncer_server import PgBouncerServer, readable_by_servers
 

@@ -21,7 +21,7 @@ import psycopg
 import pytest
 from chaoscluster import ChaosCluster
 from harness import Lagwatch, cluster_config
-from lagwatch.ports import free_port
+from lagwatch.demo.ports import free_port
 from lagwatch.syncrep import StandbyNamesError, parse_standby_names
 
 pytestmark = pytest.mark.one_pg_version

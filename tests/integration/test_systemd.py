@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from chaoscluster import ChaosCluster
 from harness import ROOT, Lagwatch, cluster_config
-from lagwatch.ports import free_port
+from lagwatch.demo.ports import free_port
 
 UNITS = ROOT / "deploy" / "systemd"
 
@@ -208,29 +208,30 @@ def test_no_watchdog_while_polls_fail(tmp_path: Path, notify: NotifySocket) -> N
 
 def test_watchdog_extended_to_the_interval(tmp_path: Path, notify: NotifySocket) -> None:
     # WatchdogSec=2s with a 3s interval: systemd would restart lagwatch between two cycles.
-    # lagwatch asks for 3 intervals + the query timeout (80% of the interval): 9s + 2.4s.
+    # lagwatch asks for 11 intervals (it keeps up to 10 between cycles while they do not fit)
+    # + the query timeout (80% of the interval): 33s + 2.4s.
     dead = free_port(["127.0.0.1"])  # no PostgreSQL needed: the budget depends on the config only
     config = {"interval": "3s", "listen": f"127.0.0.1:{free_port(['127.0.0.1'])}", "clusters": [{
         "name": "main", "primary": {"dsn": f"host=127.0.0.1 port={dead} user=postgres dbname=postgres"}}]}
     lw = Lagwatch(tmp_path, config, env={"NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": "2000000"})
     try:
         extended = notify.wait_for("WATCHDOG_USEC", timeout=30)
-        assert extended["WATCHDOG_USEC"] == "11400000", extended
+        assert extended["WATCHDOG_USEC"] == "35400000", extended
         # Sent before the first poll completes, so systemd never kills the first cycles.
         assert "READY" in notify.wait_for("READY", timeout=30)
         later = notify.drain(4.0)
         assert not [m for m in later if "WATCHDOG_USEC" in m], later  # once, not every cycle
-        assert lw.log_text().count("extended to 11.4s") == 1, lw.log_text()
+        assert lw.log_text().count("extended to 35.4s") == 1, lw.log_text()
 
         # A reload to a shorter interval goes back down, never below the unit's 2s ...
         lw.write_config({**config, "interval": "250ms"})
         lw.signal(signal.SIGHUP)
         assert notify.wait_for("WATCHDOG_USEC", timeout=10)["WATCHDOG_USEC"] == "2000000"
         assert "READY" in notify.wait_for("READY", timeout=10)
-        # ... and one to a longer interval raises it again: 3 * 5s + 4s.
+        # ... and one to a longer interval raises it again: 11 * 5s + 4s.
         lw.write_config({**config, "interval": "5s"})
         lw.signal(signal.SIGHUP)
-        assert notify.wait_for("WATCHDOG_USEC", timeout=10)["WATCHDOG_USEC"] == "19000000"
+        assert notify.wait_for("WATCHDOG_USEC", timeout=10)["WATCHDOG_USEC"] == "59000000"
         assert "READY" in notify.wait_for("READY", timeout=10)
     finally:
         lw.stop()

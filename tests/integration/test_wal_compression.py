@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from chaoscluster import ChaosCluster
 from harness import Lagwatch, cluster_config
-from lagwatch.pgbinaries import find_binaries
-from lagwatch.ports import free_port
+from lagwatch.demo.binaries import find_binaries
+from lagwatch.demo.ports import free_port
 
 MAJOR = 18
 

@@ -14,8 +14,8 @@ import psycopg
 import pytest
 from lagwatch import wire
 from lagwatch.config import parse_config
-from lagwatch.localcluster import LocalCluster
-from lagwatch.pgbinaries import find_binaries
+from lagwatch.demo.binaries import find_binaries
+from lagwatch.demo.cluster import LocalCluster
 from lagwatch.poll import NodePoller
 
 pytestmark = pytest.mark.one_pg_version  # the protocol's extended query is the same on every version
@@ -126,7 +126,7 @@ def test_a_lost_statement_is_prepared_again_beside_one_the_session_kept(server: 
         poller = primary_poller(server)
         try:
             answers = [(await poller.poll()).ok]
-            poller._resting["wal_dir"] = time.monotonic() + 60  # the next statement leaves it out
+            poller._reader.resting["wal_dir"] = time.monotonic() + 60  # the next statement leaves it out
             answers.append((await poller.poll()).ok)
             conn = poller._conn
             assert conn is not None

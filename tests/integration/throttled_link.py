@@ -13,7 +13,7 @@ import socket
 import threading
 import time
 
-from lagwatch.ports import free_port
+from lagwatch.demo.ports import free_port
 
 CHUNK = 16 * 1024
 

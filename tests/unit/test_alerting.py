@@ -10,10 +10,10 @@ import pytest
 import yaml
 from lagwatch.alerting import RULES, conditions
 from lagwatch.durations import parse_duration
-from lagwatch.lag import LagHistogram
 from lagwatch.snapshot import ClusterSnapshot, NodeHealth, PoolStatus, ReplicaState
 from lagwatch.syncrep import assess
 from lagwatch.views.replication import WalSender
+from lagwatch.windows import LagHistogram
 
 RULES_FILE = Path(__file__).resolve().parents[2] / "alerts" / "lagwatch.rules.yml"
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from lagwatch.check import CRITICAL, OK, UNKNOWN, WARNING, evaluate, measuring_only, render
 from lagwatch.config import parse_config
-from lagwatch.lag import LagHistogram
 from lagwatch.redact import redact_dsn, redact_text
 from lagwatch.snapshot import ClusterSnapshot, NodeHealth, ReplicaState, Snapshot
+from lagwatch.windows import LagHistogram
 
 
 def replica(name: str, staleness: float | None, *, up: bool = True, streaming: bool = True) -> ReplicaState:

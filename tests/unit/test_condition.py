@@ -7,7 +7,6 @@ import pytest
 from lagwatch.check import CRITICAL, OK, UNKNOWN, WARNING, evaluate
 from lagwatch.config import ReplicaSla
 from lagwatch.cyclelog import cycle_line
-from lagwatch.lag import LagHistogram
 from lagwatch.snapshot import (
     CONDITION_TEXT,
     ClusterSnapshot,
@@ -18,6 +17,7 @@ from lagwatch.snapshot import (
 )
 from lagwatch.status import snapshot_status
 from lagwatch.status_page import render
+from lagwatch.windows import LagHistogram
 
 SLA = ReplicaSla(max_lag=2.0, p95=None, eject_after=2, readmit_below=1.0, readmit_after=3)
 

@@ -6,7 +6,7 @@ import contextlib
 import socket
 
 from lagwatch.demo import DEFAULT_LISTEN, demo_listen
-from lagwatch.ports import port_free
+from lagwatch.demo.ports import port_free
 
 
 def test_taken_default_port_falls_back_to_a_free_one() -> None:

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 import yaml
-from lagwatch import daemon as daemon_module
 from lagwatch import discovery as discovery_module
+from lagwatch import runtime as runtime_module
 from lagwatch.config import NodeConfig, PatroniDiscoveryConfig, parse_config
 from lagwatch.conninfo import serves_as
 from lagwatch.daemon import Daemon
@@ -243,7 +243,7 @@ def test_members_that_stay_keep_their_pollers_and_the_writer_keeps_its_session(
 def test_a_rebuild_that_fails_is_tried_again_next_cycle(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     answers = [MEMBERS]
     daemon = _daemon(monkeypatch, answers, tmp_path)
-    real = daemon_module.pollers_for
+    real = runtime_module.pollers_for
     failures = [RuntimeError("cannot build")]
 
     def flaky(cluster: Any, config: Any, context: Any) -> list[NodePoller]:
@@ -251,7 +251,7 @@ def test_a_rebuild_that_fails_is_tried_again_next_cycle(monkeypatch: pytest.Monk
             raise failures.pop()
         return real(cluster, config, context)
 
-    monkeypatch.setattr(daemon_module, "pollers_for", flaky)
+    monkeypatch.setattr(runtime_module, "pollers_for", flaky)
 
     async def scenario() -> None:
         await daemon.discover_now()  # the members are stored, but not put in force

@@ -7,13 +7,13 @@ from dataclasses import replace
 import pytest
 from lagwatch.config import parse_config
 from lagwatch.export import SnapshotCollector
-from lagwatch.lag import CYCLE_BUCKETS, LagHistogram
 from lagwatch.snapshot import NodeObservation, Snapshot
 from lagwatch.tracker import ClusterTracker
 from lagwatch.views.replication import WalSender
 from lagwatch.views.server import ServerPosition
 from lagwatch.views.slots import Slot
 from lagwatch.views.wal_receiver import WalReceiver
+from lagwatch.windows import CYCLE_BUCKETS, LagHistogram
 from prometheus_client import CollectorRegistry, generate_latest
 
 CONFIG = parse_config({"interval": "1s", "window": "1m", "clusters": [{
@@ -220,20 +220,21 @@ def test_the_commit_interval_follows_a_stream_that_starts_after_an_idle_spell() 
     second, counted in pg_stat_database in one-second lumps: within 3 s of the stream the
     interval is that of the stream, not the 30-s mean (which would be ~14 ms and, taken off
     the commit estimate, read a 20 ms lag as 6 ms)."""
-    config = parse_config({"clusters": [{"name": "main", "primary": {"dsn": "host=a"}}]}).clusters[0]
-    tracker = ClusterTracker(config, 0.1, 10.0)
+    from lagwatch.history import LagHistory
+
+    history = LagHistory("main", 0.1, 10.0)
     t, total = 0.0, 0.0
     while t < 25.0:
         t += 0.1
         total = float(int(t))  # one poll transaction a second, flushed each second
-        tracker._note_xacts(t, total)
-    assert 0.5 <= tracker._commit_interval() <= 1.0  # lumps make it read short, never long
+        history.note_xacts(t, total)
+    assert 0.5 <= history.commit_interval() <= 1.0  # lumps make it read short, never long
     start_total = total
     while t < 28.0:
         t += 0.1
         total = start_total + 200.0 * int(t - 25.0)  # the stream's commits, in 1-s lumps
-        tracker._note_xacts(t, total)
-    assert tracker._commit_interval() <= 1.5 / 200, tracker._commit_interval()
+        history.note_xacts(t, total)
+    assert history.commit_interval() <= 1.5 / 200, history.commit_interval()
 
 
 def test_a_slot_without_a_limit_shows_its_share_of_pg_wal_and_one_with_a_limit_its_runway() -> None:

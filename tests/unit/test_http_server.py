@@ -35,8 +35,8 @@ def make_server(tmp_path: Path, *, tls: tuple[Path, Path] | None = None, auth: b
         web["tls_server_config"] = {"cert_file": str(tls[0]), "key_file": str(tls[1])}
     (tmp_path / "web.yml").write_text(yaml.safe_dump(web))
     clusters = [{"name": "m", "primary": {"dsn": "host=a"}}]
-    config = parse_config({"clusters": clusters, **({"http": http} if http else {})})
-    config._web = load_web_config(tmp_path / "web.yml")
+    config = parse_config({"clusters": clusters, **({"http": http} if http else {})},
+                          web=load_web_config(tmp_path / "web.yml"))
     server = WebServer("127.0.0.1", 0, SnapshotHolder(), lambda: config)
     server.start()
     return server
@@ -240,7 +240,8 @@ def test_a_large_answer_on_a_closing_connection_arrives_whole_to_a_slow_reader()
     still buffered when the last write's wait returned (up to the low-water mark) was dropped
     by closing with abort(); a fleet bench's scrape arrived 31,933 bytes short of 3.9 MB.
     A small send buffer (as on a loaded machine or a slow link) makes it happen every time."""
-    from lagwatch.httpserver import HttpServer, Response
+    from lagwatch.httpmessages import Response
+    from lagwatch.httpserver import HttpServer
 
     body = bytes(range(256)) * (1024 * 1024 // 256)
     server = HttpServer("127.0.0.1", 0, lambda request: Response(200, body))

@@ -6,16 +6,8 @@ import math
 from array import array
 
 import pytest
-from lagwatch.lag import (
-    LAG_BUCKETS,
-    Commits,
-    LagHistogram,
-    LagSamples,
-    LagWindow,
-    LsnClock,
-    Staleness,
-    nearest_rank,
-)
+from lagwatch.lag import Commits, LsnClock, Staleness
+from lagwatch.windows import LAG_BUCKETS, LagHistogram, LagSamples, LagWindow, nearest_rank
 
 
 def seconds(clock: LsnClock, replay_lsn: int, now: float, last_commit_at: float | None = None) -> float:
@@ -186,7 +178,7 @@ def test_clock_full_stuck_replica_keeps_growing() -> None:
 
 
 def test_a_week_at_one_second_fits_the_trackers_bound_and_reads_within_a_64th() -> None:
-    from lagwatch.tracker import _CLOCK_MAX_POINTS
+    from lagwatch.history import CLOCK_MAX_POINTS as _CLOCK_MAX_POINTS
 
     clock = LsnClock(_CLOCK_MAX_POINTS)
     week = 7 * 86_400
@@ -204,7 +196,7 @@ def test_a_week_at_one_second_fits_the_trackers_bound_and_reads_within_a_64th() 
 def test_clock_thins_as_it_goes_instead_of_filling_its_bound_first() -> None:
     """A fleet's memory: the clock holds what 1/64 of age needs (a few hundred points in
     the first hour at 1 s), not its whole bound from the 1,536th poll on."""
-    from lagwatch.tracker import _CLOCK_MAX_POINTS
+    from lagwatch.history import CLOCK_MAX_POINTS as _CLOCK_MAX_POINTS
 
     clock = LsnClock(_CLOCK_MAX_POINTS)
     sizes = []

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from lagwatch.config import parse_config
 from lagwatch.lateness import MAX_STRETCH, LoopLag, Pacer, judge_unanswered
-from lagwatch.poll import NodePoller, poll_all
+from lagwatch.poll import Answer, NodePoller, poll_all
 from lagwatch.session import SessionContext
 from lagwatch.snapshot import NodeObservation
 from lagwatch.views.probe import Capabilities
@@ -150,11 +150,11 @@ class SocketNode(NodePoller):
         self._caps = CAPS
         return self._session.conn
 
-    async def _query(self, conn: Any, caps: Capabilities) -> dict[str, Any]:
+    async def _query(self, conn: Any, caps: Capabilities) -> Answer:
         if not self.answers:
             await asyncio.get_running_loop().create_future()  # never done
-        return {"capabilities": caps, "position": ServerPosition(True, None, 100, 100, "not paused", 1.0),
-                "views": {}}
+        return Answer(capabilities=caps, position=ServerPosition(True, None, 100, 100, "not paused", 1.0),
+                      walsenders=(), receiver=None, slots=(), wal=None, wal_dir=None, walinspect=None, views={})
 
 
 class BusyNeighbour(NodePoller):

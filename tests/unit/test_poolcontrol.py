@@ -174,19 +174,19 @@ def test_corrupt_holds_file_keeps_the_holds_last_read(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("dry_run", [True, False])
 def test_dry_run_never_leads_nor_applies(tmp_path: Path, dry_run: bool) -> None:
-    from lagwatch.daemon import Daemon, _claims
+    from lagwatch.runtime import claims
 
     h = Harness(tmp_path, {"replica1", "replica2"}, dry_run=dry_run)
     for _ in range(6):
         snap = h.cycle(lag1=10)
     assert snap.pool is not None and snap.pool.changes_total == {("replica1", "eject"): 1}
     # A dry run's lock is not even asked for: a trial instance must not keep the real one from applying.
-    daemon = Daemon(parse_config({"interval": "1s", "state_dir": str(tmp_path), "clusters": [{
+    config = parse_config({"interval": "1s", "state_dir": str(tmp_path), "clusters": [{
         "name": "main", "primary": {"dsn": "host=p"}, "dry_run": dry_run, "sla": SLA,
         "replicas": [{"name": "replica1", "dsn": "host=r1"}],
         "pooler": {"kind": "command", "template": "{hosts}\n", "output_file": str(tmp_path / "pool.txt"),
-                   "reload_command": ["true"]}}]}))
-    claimed = set(_claims(daemon.config))
+                   "reload_command": ["true"]}}]})
+    claimed = set(claims(config))
     if dry_run:
         assert claimed == set() and not snap.pool.leader  # though the stub leader says it leads
         assert h.pooler.applied == []

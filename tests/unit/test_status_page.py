@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 
 from lagwatch.config import ReplicaSla
-from lagwatch.lag import LagHistogram
 from lagwatch.snapshot import ClusterSnapshot, NodeHealth, PoolEvent, PoolStatus, ReplicaState, Snapshot
 from lagwatch.status_page import render, sparkline
+from lagwatch.windows import LagHistogram
 
 SLA = ReplicaSla(max_lag=2.0, p95=None, eject_after=2, readmit_below=1.0, readmit_after=3)
 
@@ -72,7 +72,7 @@ def test_before_first_poll() -> None:
 def test_p95_sla_breach_shows_and_every_cell_is_labelled_for_phones() -> None:
     from dataclasses import replace
 
-    from lagwatch.lag import WindowStats
+    from lagwatch.windows import WindowStats
 
     snap = snapshot()
     cluster = snap.clusters[0]

@@ -18,9 +18,10 @@ from typing import Any
 import bcrypt
 import pytest
 import yaml
-from lagwatch import webconfig
+from lagwatch import webauth, webconfig
 from lagwatch.errors import ConfigError
-from lagwatch.webconfig import BasicAuth, WebConfig, load_web_config, ssl_context
+from lagwatch.webauth import BasicAuth
+from lagwatch.webconfig import WebConfig, load_web_config, ssl_context
 
 
 def openssl(*args: str, cwd: Path) -> None:
@@ -259,7 +260,7 @@ def test_unknown_user_costs_a_bcrypt_check(monkeypatch: pytest.MonkeyPatch) -> N
         checked.append(hashed_password)
         return real(password, hashed_password)
 
-    monkeypatch.setattr(webconfig.bcrypt, "checkpw", spy)
+    monkeypatch.setattr(webauth.bcrypt, "checkpw", spy)
     assert not auth.allows(header("nobody", "s3cret"))
     assert len(checked) == 1
     # A decoy of the same cost as the real hashes: the same work.
@@ -299,8 +300,8 @@ def server(pki: Pki) -> Iterator[int]:
     from lagwatch.snapshot import SnapshotHolder
     from lagwatch.web import WebServer
 
-    config = parse_config({"clusters": [{"name": "m", "primary": {"dsn": "host=a"}}]})
-    config._web = load_web_config(write_web(pki, node_exporter_style(pki)))
+    config = parse_config({"clusters": [{"name": "m", "primary": {"dsn": "host=a"}}]},
+                          web=load_web_config(write_web(pki, node_exporter_style(pki))))
     web = WebServer("127.0.0.1", 0, SnapshotHolder(), lambda: config)
     web.start()
     try:
@@ -358,7 +359,7 @@ def test_unknown_users_cost_what_some_real_user_costs(monkeypatch: pytest.Monkey
         costs.append(hashed_password[4:6])
         return real(password, hashed_password)
 
-    monkeypatch.setattr(webconfig.bcrypt, "checkpw", spy)
+    monkeypatch.setattr(webauth.bcrypt, "checkpw", spy)
     for i in range(40):
         assert not auth.allows(header(f"nobody{i}", "x"))
     assert set(costs) == {b"04", b"06"}, costs  # both costs are used for unknown names
@@ -374,7 +375,7 @@ def test_no_bcrypt_work_before_the_first_request(monkeypatch: pytest.MonkeyPatch
     cost16 = hashed("a", rounds=4).replace("$04$", "$16$", 1)  # never checked: its cost is what counts
     made: list[int] = []
     gensalt = bcrypt.gensalt
-    monkeypatch.setattr(webconfig.bcrypt, "gensalt", lambda rounds=12: made.append(rounds) or gensalt(4))
+    monkeypatch.setattr(webauth.bcrypt, "gensalt", lambda rounds=12: made.append(rounds) or gensalt(4))
     auth = BasicAuth({"p": cost16})
     assert made == []
     assert not auth.allows(header("nobody", "x"))

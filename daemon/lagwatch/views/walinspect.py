@@ -7,7 +7,7 @@ what lies beyond is skipped and counted, and the next cycle starts at the curren
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from lagwatch.lsn import parse_lsn
 from lagwatch.views.base import Row
@@ -93,3 +93,44 @@ def parse(rows: Sequence[Row]) -> WalInspection:
         record_bytes=int(row["record_bytes"]),
         fpi_bytes=int(row["fpi_bytes"]),
     )
+
+
+@dataclass(frozen=True)
+class WalInspectTotals:
+    """pg_walinspect counters since lagwatch started (bytes)."""
+
+    inspected_bytes: int
+    skipped_bytes: int
+    fpi_bytes: int
+    record_bytes: int
+    last_interval_fpi_bytes: int
+    last_interval_bytes: int
+    # Compressed full-page images by method: (images, stored bytes, uncompressed bytes) since
+    # start; empty until measured (pg_get_wal_block_info, 16+).
+    compressed: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+
+
+class WalInspectTally:
+    """A cluster's inspections added up since start (pure: each inspection in, the totals out)."""
+
+    def __init__(self) -> None:
+        self._totals = [0, 0, 0, 0]  # inspected, skipped, fpi, record bytes
+        self._last = (0, 0)  # fpi and inspected bytes of the last inspection
+        self._compressed: dict[str, tuple[int, int, int]] = {}  # method -> images, stored, raw bytes
+
+    def add(self, inspection: WalInspection | None) -> WalInspectTotals | None:
+        """The totals with ``inspection`` (None: none this cycle) added; None before any."""
+        if inspection is not None:
+            self._last = (inspection.fpi_bytes, inspection.inspected_bytes)
+            for i, value in enumerate((inspection.inspected_bytes, inspection.skipped_bytes,
+                                       inspection.fpi_bytes, inspection.record_bytes)):
+                self._totals[i] += value
+            for c in inspection.compressed or ():
+                images, stored, raw = self._compressed.get(c.method, (0, 0, 0))
+                self._compressed[c.method] = (images + c.images, stored + c.stored_bytes, raw + c.raw_bytes)
+        elif not any(self._totals):
+            return None
+        inspected, skipped, fpi, record = self._totals
+        return WalInspectTotals(inspected_bytes=inspected, skipped_bytes=skipped, fpi_bytes=fpi,
+                                record_bytes=record, last_interval_fpi_bytes=self._last[0],
+                                last_interval_bytes=self._last[1], compressed=dict(self._compressed))

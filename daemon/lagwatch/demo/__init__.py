@@ -1,7 +1,7 @@
 """`lagwatch demo`: a real primary and two streaming replicas on loopback, a steady write
 load, replica1's replay paused now and then (seconds of lag) and replica2 applying 30 ms
 late (milliseconds of lag), and the daemon watching, with pool control over a read pool:
-a real PgBouncer when Debian's is installed (``lagwatch.demopool``), else a ``command``
+a real PgBouncer when Debian's is installed (``lagwatch.demo.pool``), else a ``command``
 pooler that writes the pool's backends to a file, so a newcomer watches replica1 leave the
 pool while it lags and rejoin when it has caught up (on /status, in the log, and in
 PgBouncer or the file).
@@ -24,10 +24,10 @@ from pathlib import Path
 import yaml
 
 from lagwatch.config import load_config
-from lagwatch.demopool import DATABASE, DemoPgBouncer
-from lagwatch.localcluster import LocalCluster
-from lagwatch.pgbinaries import find_binaries
-from lagwatch.ports import free_port, port_free
+from lagwatch.demo.binaries import find_binaries
+from lagwatch.demo.cluster import LocalCluster
+from lagwatch.demo.pool import DATABASE, DemoPgBouncer
+from lagwatch.demo.ports import free_port, port_free
 
 log = logging.getLogger("lagwatch.demo")
 

@@ -1,0 +1,174 @@
+"""The configuration's building blocks: durations, how to reach a node (and its password,
+read only when needed), and the SLA a replica is held to."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import psycopg.conninfo
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
+
+from lagwatch.durations import parse_duration
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+
+def _greater_than_zero(value: float) -> float:
+    if value <= 0:
+        raise ValueError("must be greater than 0")
+    return value
+
+
+PositiveDuration = Annotated[float, BeforeValidator(parse_duration), AfterValidator(_greater_than_zero)]
+
+
+class PasswordUnavailableError(Exception):
+    """A password_file that could be read at load time cannot be read now."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
+
+
+class NodeConfig(_Strict):
+    """How to reach one PostgreSQL server. The password, if any, is never stored here."""
+
+    dsn: str
+    password_file: Path | None = None
+    password_env: str | None = None
+
+    @field_validator("dsn")
+    @classmethod
+    def _valid_dsn(cls, dsn: str) -> str:
+        if not dsn:
+            raise ValueError("must not be empty")
+        try:
+            params = psycopg.conninfo.conninfo_to_dict(dsn)
+        except psycopg.ProgrammingError as exc:
+            # libpq quotes the part it could not parse, which may be a password (a typo such
+            # as "user:secret@host/db" without "postgresql://"): only the kind of error is said.
+            raise ValueError(f"not a valid libpq connection string ({_dsn_problem(str(exc))}); expected "
+                             "key=value pairs (host=db user=lagwatch) or a postgresql:// URI") from None
+        if "application_name" in params:
+            raise ValueError("must not set application_name: lagwatch names its sessions 'lagwatch/CLUSTER/NODE'")
+        # libpq only parses the string here; a bad port would surface at the first connect.
+        for port in str(params.get("port", "")).split(","):
+            if port.strip() and not (port.strip().isdigit() and 0 < int(port) < 65536):
+                raise ValueError(f"port {port.strip()!r} is not a TCP port number")
+        return dsn
+
+    @model_validator(mode="after")
+    def _one_password_source(self) -> NodeConfig:
+        _password_sources(self.password_file, self.password_env)
+        return self
+
+    def password(self) -> str | None:
+        """Read the password now (so a rotated file or env is picked up on reconnect)."""
+        if self.password_file is not None:
+            try:
+                return self.password_file.read_text().strip() or None
+            except OSError as exc:
+                raise PasswordUnavailableError(f"cannot read password_file {str(self.password_file)!r}: "
+                                          f"{exc.strerror}") from None
+        if self.password_env is not None:
+            return os.environ.get(self.password_env) or None
+        return None
+
+
+def _password_sources(file: Path | None, env: str | None, prefix: str = "") -> None:
+    if file is not None and env is not None:
+        raise ValueError(f"set at most one of {prefix}password_file and {prefix}password_env")
+    if file is not None and not (file.is_file() and os.access(file, os.R_OK)):
+        raise ValueError(f"{prefix}password_file {str(file)!r} is not a readable file")
+
+
+def _dsn_problem(libpq_message: str) -> str:
+    """What kind of error libpq found, without any of the text it quotes."""
+    for fragment, kind in (('missing "="', 'a word without "="'),
+                           ("invalid connection option", "an unknown key"),
+                           ("unterminated quoted string", "an unterminated quoted string"),
+                           ("invalid URI query parameter", "an unknown URI query parameter"),
+                           ("invalid URI", "an invalid URI"),
+                           ("invalid percent-encoded token", "an invalid %-escape in the URI"),
+                           ("end of string", "an incomplete URI"),
+                           ("unexpected", "an unexpected character in the URI")):
+        if fragment in libpq_message:
+            return kind
+    return "cannot be parsed"
+
+
+def _positive_durations(values: dict[str, float | None]) -> None:
+    bad = [k for k, v in values.items() if v is not None and v <= 0]
+    if bad:
+        raise ValueError(f"{', '.join(bad)} must be greater than 0")
+
+
+class SlaOverride(_Strict):
+    """Per-replica SLA: any key left out comes from the cluster's ``sla``."""
+
+    max_lag: Duration | None = None
+    p95: Duration | None = None
+    eject_after: int | None = Field(default=None, ge=1)
+    readmit_below: Duration | None = None
+    readmit_after: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _positive(self) -> SlaOverride:
+        _positive_durations({"max_lag": self.max_lag, "p95": self.p95, "readmit_below": self.readmit_below})
+        return self
+
+
+class SlaConfig(_Strict):
+    """When a replica leaves the read pool and when it may come back (hysteresis)."""
+
+    max_lag: Duration = 10.0  # staleness above this counts as a bad cycle
+    p95: Duration | None = None  # window p95 above this ejects at once
+    eject_after: int = Field(default=3, ge=1)  # consecutive bad cycles before ejecting
+    readmit_below: Duration | None = None  # default: half of max_lag
+    readmit_after: int = Field(default=5, ge=1)  # consecutive good cycles before readmitting
+    min_replicas: int = Field(default=1, ge=0)  # the pool never shrinks below this
+    fallback_to_primary: bool = False  # add the primary while fewer than min_replicas are healthy
+    # Route reads to whichever node accepts writes now, always, beside the healthy replicas
+    # (a promoted replica then stays in the pool, as the primary).
+    primary_in_read_pool: bool = False
+
+    @model_validator(mode="after")
+    def _hysteresis(self) -> SlaConfig:
+        _positive_durations({"max_lag": self.max_lag, "p95": self.p95, "readmit_below": self.readmit_below})
+        if self.readmit_below is not None and self.readmit_below > self.max_lag:
+            raise ValueError("readmit_below must not be above max_lag (that would flap)")
+        return self
+
+    def for_replica(self, override: SlaOverride | None) -> ReplicaSla:
+        o = override or SlaOverride()
+        max_lag = o.max_lag if o.max_lag is not None else self.max_lag
+        readmit = o.readmit_below if o.readmit_below is not None else self.readmit_below
+        return ReplicaSla(
+            max_lag=max_lag,
+            p95=o.p95 if o.p95 is not None else self.p95,
+            eject_after=o.eject_after or self.eject_after,
+            readmit_below=min(readmit, max_lag) if readmit is not None else max_lag / 2,
+            readmit_after=o.readmit_after or self.readmit_after,
+        )
+
+
+class ReplicaSla(_Strict):
+    """The SLA of one replica, every value resolved."""
+
+    max_lag: float
+    p95: float | None
+    eject_after: int
+    readmit_below: float
+    readmit_after: int
+
+

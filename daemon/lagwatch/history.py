@@ -1,0 +1,179 @@
+"""One cluster's lag history: the LSN clock, each replica's window, histogram and last known
+replay position, and the primary's transaction rate, with the staleness reading they give.
+
+Everything it keeps is bounded; no I/O, no clock of its own: positions come with the
+monotonic times they were read at (lag.py says how a reading is dated).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import TypedDict
+
+from lagwatch.fastinit import fast_init
+from lagwatch.lag import Commits, LsnClock, Staleness
+from lagwatch.lsn import format_lsn
+from lagwatch.views.replication import WalSender
+from lagwatch.windows import HistogramCounts, LagHistogram, LagSamples, LagWindow, WindowStats
+
+log = logging.getLogger("lagwatch.tracker")
+
+# The LSN clock's bound. The clock thins itself whenever it has doubled since it was last
+# thinned, keeping the last 64 polls exact and older history to 1/64 of its age. Thinning
+# again what was thinned before keeps more points than needed, so it grows with uptime,
+# slowly: simulated at one poll a second it holds ~370 points on average over its first
+# half hour, ~900 over a day, ~1,130 over a week, and 1,536 keep 1/64 through 5 million
+# polls (58 days at 1 s, 14 hours at 10 ms). Past that, the resolution halves rather than
+# the bound growing: at most 12 MB of clocks for 300 clusters.
+CLOCK_MAX_POINTS = 1536
+# The primary's transaction rate is taken over spans of at least XACT_MIN_SPAN_SECONDS
+# ending at the last poll, within this horizon: its counters reach pg_stat_database up to
+# a second late and in lumps.
+XACT_HORIZON_SECONDS = 30.0
+XACT_MIN_SPAN_SECONDS = 2.0
+
+
+@fast_init
+@dataclass(frozen=True)
+class ReplayPosition:
+    """Where a replica's replay stood, when, and who said so."""
+
+    lsn: int
+    at: float
+    source: str  # replica | primary | last_known
+    commits: Commits | None = None  # what commit timestamps say (only with the replica's own answer)
+
+
+class LagReading(TypedDict):
+    """A replica's staleness as this cycle reads it, and its window (ReplicaState's fields)."""
+
+    staleness: float | None
+    staleness_source: str | None
+    staleness_evidence: str | None
+    staleness_at: float | None
+    replay_lsn: int | None
+    window: WindowStats | None
+    histogram: HistogramCounts
+    samples: LagSamples
+
+
+class LagHistory:
+    def __init__(self, cluster: str, interval: float, window: float) -> None:
+        self.cluster = cluster
+        self.window = window
+        self.clock = LsnClock(CLOCK_MAX_POINTS)
+        self._window_samples = math.ceil(window / interval) * 2 + 16
+        self._windows: dict[str, LagWindow] = {}
+        self._histograms: dict[str, LagHistogram] = {}
+        self._last_replay: dict[str, int] = {}
+        self._last_seen: dict[str, float] = {}
+        self._xacts: deque[tuple[float, float]] = deque()
+
+    # -- the primary ----------------------------------------------------------------------
+
+    def record_primary(self, lsn: int, observed_at: float, asked_at: float | None, fork_lsn: int | None) -> bool:
+        """The primary's position at this poll, on the LSN clock. True when it went back (a
+        failover to a replica that had not received everything, or a restore): the history
+        up to the new position (or the fork, where a promotion was seen) is shared and keeps
+        its times; past it, it was never this primary's, and keeping it would make caught-up
+        replicas look stale, so it is forgotten."""
+        latest = self.clock.latest_lsn
+        went_back = latest is not None and lsn < latest
+        if went_back:
+            cut = min(lsn, fork_lsn) if fork_lsn is not None else lsn
+            log.warning("%s: the primary's WAL position went back from %s to %s (failover or restore?); "
+                        "forgetting the LSN history past %s", self.cluster, format_lsn(latest or 0),
+                        format_lsn(lsn), format_lsn(cut))
+            self.clock.truncate(cut)
+            self._last_replay = {name: min(last, cut) for name, last in self._last_replay.items()}
+            self._xacts.clear()
+        self.clock.record(lsn, observed_at, asked_at)
+        return went_back
+
+    def note_xacts(self, at: float, total: float | None) -> None:
+        if total is None or (self._xacts and total < self._xacts[-1][1]):
+            self._xacts.clear()  # unknown, or the statistics were reset
+        if total is not None:
+            self._xacts.append((at, total))
+        while self._xacts and self._xacts[0][0] < at - XACT_HORIZON_SECONDS:
+            self._xacts.popleft()
+
+    def forget_xacts(self) -> None:
+        """Another server's counters: a rate over both would mean nothing."""
+        self._xacts.clear()
+
+    def commit_interval(self) -> float:
+        """The primary's time between transactions lately (0 when unknown): the shortest
+        mean over the spans that end at the last poll. Read-only transactions count too, so
+        it is never longer than the time between commits that write; and the shortest span
+        that shows the current rate wins, so a stream that just began after an idle spell
+        is not taken for as sparse as the spell (a longer mean there would be subtracted
+        from the commit estimate and read the lag low)."""
+        if len(self._xacts) < 2:
+            return 0.0
+        t1, n1 = self._xacts[-1]
+        best = 0.0
+        for t0, n0 in self._xacts:
+            if t1 - t0 < XACT_MIN_SPAN_SECONDS:
+                break
+            if n1 > n0:
+                interval = (t1 - t0) / (n1 - n0)
+                best = interval if best == 0.0 else min(best, interval)
+        return best
+
+    # -- replicas -------------------------------------------------------------------------
+
+    def last_known(self, replica: str, at: float) -> ReplayPosition | None:
+        """Where the replica was last known to replay: nobody can say where it is now; it is
+        at least as far behind as then, and that keeps growing while the primary writes."""
+        lsn = self._last_replay.get(replica)
+        return None if lsn is None else ReplayPosition(lsn, at, "last_known")
+
+    def reading(self, replica: str, replay: ReplayPosition | None, sender: WalSender | None,
+                now: float) -> LagReading:
+        window = self._windows.setdefault(replica, LagWindow(self.window, self._window_samples))
+        histogram = self._histograms.setdefault(replica, LagHistogram())
+        self._last_seen[replica] = now
+        reading = None
+        if replay is not None:
+            self._last_replay[replica] = replay.lsn
+            reading = self._estimate(replay, sender)
+        if reading is not None and replay is not None:
+            window.add(replay.at, reading.seconds)
+            histogram.observe(reading.seconds)
+        return {
+            "staleness": reading.seconds if reading is not None else None,
+            "staleness_source": replay.source if replay is not None and reading is not None else None,
+            "staleness_evidence": reading.evidence if reading is not None else None,
+            "staleness_at": replay.at if replay is not None and reading is not None else None,
+            "replay_lsn": replay.lsn if replay is not None else None,
+            "window": window.stats(now),
+            "histogram": histogram.snapshot(),
+            "samples": window.samples(now),
+        }
+
+    def _estimate(self, replay: ReplayPosition, sender: WalSender | None) -> Staleness | None:
+        reading = self.clock.estimate(replay.lsn, replay.at, replay.commits)
+        if reading is None or reading.evidence != "history_start" or sender is None:
+            return reading
+        # Our history starts after the primary passed this replay LSN (lagwatch just
+        # started, or the clock restarted): the clock only knows a lower bound. The
+        # walsender's replay_lag, measured by the primary, is a better floor (no higher
+        # than the replayed commit's age, which bounds it from above).
+        floor = sender.lag_seconds("replay") or 0.0
+        if replay.commits is not None and replay.commits.last_replayed is not None:
+            floor = min(floor, replay.at - replay.commits.last_replayed)
+        return Staleness(floor, "walsender") if floor > reading.seconds else reading
+
+    def forget_vanished(self, present: set[str], now: float) -> list[str]:
+        """A replica that stopped streaming drops out of the output at once; its history is
+        kept one window in case it comes back, then dropped so memory stays bounded.
+        Returns the replicas forgotten."""
+        gone = [n for n, seen in self._last_seen.items() if n not in present and seen < now - self.window]
+        for name in gone:
+            for table in (self._windows, self._histograms, self._last_replay, self._last_seen):
+                table.pop(name, None)
+        return gone
