@@ -1,7 +1,7 @@
 """A corpus of config files, good and bad, for showing that validate, check, run and a
 reload agree on every one of them.
 
-Good: every YAML example in the README and deploy/, the deploy example with every option
+Good: every YAML example in the README, docs/ and deploy/, the deploy example with every option
 switched on, and one config per pooler kind. Bad: each a good config with one thing wrong
 (durations that are NaN, infinite, negative or zero, unknown keys at every level, bad
 adapter options, missing and unreadable files, a broken web config...), with the text of
@@ -80,8 +80,9 @@ def uncommented(text: str) -> str:
 
 
 def readme_examples() -> list[str]:
-    """The README's YAML blocks that are whole lagwatch configs."""
-    blocks = re.findall(r"```yaml\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    """The YAML blocks of the README and docs/ that are whole lagwatch configs."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    blocks = [b for page in pages for b in re.findall(r"```yaml\n(.*?)```", page.read_text(), re.S)]
     return [b for b in blocks if re.search(r"^clusters:", b, re.M)]
 
 

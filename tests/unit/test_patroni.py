@@ -136,10 +136,10 @@ def test_a_member_never_in_the_read_pool_stays_out_even_for_min_replicas() -> No
     assert [(c.member, c.action) for c in decision.changes] == [("b", "eject")]
 
 
-def test_example_discovery_config_in_the_readme_validates(tmp_path: Path) -> None:
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
-    start = readme.index("```yaml\n# patroni discovery")
-    text = readme[start + len("```yaml\n"):readme.index("```", start + 8)]
+def test_example_discovery_config_in_the_docs_validates(tmp_path: Path) -> None:
+    page = (Path(__file__).parents[2] / "docs" / "roles-and-failover.md").read_text()
+    start = page.index("```yaml\n# patroni discovery")
+    text = page[start + len("```yaml\n"):page.index("```", start + 8)]
     (tmp_path / "c.yaml").write_text(text)
     from lagwatch.config import load_config
 
