@@ -15,8 +15,8 @@ import socket
 import time
 from typing import Any
 
-from lagwatch.demo.cluster import LocalCluster, _proc_state, _remaining, _signal, _wait_until
-from lagwatch.demo.servers import SUPERUSER, LocalReplica, LocalServer
+from lagwatch.demo.cluster import LocalCluster
+from lagwatch.demo.servers import SUPERUSER, LocalReplica, LocalServer, proc_state, remaining, signal_pid, wait_until
 
 
 def _proc_table() -> dict[int, tuple[int, str]]:
@@ -76,14 +76,14 @@ class _Chaos:
     def _kill(self, pm: int) -> None:
         shmid = self._shmid()
         children = _descendants(pm, _proc_table())
-        _signal(pm, signal.SIGKILL)
+        signal_pid(pm, signal.SIGKILL)
         # Orphaned children would exit on their own once they notice, but
         # they are ours (children of our postmaster) so don't wait for that.
         for pid in children:
-            _signal(pid, signal.SIGKILL)
+            signal_pid(pid, signal.SIGKILL)
         # Wait until reaped, not just dead: PostgreSQL's lock-file check is kill(pid, 0),
         # which succeeds on a zombie and would make the next start fail.
-        _wait_until(lambda: not any(_proc_state(p) for p in (pm, *children)), 10)
+        wait_until(lambda: not any(proc_state(p) for p in (pm, *children)), 10)
         # The dead postmaster could not remove its lock files; they're ours to remove.
         stale = [self.datadir / "postmaster.pid", *self.socket_dir.glob(".s.PGSQL.*")]
         for path in stale:
@@ -101,7 +101,7 @@ class _Chaos:
 
     def is_frozen(self) -> bool:
         pm = self.postmaster_pid()
-        return pm is not None and _proc_state(pm) in ("T", "t")
+        return pm is not None and proc_state(pm) in ("T", "t")
 
     def freeze(self) -> None:
         """SIGSTOP the postmaster and all its children, like a hung host."""
@@ -109,23 +109,23 @@ class _Chaos:
         if pm is None:
             raise RuntimeError(f"{self.name} is not running")
         # Postmaster first so it cannot fork new children while we stop the others.
-        _signal(pm, signal.SIGSTOP)
+        signal_pid(pm, signal.SIGSTOP)
         pids = self.pids()
         for pid in pids[1:]:
-            _signal(pid, signal.SIGSTOP)
+            signal_pid(pid, signal.SIGSTOP)
 
         def all_stopped() -> bool:
-            return all(_proc_state(p) in (None, "T", "t", "Z", "X") for p in pids)
+            return all(proc_state(p) in (None, "T", "t", "Z", "X") for p in pids)
 
-        _wait_until(all_stopped, 2.0, 0.01)
+        wait_until(all_stopped, 2.0, 0.01)
 
     def thaw(self) -> None:
         """SIGCONT everything freeze() stopped (harmless when not frozen)."""
         pids = self.pids()
         for pid in pids[1:]:
-            _signal(pid, signal.SIGCONT)
+            signal_pid(pid, signal.SIGCONT)
         if pids:
-            _signal(pids[0], signal.SIGCONT)
+            signal_pid(pids[0], signal.SIGCONT)
 
     def restart(self, timeout: float = 30) -> None:
         self.stop()
@@ -192,14 +192,14 @@ class ChaosReplica(_Chaos, LocalReplica):
             f"host={self.primary.host} port={dead} user={SUPERUSER} "
             f"application_name={self.application_name}"
         )
-        if wait and not _wait_until(lambda: not self.is_streaming(), timeout):
+        if wait and not wait_until(lambda: not self.is_streaming(), timeout):
             raise RuntimeError(f"{self.name}: still streaming {timeout}s after cut_off()")
 
     def reconnect(self, *, wait: bool = False, timeout: float = 30) -> None:
         """Restore the original primary_conninfo (optionally wait until streaming again)."""
         self.set_primary_conninfo(self.original_conninfo)
         self.release_dead_port()
-        if wait and not _wait_until(self.is_streaming, timeout, 0.1):
+        if wait and not wait_until(self.is_streaming, timeout, 0.1):
             raise RuntimeError(
                 f"{self.name}: not streaming {timeout}s after reconnect()\n"
                 f"--- tail of {self.log_file} ---\n{self.log_tail()}"
@@ -267,7 +267,7 @@ class ChaosCluster(LocalCluster):
                 (replica.slot_name,),
             )
 
-        _wait_until(slot_released, _remaining(deadline))
+        wait_until(slot_released, remaining(deadline))
         self._ensure_slots()
         self._build_replica(replica, deadline)
 
@@ -278,8 +278,8 @@ class ChaosCluster(LocalCluster):
         deadline = time.monotonic() + timeout
         for s in self.servers:
             s.thaw()
-        self.primary.start(_remaining(deadline))
-        self.primary.restore_auto_conf(_remaining(deadline))
+        self.primary.start(remaining(deadline))
+        self.primary.restore_auto_conf(remaining(deadline))
         lost = {
             str(name)
             for (name,) in self.primary.execute(
@@ -291,18 +291,18 @@ class ChaosCluster(LocalCluster):
             rebuild = r.slot_name in lost
             if not rebuild and not r.is_running():
                 try:
-                    r.start(_remaining(deadline))
+                    r.start(remaining(deadline))
                 except RuntimeError:
                     rebuild = True
             if not rebuild and not r.scalar("SELECT pg_is_in_recovery()"):
                 rebuild = True  # promoted
             if rebuild:
-                self.rebuild_replica(r, _remaining(deadline))
+                self.rebuild_replica(r, remaining(deadline))
                 continue
             if r.replay_pause_state() != "not paused":
                 r.resume_replay()
-            r.restore_auto_conf(_remaining(deadline))
+            r.restore_auto_conf(remaining(deadline))
         for r in self.replicas:  # conninfo no longer points at them
             r.release_dead_port()
-        self.wait_streaming(_remaining(deadline))
-        self.wait_replayed(_remaining(deadline))
+        self.wait_streaming(remaining(deadline))
+        self.wait_replayed(remaining(deadline))

@@ -4,6 +4,7 @@ folders are private to root, and PgBouncer runs unprivileged), removed by ``clea
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -38,3 +39,8 @@ class PgBouncerServer(PgBouncer):
 
     def __exit__(self, *exc: object) -> None:
         self.cleanup()
+
+
+def readable_by_servers(path: Path) -> None:
+    """Let the unprivileged PgBouncer read a file lagwatch (root) writes."""
+    os.chmod(path, 0o644)

@@ -69,7 +69,7 @@ def _alive(pid: int) -> bool:
     return proc_state(pid) not in (None, "Z", "X")
 
 
-def _signal(pid: int, sig: signal.Signals) -> None:
+def signal_pid(pid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, sig)
 
@@ -202,7 +202,7 @@ class LocalServer:
     def _kill(self, pm: int) -> None:
         # Its children notice the postmaster's death and exit on their own; the tests'
         # servers (chaoscluster) also kill them and free the shared memory at once.
-        _signal(pm, signal.SIGKILL)
+        signal_pid(pm, signal.SIGKILL)
         wait_until(lambda: proc_state(pm) is None, 10)  # reaped, not just dead (see _alive)
         for path in (self.datadir / "postmaster.pid", *self.socket_dir.glob(".s.PGSQL.*")):
             with contextlib.suppress(OSError):
