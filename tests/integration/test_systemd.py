@@ -224,7 +224,7 @@ def test_watchdog_extended_to_the_interval(tmp_path: Path, notify: NotifySocket)
         assert lw.log_text().count("extended to 35.4s") == 1, lw.log_text()
 
         # A reload to a shorter interval goes back down, never below the unit's 2s ...
-        lw.write_config({**config, "interval": "250ms"})
+        lw.write_config({**config, "interval": "100ms"})  # 11 * 100ms + 80ms: under 2s
         lw.signal(signal.SIGHUP)
         assert notify.wait_for("WATCHDOG_USEC", timeout=10)["WATCHDOG_USEC"] == "2000000"
         assert "READY" in notify.wait_for("READY", timeout=10)
