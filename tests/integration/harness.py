@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import resource
 import shutil
 import signal
@@ -117,6 +118,22 @@ class LagwatchHttp:
         assert code == 200
         result: dict[str, Any] = json.loads(text)
         return result
+
+    def cycles(self) -> int:
+        """Poll cycles completed so far (``lagwatch_cycles_total``), read with a regex: a
+        fleet's /metrics is megabytes, too much to parse ten times a second."""
+        status, text = self.get("/metrics")
+        assert status == 200, text
+        found = re.search(r"^lagwatch_cycles_total (\S+)$", text, re.M)
+        return int(float(found.group(1))) if found else 0
+
+    def wait_cycles(self, count: int, timeout: float | None = None) -> None:
+        """Wait until lagwatch has completed ``count`` more cycles. A test that watches
+        something stay steady watches it for cycles of the product, not for seconds of a
+        shared host's clock (on a busy host a second may hold no cycle at all)."""
+        target = self.cycles() + count
+        self.wait_for(f"{count} more cycles", lambda: self.cycles() >= target,
+                      timeout if timeout is not None else 20 + 5 * count)
 
     def wait_for(self, what: str, predicate: Callable[[], bool], timeout: float) -> float:
         """Wait until ``predicate()``; return how long it took."""
@@ -248,6 +265,7 @@ class Writer:
         self.max_seconds = max_seconds
         self._stop = threading.Event()
         self.first_write_at: float | None = None
+        self.commits = 0
         self._thread = threading.Thread(target=self._run, daemon=True)
         self.server = on or cluster.primary  # where to write: the primary, or the one promoted
         self.server.execute("CREATE TABLE IF NOT EXISTS lw_test (id bigserial PRIMARY KEY, v text)")
@@ -259,6 +277,7 @@ class Writer:
             self.server.execute("INSERT INTO lw_test (v) SELECT md5(g::text) FROM generate_series(1, 50) g")
             if self.first_write_at is None:
                 self.first_write_at = before
+            self.commits += 1
             self._stop.wait(self.every)
 
     def __enter__(self) -> Writer:
@@ -270,6 +289,24 @@ class Writer:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(10)
+
+    def wait_commits(self, count: int, timeout: float = 30) -> None:
+        """Wait until ``count`` more transactions have been committed: WAL for the replicas
+        to stream, counted in commits rather than in seconds of writing."""
+        target = self.commits + count
+        deadline = time.monotonic() + timeout
+        while self.commits < target:
+            assert self._thread.is_alive(), f"the writer stopped after {self.commits} commits"
+            assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {count} commits"
+            time.sleep(0.02)
+
+
+def let_time_pass(seconds: float) -> None:
+    """Let ``seconds`` of wall time pass, where time itself is what the test needs. Lag is
+    time: a paused or delayed replica falls behind by the second; a window or a forecast
+    horizon fills by the second. A test that needs a replica N seconds behind, or N seconds
+    of readings, has nothing to wait on but the clock (each caller says which)."""
+    time.sleep(seconds)
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

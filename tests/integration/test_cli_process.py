@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 from chaoscluster import ChaosCluster
-from harness import Lagwatch, Writer, cluster_config, run_cli
+from harness import Lagwatch, Writer, cluster_config, let_time_pass, run_cli
 from lagwatch.demo.ports import free_port
 
 pytestmark = pytest.mark.one_pg_version
@@ -115,7 +115,7 @@ def test_sighup_reload_good_and_bad(pg_cluster: ChaosCluster, tmp_path: Path) ->
         lw.signal(signal.SIGHUP)
         lw.wait_for("reload rejected", lambda: "reload rejected" in lw.log_text(), timeout=10)
         assert "interval: must not be negative" in lw.log_text()
-        time.sleep(2)
+        lw.wait_cycles(2)  # the old config keeps running
         assert lw.proc.poll() is None
         assert lw.value("lagwatch_up", node="replica1") == 1
 
@@ -143,7 +143,7 @@ def test_check_exit_codes(pg_cluster: ChaosCluster, tmp_path: Path) -> None:
     pg_cluster.replicas[1].start()
     pg_cluster.replicas[0].pause_replay()
     with Writer(pg_cluster):
-        time.sleep(3)
+        let_time_pass(3)  # replica1 past the 1s warning, by the clock
         warn = run_cli("check", "-c", str(config), "--warning", "1s", "--critical", "1h")
     assert warn.returncode == 1, warn.stdout
     assert "replica1" in warn.stdout and "replay paused" in warn.stdout
@@ -180,7 +180,7 @@ def test_no_password_anywhere(pg_cluster: ChaosCluster, tmp_path: Path) -> None:
         lw.wait_for("replica2 down", lambda: lw.value("lagwatch_up", node="replica2") == 0, timeout=10)
         lw.wait_for("a failed pooler apply", lambda: (lw.value("lagwatch_pool_apply_errors_total") or 0) >= 1,
                     timeout=15)
-        time.sleep(2)
+        lw.wait_cycles(2)  # the failures are on every page by now
         outputs = [lw.get(path)[1] for path in ("/metrics", "/api/status", "/status", "/healthz", "/readyz", "/")]
         outputs.append(run_cli("check", "-c", str(lw.config_path), env=env).stdout)
         for bad_dsn in (f"host=x password={SECRET}-dsn = junk", f"postgresql://u:{SECRET}-uri@[::1/db"):
@@ -226,11 +226,11 @@ def test_a_50ms_interval_works_end_to_end(pg_cluster: ChaosCluster, tmp_path: Pa
     try:
         lw.wait_ready()
         with Writer(pg_cluster, every=0.01):
-            time.sleep(1.0)
+            lw.wait_cycles(20)  # the writes have reached the readings
             cycles, sampled, started = (lw.daemon_value("lagwatch_cycles_total") or 0,
                                         lw.value("lagwatch_replica_lag_sampled_seconds_count", replica="replica1") or 0,
                                         time.monotonic())
-            time.sleep(4.0)
+            let_time_pass(4.0)  # the cadence is cycles per second of wall time: measured over 4 s of it
             elapsed = time.monotonic() - started
             per_second = ((lw.daemon_value("lagwatch_cycles_total") or 0) - cycles) / elapsed
             assert 16 <= per_second <= 21, per_second

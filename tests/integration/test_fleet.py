@@ -217,7 +217,7 @@ def test_clusters_dir_files_added_changed_broken_and_removed(servers: FleetServe
         write_cluster_file(folder / "north.yaml", servers, ["replica1"], sla={"max_lag": "0s"})  # new, broken
         lw.wait_for("north reported", lambda: metric(lw, "lagwatch_cluster_config_errors",
                                                      file=str(folder / "north.yaml")) == 1, 15)
-        time.sleep(1.5)  # a few cycles: north is not polled, west still is
+        lw.wait_cycles(3)  # north is not polled, west still is
         assert polled(lw) == {"east": set(NODES), "west": set(NODES)}
         assert metric(lw, "lagwatch_cluster_config_errors", file=str(folder / "east.yaml")) == 0
         assert east_session() == east  # through west's arrival and breakage, east's change, north: one session

@@ -22,7 +22,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from chaoscluster import ChaosCluster
-from harness import ROOT, Lagwatch, cluster_config
+from harness import ROOT, Lagwatch, cluster_config, let_time_pass
 from lagwatch.demo.ports import free_port
 from lagwatch.demo.servers import LocalReplica
 from prom_stack import Prometheus, rules_with_shorter_for
@@ -94,12 +94,12 @@ def test_the_catch_up_eta_comes_true_and_a_replica_too_slow_reads_inf(pg_cluster
         lw.wait_for("replica1 streaming through the link", r1.is_streaming, 20)
         with SteadyWal(pg_cluster, 4 * MB):
             link.set_rate(0)  # held: replica1 gets nothing
-            time.sleep(6)  # ~24 MB behind
+            lw.wait_for("~24 MB behind", lambda: backlog(pg_cluster, r1) >= 24 * MB, 30)
             # 6 MB/s get through while 4 MB/s are written: the backlog shrinks at 2 MB/s (~12 s).
             link.set_rate(6 * MB)
             lw.wait_for("a finite catch-up ETA", lambda: 0 < (lw.value(
                 "lagwatch_replica_catchup_eta_seconds", replica="replica1") or 0) < math.inf, 15)
-            time.sleep(6 * INTERVAL)  # a few cycles into the catch-up
+            lw.wait_cycles(6)  # a few cycles into the catch-up
             predicted = lw.value("lagwatch_replica_catchup_eta_seconds", replica="replica1")
             predicted_at = time.monotonic()
             assert predicted is not None and 0 < predicted < math.inf, predicted
@@ -144,7 +144,7 @@ def test_a_slots_runway_ends_when_its_wal_becomes_unreserved(pg_cluster: ChaosCl
         lw.wait_for("the slot's runway (not shrinking yet)", lambda: lw.value(
             "lagwatch_slot_runway_seconds", slot="forgotten") is not None, 10)
         with SteadyWal(pg_cluster, 3 * MB):
-            time.sleep(6)  # a whole forecast horizon (5 s) of writing: the net rate is the current one
+            let_time_pass(6)  # a whole forecast horizon (5 s) of writing: the net rate is the current one
             # From a cycle the primary answered (on a loaded machine one may come too late
             # for its cycle, which then says nothing of the slot).
             readings: list[float | None] = []

@@ -110,7 +110,7 @@ def test_1100_slow_clients_do_not_starve_a_scraper(pg_cluster: ChaosCluster, tmp
                 sock.close()
         failed = [s for s in scrapes if isinstance(s, str) or s[0] != 200 or s[1] >= 1.0]
         assert len(scrapes) >= 10 and not failed, (len(scrapes), failed[:5])
-        time.sleep(1.5)  # the HTTP figures are rendered with each cycle's snapshot
+        lw.wait_cycles(2)  # the HTTP figures are rendered with each cycle's snapshot
         closed = {dict(labels)["reason"]: value for (name, labels), value in lw.samples().items()
                   if name == "lagwatch_http_connections_closed_total"}
         assert closed["deadline"] + closed["evicted"] >= 1000, closed

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from chaoscluster import ChaosCluster
-from harness import Lagwatch, Reading, Readings, Writer
+from harness import Lagwatch, Reading, Readings, Writer, let_time_pass
 from oracle import LagOracle, OracleLog, nearest_rank, tolerance
 
 WINDOW = 10.0
@@ -107,8 +107,10 @@ def test_steady_stream_reads_what_the_oracle_reads(pg_cluster: ChaosCluster, wat
         collected = {"1s": slow, "100ms": fast}
         for delay in (0.02, 0.06, 0.2):
             replica1.set_apply_delay(delay)
-            time.sleep(2.0 + 1.5 * delay)  # warm-up: the new delay is in force and has filled in
-            time.sleep(WINDOW + 0.5)  # one whole window of readings under it
+            # Warm-up: the new delay in force (the replica takes the reload in its own time;
+            # nothing says when) and filled in, then one whole window of readings under it.
+            let_time_pass(2.0 + 1.5 * delay)
+            let_time_pass(WINDOW + 0.5)
             p95s = {f"{name}/{replica}": lw.value("lagwatch_replica_lag_window_seconds", replica=replica,
                                                   quantile="0.95")
                     for name, lw in watchers.items() for replica in ("replica1", "replica2")}
@@ -145,12 +147,12 @@ def test_bursts_are_seen_and_never_over_read(pg_cluster: ChaosCluster, watchers:
     over-read by more than max(5 ms, 10 %), and at 100 ms every burst is seen."""
     delay = 0.06
     pg_cluster.replicas[0].set_apply_delay(delay)
-    time.sleep(1.0)
+    let_time_pass(1.0)  # the delay in force: the replica takes the reload in its own time
     with Readings(watchers["1s"]) as slow, Readings(watchers["100ms"]) as fast:
         with LagOracle(pg_cluster, tmp_path / "oracle", burst_on=1.0, burst_off=2.0) as oracle:
-            time.sleep(15.0)
+            let_time_pass(15.0)  # the oracle's five bursts, 3 s apart
             oracle.stop_writes()
-        time.sleep(1.0)
+        watchers["1s"].wait_cycles(1)  # the readings of the last burst's end
         log = oracle.read()
     assert log.first_commit_at is not None
     start = log.first_commit_at
@@ -182,7 +184,7 @@ def test_idle_primary_is_not_lag(pg_cluster: ChaosCluster, watchers: dict[str, L
     """Within 3 s of the last write every reading is at most 5 ms, and stays so for 20 s
     of silence (where now() - pg_last_xact_replay_timestamp() climbs to 20 s)."""
     with LagOracle(pg_cluster, tmp_path / "oracle") as oracle:
-        time.sleep(2.0)
+        let_time_pass(2.0)  # two seconds of the oracle's 200 commits/s before the silence
         last_write = oracle.stop_writes()
     with Readings(watchers["1s"]) as slow, Readings(watchers["100ms"]) as fast:
         for lw in watchers.values():
@@ -197,7 +199,7 @@ def test_idle_primary_is_not_lag(pg_cluster: ChaosCluster, watchers: dict[str, L
             for replica in ("replica1", "replica2"):
                 age = watchers["1s"].value("lagwatch_replica_last_replay_timestamp_age_seconds", replica=replica)
                 naive[replica] = max(naive.get(replica, 0.0), age or 0.0)
-            time.sleep(1.0)
+            watchers["1s"].wait_cycles(1)
     for name, readings in (("1s", slow), ("100ms", fast)):
         for replica in ("replica1", "replica2"):
             seen = readings.of(replica, settled)
@@ -224,12 +226,12 @@ def test_paused_replay_grows_with_wall_time(pg_cluster: ChaosCluster, watchers: 
     replica1 = pg_cluster.replicas[0]
     with LagOracle(pg_cluster, tmp_path / "oracle") as oracle, \
             Readings(watchers["1s"]) as slow, Readings(watchers["100ms"]) as fast:
-        time.sleep(1.0)
+        watchers["1s"].wait_cycles(1)  # readings before the pause
         replica1.pause_replay()
         paused = time.monotonic()
-        time.sleep(6.0)
+        let_time_pass(6.0)  # paused under writes: 6 s behind
         oracle.stop_writes()
-        time.sleep(10.0)
+        let_time_pass(10.0)  # and growing after the last write, past 15 s
         log = oracle.read()
     for name, readings in (("1s", slow), ("100ms", fast)):
         seen = readings.of("replica1", paused + 1.0)
@@ -262,13 +264,13 @@ def test_cut_off_replica_grows_and_is_not_streaming(pg_cluster: ChaosCluster, wa
     replica2 = pg_cluster.replicas[1]
     with LagOracle(pg_cluster, tmp_path / "oracle") as oracle, \
             Readings(watchers["1s"]) as slow, Readings(watchers["100ms"]) as fast:
-        time.sleep(1.0)
+        watchers["1s"].wait_cycles(1)  # readings before the cut
         replica2.cut_off()
         cut = time.monotonic()
         for lw in watchers.values():
             lw.wait_for("replica2 not streaming",
                         lambda lw=lw: lw.value("lagwatch_replica_streaming", replica="replica2") == 0, timeout=10)
-        time.sleep(6.0)
+        let_time_pass(6.0)  # cut off under writes: 6 s more behind
         log = oracle.read()
     for name, readings in (("1s", slow), ("100ms", fast)):
         seen = readings.of("replica2", cut + 1.0)
@@ -290,7 +292,7 @@ def test_restart_while_paused_reads_a_growing_lower_bound(pg_cluster: ChaosClust
     replica1 = pg_cluster.replicas[0]
     with LagOracle(pg_cluster, tmp_path / "oracle") as oracle:
         replica1.pause_replay()
-        time.sleep(3.0)
+        let_time_pass(3.0)  # replica1 3 s behind before lagwatch starts
         for interval in INTERVALS:
             (tmp_path / f"late-{interval}").mkdir()
             lw = Lagwatch.for_cluster(tmp_path / f"late-{interval}", pg_cluster, interval=interval,
@@ -298,7 +300,7 @@ def test_restart_while_paused_reads_a_growing_lower_bound(pg_cluster: ChaosClust
             try:
                 lw.wait_ready()
                 with Readings(lw) as readings:
-                    time.sleep(4.0)
+                    let_time_pass(4.0)  # 4 s of a lower bound growing with wall time
                 log = oracle.read()
             finally:
                 lw.stop()
@@ -331,7 +333,7 @@ def test_cascaded_replica_is_measured_end_to_end(pg_cluster: ChaosCluster, lagwa
             row[0] == replica2.application_name
             for row in pg_cluster.primary.execute("SELECT application_name FROM pg_stat_replication")), timeout=20)
         with Writer(pg_cluster):
-            time.sleep(4)
+            lagwatch.wait_cycles(4)
             assert _at_most(lag(lagwatch, "replica2"), 2 * interval)
             assert lagwatch.value("lagwatch_replica_streaming", replica="replica2") == 1
             # The primary cannot see it: no walsender-side signals for it.
@@ -341,7 +343,7 @@ def test_cascaded_replica_is_measured_end_to_end(pg_cluster: ChaosCluster, lagwa
         with Writer(pg_cluster) as writer:
             assert writer.first_write_at is not None
             for _ in range(6):
-                time.sleep(1.0)
+                lagwatch.wait_cycles(1)
                 expected = time.monotonic() - writer.first_write_at
                 got = lag(lagwatch, "replica2")
                 assert got is not None and abs(got - expected) <= 2 * interval, (got, expected)
@@ -428,11 +430,13 @@ def test_unanswering_node_is_down_alone(pg_cluster: ChaosCluster, watchers: dict
     # of replica1, per interval.
     before = {name: {"primary": _answered(lw, "primary"), "replica1": _answered(lw, "replica1"),
                      "samples": _sampled(lw, "replica1")} for name, lw in watchers.items()}
-    time.sleep(5.0)
+    started = time.monotonic()
+    let_time_pass(5.0)  # the cadence is polls per second of wall time: measured over 5 s of it
+    elapsed = time.monotonic() - started
     for name, lw in watchers.items():
         after = {"primary": _answered(lw, "primary"), "replica1": _answered(lw, "replica1"),
                  "samples": _sampled(lw, "replica1")}
-        expected = 5.0 / INTERVALS[name]
+        expected = elapsed / INTERVALS[name]
         for what in after:
             got = after[what] - before[name][what]
             assert 0.8 * expected <= got <= 1.2 * expected + 1, (name, what, got, expected)

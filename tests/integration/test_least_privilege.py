@@ -5,13 +5,12 @@ more (pg_walinspect's FPI stats); `check --grants` says what a role lacks."""
 from __future__ import annotations
 
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 from chaoscluster import ChaosCluster, ChaosServer
-from harness import ROOT, Lagwatch, Writer, cluster_config, run_cli
+from harness import ROOT, Lagwatch, Writer, cluster_config, let_time_pass, run_cli
 from lagwatch.demo.ports import free_port
 
 ROLE_SQL = ROOT / "deploy" / "sql" / "lagwatch-role.sql"
@@ -59,7 +58,7 @@ def test_monitoring_role_is_enough(pg_cluster: ChaosCluster, tmp_path: Path) -> 
     try:
         lw.wait_ready()
         with Writer(pg_cluster):
-            time.sleep(3)
+            lw.wait_cycles(3)  # every view read under writes
         names = {name for name, _ in lw.samples()}
         missing = [m for m in REQUIRED if m not in names]
         assert not missing, missing
@@ -105,7 +104,7 @@ def test_a_view_denied_at_run_time_leaves_the_node_up(pg_cluster: ChaosCluster, 
             lw.wait_for("the denied views down", lambda: lw.value("lagwatch_view_up", node="primary", view="wal_dir")
                         == 0 and lw.value("lagwatch_view_up", node="primary", view="walinspect") == 0, timeout=15)
             pg_cluster.replicas[0].pause_replay()
-            time.sleep(3.0)
+            let_time_pass(3.0)  # replica1 3 s behind
             lag = lw.value("lagwatch_replica_lag_seconds", replica="replica1")
             assert lag is not None and 2.0 <= lag <= 4.0, lag
         assert lw.value("lagwatch_up", node="primary") == 1

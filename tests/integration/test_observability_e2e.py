@@ -155,15 +155,26 @@ def test_dashboard_queries_run_against_prometheus(stack: Stack) -> None:
     sys.path.insert(0, str(ROOT / "dashboards"))
     import generate  # the shipped dashboard's generator
 
-    # Let Prometheus scrape a few times and evaluate rates.
     wait("lagwatch scraped", lambda: stack.prometheus.query("lagwatch_up")["data"]["result"], timeout=30)
-    time.sleep(8)
-    empty = []
-    for title, expr, must_have_data in generate.panel_queries():
-        answer = stack.prometheus.query(generate.substitute(expr, cluster="main", replica=".*", interval="5s"))
-        assert answer.get("status") == "success", (title, expr, answer.get("error"))
-        if must_have_data and not answer["data"]["result"]:
-            empty.append((title, expr))
+    failed: list[tuple[str, str, object]] = []
+    empty: list[tuple[str, str]] = []
+
+    def every_panel_has_data() -> bool:
+        # A rate needs two scrapes in its range: until then its panel is empty, so wait
+        # for Prometheus to have them rather than for a number of seconds.
+        failed.clear()
+        empty.clear()
+        for title, expr, must_have_data in generate.panel_queries():
+            answer = stack.prometheus.query(generate.substitute(expr, cluster="main", replica=".*", interval="5s"))
+            if answer.get("status") != "success":
+                failed.append((title, expr, answer.get("error")))
+            elif must_have_data and not answer["data"]["result"]:
+                empty.append((title, expr))
+        return not failed and not empty
+
+    with contextlib.suppress(AssertionError):
+        wait("every panel with data", every_panel_has_data, timeout=30, every=1.0)
+    assert not failed, f"panel queries Prometheus refused: {failed}"
     assert not empty, f"panels without data on a healthy cluster: {empty}"
 
 

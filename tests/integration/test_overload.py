@@ -36,7 +36,7 @@ from typing import Any
 
 import pytest
 from chaoscluster import ChaosCluster
-from harness import Lagwatch, Writer
+from harness import Lagwatch, Writer, let_time_pass
 from lagwatch.demo.binaries import find_binaries
 from lagwatch.demo.ports import free_port
 
@@ -174,6 +174,8 @@ class Hogs:
 
 
 def pause(lw: Lagwatch, seconds: float) -> None:
+    """Stop lagwatch for ``seconds`` (a VM's steal, a stop-the-world pause): the length of
+    the pause is the point, so it is a sleep."""
     lw.proc.send_signal(signal.SIGSTOP)
     try:
         time.sleep(seconds)
@@ -196,7 +198,7 @@ def test_a_starved_lagwatch_never_acts_and_a_real_failure_still_does(servers: Ov
         with Writer(servers, every=0.2, max_seconds=600):
             lw.wait_ready(60)
             lw.wait_for("every node up and every cluster led", lambda: converged(read(lw), ALL_NODES), 60)
-            time.sleep(3)  # a few cycles in the steady state
+            lw.wait_cycles(3)  # a few cycles in the steady state
             before = read(lw)
             assert before is not None and not any(before.changes.values()), before.changes
             pools = {p.name: p.read_text() for p in (tmp_path / "pools").glob("*.txt")}
@@ -208,11 +210,11 @@ def test_a_starved_lagwatch_never_acts_and_a_real_failure_still_does(servers: Ov
             core = {min(os.sched_getaffinity(0))}
             os.sched_setaffinity(lw.proc.pid, core)
             hogs = Hogs(STARVE_SECONDS, core)
-            time.sleep(8)
+            let_time_pass(8)  # 8 s starved: the host's load is time, not a state to wait for
             pause(lw, 2.0)  # and a pause (a VM's steal, a stop the world): lagwatch late for 2 s at once
             replica3.stop("fast")  # a real failure, in the middle of the starvation
             stopped_at = time.monotonic()
-            time.sleep(8)
+            let_time_pass(8)  # 8 s more starved, with replica3 really down
             pause(lw, 2.0)
             load_stopped_at = hogs.wait()
             os.sched_setaffinity(lw.proc.pid, os.sched_getaffinity(0))
@@ -221,7 +223,7 @@ def test_a_starved_lagwatch_never_acts_and_a_real_failure_still_does(servers: Ov
             deadline = max(stopped_at, load_stopped_at) + (EJECT_AFTER + 1) * effective + 2.0
             lw.wait_for("x/replica3 ejected", lambda: (read(lw) or before).changes.get(
                 ("x", "replica3", "eject")) == 1, max(1.0, deadline - time.monotonic()))
-            time.sleep(10)  # cycles after the load
+            lw.wait_cycles(10)  # cycles after the load: their durations and spacing are checked
             readings = sampler.stop()
         log = lw.log_text()[log_before:]
         after = readings[-1]

@@ -21,7 +21,7 @@ from typing import Any
 import psycopg
 import pytest
 import yaml
-from harness import Lagwatch, run_cli
+from harness import Lagwatch, let_time_pass, run_cli
 from lagwatch.demo.ports import free_port
 from patroni_cluster import PatroniCluster, available
 from pgbouncer_server import PgBouncerServer, readable_by_servers
@@ -194,14 +194,16 @@ def test_a_standby_cluster_is_watched_through_its_standby_leader(
             lw.expect("lagwatch_node_role", 1, cluster="dr", node="s2", role="replica")
             assert lw.value("lagwatch_cluster_primaries", cluster="dr") == 0
             with _Commits(leader.dsn()):
-                time.sleep(3.0)  # the stream and the delay in force, and past the history's start
+                # The stream and the delay in force (the standby takes them in its own time),
+                # and the readings past the history's start: time, not a state to wait for.
+                let_time_pass(3.0)
                 readings: dict[str, list[float]] = {"s1": [], "s2": []}
                 for _ in range(12):
                     for name, values in readings.items():
                         value = lw.value("lagwatch_replica_lag_seconds", cluster="dr", replica=name)
                         assert value is not None, name
                         values.append(value)
-                    time.sleep(INTERVAL)
+                    lw.wait_cycles(1)
             s2, s1 = statistics.median(readings["s2"]), statistics.median(readings["s1"])
             print(f"standby cluster: s2 (apply delay {delay * 1000:.0f} ms) reads {s2 * 1000:.0f} ms, "
                   f"s1 (standby leader) {s1 * 1000:.0f} ms")
@@ -363,7 +365,7 @@ def test_a_killed_leader_is_followed_within_three_intervals_of_patroni(
             reader = next(m.name for m in patroni.members if m.name not in (old, new, "m3"))
             lagwatch.wait_for("pool = the other reader",
                               lambda: pool_hosts(pgbouncer) == {host_of(patroni, reader)}, 10)
-            time.sleep(3 * INTERVAL)  # samples after it, for the record
+            lagwatch.wait_cycles(3)  # samples after it, for the record
         pools = watch.pools()
         assert all(pools), "the read pool was empty during the failover"
         assert all(killed.host not in pool for _, pool, (leader, _, _) in watch.samples if leader == new)
@@ -417,7 +419,7 @@ def test_patroni_unreachable_keeps_the_members_and_the_lag(patroni: PatroniClust
         member.freeze(True)
     try:
         lagwatch.expect("lagwatch_discovery_up", 0, timeout=10, cluster="main")
-        time.sleep(3 * INTERVAL)
+        lagwatch.wait_cycles(3)  # cycles without Patroni's answers
         assert lagwatch.value("lagwatch_discovery_members", cluster="main") == 3
         assert (lagwatch.value("lagwatch_discovery_errors_total", cluster="main") or 0) > errors_before
         for name in ("m1", "m2", "m3"):  # PostgreSQL goes on and is still measured

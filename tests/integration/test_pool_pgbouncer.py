@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 import pytest
 from chaoscluster import ChaosCluster
-from harness import Lagwatch, Writer, cluster_config, run_cli
+from harness import Lagwatch, Writer, cluster_config, let_time_pass, run_cli
 from lagwatch.demo.ports import free_port
 from oracle import LagOracle
 from pgbouncer_server import PgBouncerServer, readable_by_servers
@@ -121,7 +121,7 @@ def test_eject_and_readmit_under_pgbench(pg_cluster: ChaosCluster, pgbouncer: Pg
     try:
         lw.wait_ready()
         bench = start_pgbench(pg_cluster, pgbouncer, 25, bench_log)
-        time.sleep(2)
+        lw.wait_cycles(2)
         assert read_addrs(pgbouncer) <= {r1.host, r2.host}
         r1.pause_replay()
         with Writer(pg_cluster) as writer:
@@ -167,7 +167,7 @@ def test_millisecond_sla_ejects_and_readmits(pg_cluster: ChaosCluster, pgbouncer
         lw.wait_ready()
         with LagOracle(pg_cluster, tmp_path / "writer", probes=False):
             r1.set_apply_delay(0.010)
-            time.sleep(3.0)
+            lw.wait_cycles(30)  # 3 s of 100 ms cycles at 10 ms: nobody ejected
             assert app_ro_hosts(pgbouncer) == sorted([r1.host, r2.host])
             r1.set_apply_delay(0.120)
             slowed = time.monotonic()
@@ -175,13 +175,13 @@ def test_millisecond_sla_ejects_and_readmits(pg_cluster: ChaosCluster, pgbouncer
             assert left - slowed <= 3.0, left - slowed
             p95 = lw.value("lagwatch_replica_lag_window_seconds", replica="replica1", quantile="0.95")
             assert p95 is not None and 0.05 < p95 < 0.2, p95
-            time.sleep(2.0)
+            lw.wait_cycles(20)
             assert app_ro_hosts(pgbouncer) == [r2.host]  # no flapping at a steady 120 ms
             r1.set_apply_delay(0.010)
             recovered = time.monotonic()
             back = wait_hosts(pgbouncer, lambda hosts: hosts == sorted([r1.host, r2.host]), timeout=10)
             assert back - recovered <= 3.0, back - recovered
-            time.sleep(2.0)
+            lw.wait_cycles(20)
             assert app_ro_hosts(pgbouncer) == sorted([r1.host, r2.host])
         lw.expect("lagwatch_pool_changes_total", 1, replica="replica1", action="eject")
         lw.expect("lagwatch_pool_changes_total", 1, replica="replica1", action="readmit")
@@ -278,10 +278,10 @@ def test_both_paused_min_replicas_keeps_least_behind(pg_cluster: ChaosCluster, p
         lw.wait_ready()
         with Writer(pg_cluster):
             r2.pause_replay()
-            time.sleep(3)
+            let_time_pass(3)  # replica2 3 s more behind than replica1 will be
             r1.pause_replay()  # r1 stops later: it is the less behind of the two
             wait_hosts(pgbouncer, lambda hosts: hosts == [r1.host], timeout=15)
-            time.sleep(4)
+            lw.wait_cycles(4)
             assert app_ro_hosts(pgbouncer) == [r1.host]
         assert lw.value("lagwatch_pool_member", replica="replica1") == 1
         assert "min_replicas" in lw.status()["clusters"][0]["pool"]["reasons"]["replica1"]
@@ -389,7 +389,7 @@ def test_apply_delay_near_threshold_does_not_flap(pg_cluster: ChaosCluster, pgbo
             for second in range(24):
                 if second % 3 == 0:
                     r1.set_apply_delay(2.2 if second % 6 == 0 else 1.8)
-                time.sleep(1.0)
+                lw.wait_cycles(1)
                 readings.append(lw.value("lagwatch_replica_lag_seconds", replica="replica1"))
         changes = sum(v for (name, labels), v in lw.samples().items()
                       if name == "lagwatch_pool_changes_total" and ("replica", "replica1") in labels)
@@ -461,7 +461,7 @@ def test_two_instances_one_leader(pg_cluster: ChaosCluster, pgbouncer: PgBouncer
     second = Lagwatch(tmp_path / "b", pool_config(pg_cluster, pgbouncer, tmp_path / "b"))
     try:
         second.wait_ready()
-        time.sleep(3)
+        second.wait_cycles(3)
         assert first.value("lagwatch_leader") == 1 and second.value("lagwatch_leader") == 0
         # Both export metrics.
         assert second.value("lagwatch_replica_lag_seconds", replica="replica1") is not None
@@ -496,7 +496,7 @@ def test_hold_beats_automation_and_survives_restart(pg_cluster: ChaosCluster, pg
     lw = Lagwatch(tmp_path, pool_config(pg_cluster, pgbouncer, tmp_path))
     try:
         lw.wait_ready()
-        time.sleep(3)
+        lw.wait_cycles(3)
         assert app_ro_hosts(pgbouncer) == [r1.host]
         assert lw.value("lagwatch_pool_held", replica="replica2", hold="out") == 1
         shown = run_cli("pool", "-c", str(lw.config_path), "show")
