@@ -176,9 +176,12 @@ def test_staleness_panel_draws_p95_and_sla_line(dashboard: dict[str, Any]) -> No
 
 
 def test_timestamp_signal_only_in_its_labelled_panel(dashboard: dict[str, Any]) -> None:
-    for panel in data_panels(dashboard):
-        if any("last_replay_timestamp_age" in t["expr"] for t in panel["targets"]):
-            assert "misleading on idle primary" in panel["title"], panel["title"]
+    """The replay-timestamp age is on the dashboard in exactly one panel, whose title warns
+    that it misleads on an idle primary (and nowhere else, where it could pass for lag)."""
+    using = [p["title"] for p in data_panels(dashboard)
+             if any("last_replay_timestamp_age" in t["expr"] for t in p["targets"])]
+    assert len(using) == 1, using
+    assert "misleading on idle primary" in using[0], using
 
 
 # -- (c) the queries: listed completely, substituted like Grafana, valid PromQL -----------------

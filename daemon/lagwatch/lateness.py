@@ -24,6 +24,7 @@ import asyncio
 import math
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -42,18 +43,20 @@ class LoopLag:
     tick's lateness beyond ``GRACE``) and the worst since last asked. Costs one timer
     callback every ``TICK`` seconds; reads nothing until ``start`` (then nothing is late)."""
 
-    def __init__(self, tick: float = TICK, grace: float = GRACE) -> None:
+    def __init__(self, tick: float = TICK, grace: float = GRACE,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.tick = tick
         self.grace = grace
+        self._clock = clock  # asyncio's own clock (BaseEventLoop.time); a test passes its own
         self._stalled = 0.0
         self._worst = 0.0
         self._due: float | None = None  # monotonic time the next tick is due; None: not running
         self._handle: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._schedule(time.monotonic())
+    def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self._loop = loop or asyncio.get_running_loop()
+        self._schedule(self._clock())
 
     def stop(self) -> None:
         if self._handle is not None:
@@ -63,11 +66,10 @@ class LoopLag:
     def _schedule(self, now: float) -> None:
         assert self._loop is not None
         self._due = now + self.tick
-        # The loop's clock is time.monotonic() (asyncio's BaseEventLoop.time).
         self._handle = self._loop.call_at(self._due, self._ticked)
 
     def _ticked(self) -> None:
-        now = time.monotonic()
+        now = self._clock()
         assert self._due is not None
         late = now - self._due
         if late > self.grace:

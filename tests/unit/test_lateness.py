@@ -40,38 +40,77 @@ def test_the_late_monitor_rule(first_connection: bool, answer_waiting: bool, att
                             attentive=attentive, budget=0.8) == verdict
 
 
-def test_loop_lag_counts_a_stall_as_no_attention() -> None:
-    async def scenario() -> tuple[float, float, float]:
-        lag = LoopLag()
-        lag.start()
-        await asyncio.sleep(0.2)
-        mark = lag.mark(time.monotonic())
-        await asyncio.sleep(0.2)  # attentive
-        time.sleep(0.4)  # the loop stalls: lagwatch busy, or not scheduled
-        await asyncio.sleep(0.2)
-        now = time.monotonic()
-        attentive, stalled, worst = lag.attentive(mark, now), lag.stalled(now) - mark[1], lag.take_worst(now)
-        lag.stop()
-        return attentive, stalled, worst
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
 
-    attentive, stalled, worst = asyncio.run(scenario())
-    assert 0.3 <= stalled <= 0.5, stalled
-    assert 0.3 <= attentive <= 0.5, attentive  # 0.8 s of wall clock, 0.4 of it stalled
-    assert 0.3 <= worst <= 0.5, worst
+    def __call__(self) -> float:
+        return self.now
+
+
+class _Loop:
+    """Just what LoopLag asks of the event loop: one timer at a time, fired by the test."""
+
+    def __init__(self) -> None:
+        self.due: float | None = None
+        self.callback: Any = None
+
+    def call_at(self, when: float, callback: Any) -> Any:
+        self.due, self.callback = when, callback
+        return self
+
+    def cancel(self) -> None:
+        self.due = self.callback = None
+
+
+def _meter() -> tuple[LoopLag, _Clock, _Loop]:
+    clock, loop = _Clock(), _Loop()
+    lag = LoopLag(tick=0.05, grace=0.01, clock=clock)
+    lag.start(loop)  # type: ignore[arg-type]
+    return lag, clock, loop
+
+
+def _run_ticks_until(lag: LoopLag, clock: _Clock, loop: _Loop, until: float, late_by: float = 0.0) -> None:
+    """The loop runs each tick ``late_by`` seconds after it is due, up to ``until``."""
+    while loop.due is not None and loop.due + late_by <= until:
+        clock.now = loop.due + late_by
+        loop.callback()
+    clock.now = until
+
+
+def test_loop_lag_counts_a_stall_as_no_attention() -> None:
+    lag, clock, loop = _meter()
+    _run_ticks_until(lag, clock, loop, 100.2)  # on time
+    mark = lag.mark(clock())
+    _run_ticks_until(lag, clock, loop, 100.4)  # attentive
+    stall_from = loop.due
+    clock.now = 100.8  # the loop stalls: lagwatch busy, or not scheduled
+    loop.callback()  # the overdue tick runs at last, 0.4 s late less what was not yet due
+    _run_ticks_until(lag, clock, loop, 101.0)
+    assert stall_from is not None
+    stall = 100.8 - stall_from
+    assert lag.stalled(clock()) - mark[1] == pytest.approx(stall)
+    assert lag.attentive(mark, clock()) == pytest.approx(0.8 - stall)  # 0.8 s of clock, the stall not attention
+    assert lag.take_worst(clock()) == pytest.approx(stall)
+    assert lag.take_worst(clock()) == 0.0  # the worst is since last asked
+
+
+def test_lateness_within_grace_is_not_a_stall() -> None:
+    lag, clock, loop = _meter()
+    mark = lag.mark(clock())
+    _run_ticks_until(lag, clock, loop, 101.0, late_by=0.009)  # every tick late, each within the 10 ms grace
+    assert lag.attentive(mark, clock()) == pytest.approx(1.0)
+    assert lag.take_worst(clock()) == 0.0
 
 
 def test_a_stall_under_way_counts_before_the_loop_gets_to_its_tick() -> None:
     """Asked in the very callback that ends a stall, the meter already counts it."""
-    async def scenario() -> float:
-        lag = LoopLag()
-        lag.start()
-        mark = lag.mark(time.monotonic())
-        time.sleep(0.3)
-        attentive = lag.attentive(mark, time.monotonic())
-        lag.stop()
-        return attentive
-
-    assert asyncio.run(scenario()) < 0.1
+    lag, clock, loop = _meter()
+    mark = lag.mark(clock())
+    clock.now += 0.3  # no tick has run: the loop is stalled right now
+    assert loop.due is not None
+    assert lag.attentive(mark, clock()) == pytest.approx(loop.due - 100.0)  # only until the tick was due
+    assert lag.take_worst(clock()) == pytest.approx(clock() - loop.due)
 
 
 @pytest.mark.parametrize("durations,paces", [

@@ -9,7 +9,6 @@ import http.client
 import logging
 import ssl
 import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -252,6 +251,9 @@ def test_basic_auth_answers() -> None:
 
 
 def test_unknown_user_costs_a_bcrypt_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An unknown user is not told apart by the time its refusal takes: it costs one bcrypt
+    check at the cost of the real hashes, as a wrong password does (the work counted, not
+    timed: a timing test needs an idle host)."""
     auth = BasicAuth({"prometheus": hashed("s3cret", rounds=5)})
     checked: list[bytes] = []
     real = bcrypt.checkpw
@@ -267,21 +269,6 @@ def test_unknown_user_costs_a_bcrypt_check(monkeypatch: pytest.MonkeyPatch) -> N
     assert checked[0].startswith(b"$2b$05$") and checked[0] != auth.users["prometheus"]
     assert not auth.allows(header("prometheus", "wrong"))
     assert checked[1] == auth.users["prometheus"]
-
-
-def test_unknown_user_takes_as_long_as_a_wrong_password() -> None:
-    auth = BasicAuth({"prometheus": hashed("s3cret", rounds=10)})
-
-    def fastest(user: str) -> float:
-        times = []
-        for _ in range(3):
-            started = time.perf_counter()
-            assert not auth.allows(header(user, "wrong"))
-            times.append(time.perf_counter() - started)
-        return min(times)
-
-    known, unknown = fastest("prometheus"), fastest("nobody")
-    assert unknown > 0.5 * known, (known, unknown)
 
 
 def test_long_password_does_not_crash() -> None:
