@@ -1,0 +1,161 @@
+"""Benchmark: lagwatch.exposition against prometheus_client, on the same series.
+
+Builds a fleet's worth of series (300 clusters by default, each with a primary and two
+replicas: 52,800 series in lagwatch's shapes: per-node gauges, per-replica stage and
+state series, a window summary and a histogram per replica) twice, with the same
+constructor and ``add_metric`` calls: once with lagwatch.exposition's families and
+``render_text``, once with prometheus_client's ``*MetricFamily`` classes and
+``generate_latest`` on a registry. Rounds alternate between the two, so that both see the
+same machine; it prints microseconds a series for each round and the ratio of the
+medians. It prints; it asserts nothing. docs/benchmarks.md keeps what it measured.
+
+    python3 bench/exposition.py [--clusters 300] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "daemon"))
+
+import prometheus_client  # noqa: E402
+from lagwatch import exposition  # noqa: E402
+from prometheus_client.core import (  # noqa: E402
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    SummaryMetricFamily,
+)
+from prometheus_client.registry import CollectorRegistry  # noqa: E402
+
+THEIRS_VERSION = importlib.metadata.version("prometheus-client")
+NODES = ("primary", "replica1", "replica2")
+REPLICAS = NODES[1:]
+STAGES = ("sent", "write", "flush", "replay")
+STATES = ("streaming", "catchup", "backup", "stopping", "startup", "down")
+BUCKETS = ("0.001", "0.005", "0.01", "0.05", "0.1", "0.5", "1.0", "5.0", "10.0", "60.0", "+Inf")
+NODE_GAUGES = 20  # per-node gauges (up, role, timeline, connects, view health...)
+REPLICA_GAUGES = 24  # per-replica gauges (staleness, rates, forecasts, pool state...)
+
+
+def build(kinds: dict[str, Any], clusters: int) -> tuple[list[Any], int]:
+    """The families of a ``clusters``-cluster fleet, built with ``kinds``' classes; and how
+    many series they hold."""
+    gauge, counter, summary, histogram = kinds["gauge"], kinds["counter"], kinds["summary"], kinds["histogram"]
+    names = [f"c{i:03d}" for i in range(clusters)]
+    families: list[Any] = []
+    series = 0
+    for g in range(NODE_GAUGES):
+        f = gauge(f"lagwatch_node_gauge_{g}", "A per-node gauge", labels=["cluster", "node"])
+        for c in names:
+            for n in NODES:
+                f.add_metric([c, n], 1.0 + g)
+                series += 1
+        families.append(f)
+    for g in range(REPLICA_GAUGES):
+        f = gauge(f"lagwatch_replica_gauge_{g}", "A per-replica gauge", labels=["cluster", "replica"])
+        for c in names:
+            for r in REPLICAS:
+                f.add_metric([c, r], 0.0123 * g)
+                series += 1
+        families.append(f)
+    stage = gauge("lagwatch_replica_lag_bytes", "Bytes behind by stage", labels=["cluster", "replica", "stage"])
+    state = gauge("lagwatch_replica_state", "One-hot walsender state", labels=["cluster", "replica", "state"])
+    errors = counter("lagwatch_view_errors", "View errors", labels=["cluster", "node", "view"])
+    window = summary("lagwatch_replica_lag_window_seconds", "Window quantiles", labels=["cluster", "replica"])
+    sampled = histogram("lagwatch_replica_lag_sampled_seconds", "Lag histogram", labels=["cluster", "replica"])
+    for c in names:
+        for n in NODES:
+            for v in ("server", "replication", "slots", "wal"):
+                errors.add_metric([c, n, v], 0.0)
+                series += 1
+        for r in REPLICAS:
+            for s in STAGES:
+                stage.add_metric([c, r, s], 8192.0)
+            for s in STATES:
+                state.add_metric([c, r, s], 1.0 if s == "streaming" else 0.0)
+            series += len(STAGES) + len(STATES)
+            kinds["summary_add"](window, [c, r], [("0.5", 0.01), ("0.95", 0.02), ("0.99", 0.03)], 1000, 12.5)
+            kinds["histogram_add"](sampled, [c, r], [(le, 10 * i) for i, le in enumerate(BUCKETS)], 12.5)
+            series += 5 + len(BUCKETS) + 2
+    families += [stage, state, errors, window, sampled]
+    return families, series
+
+
+def _ours_summary(f: Any, labels: list[str], quantiles: list[tuple[str, float]], count: int, total: float) -> None:
+    f.add_metric(labels, quantiles, count, total)
+
+
+def _theirs_summary(f: Any, labels: list[str], quantiles: list[tuple[str, float]], count: int, total: float) -> None:
+    # prometheus_client's SummaryMetricFamily takes count and sum; the quantile samples are
+    # added as the Sample tuples it would make for them.
+    f.add_metric(labels, count, total)
+    for q, value in quantiles:
+        f.add_sample(f.name, dict(zip([*f._labelnames, "quantile"], [*labels, q], strict=True)), value)
+
+
+OURS = {"gauge": exposition.Gauge, "counter": exposition.Counter, "summary": exposition.Summary,
+        "histogram": exposition.Histogram, "summary_add": _ours_summary,
+        "histogram_add": lambda f, labels, buckets, total: f.add_metric(labels, buckets, total)}
+THEIRS = {"gauge": GaugeMetricFamily, "counter": CounterMetricFamily, "summary": SummaryMetricFamily,
+          "histogram": HistogramMetricFamily, "summary_add": _theirs_summary,
+          "histogram_add": lambda f, labels, buckets, total: f.add_metric(labels, buckets, total)}
+
+
+def render_ours(clusters: int) -> tuple[int, int]:
+    with exposition.collecting():
+        families, series = build(OURS, clusters)
+    return len(exposition.render_text(families)), series
+
+
+def render_theirs(clusters: int) -> tuple[int, int]:
+    families, series = build(THEIRS, clusters)
+
+    class Fleet:
+        def collect(self) -> Iterator[Any]:
+            return iter(families)
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Fleet())  # type: ignore[arg-type]
+    return len(prometheus_client.generate_latest(registry)), series
+
+
+def timed(render: Callable[[int], tuple[int, int]], clusters: int) -> tuple[float, int, int]:
+    started = time.perf_counter()
+    size, series = render(clusters)
+    return time.perf_counter() - started, size, series
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--clusters", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    timed(render_ours, 10)  # warm both up (imports, format caches)
+    timed(render_theirs, 10)
+    ours: list[float] = []
+    theirs: list[float] = []
+    series = 0
+    for round_ in range(args.rounds):
+        for name, render, out in (("lagwatch.exposition", render_ours, ours),
+                                  (f"prometheus_client {THEIRS_VERSION}", render_theirs, theirs)):
+            seconds, size, series = timed(render, args.clusters)
+            out.append(seconds / series * 1e6)
+            print(f"round {round_ + 1}: {name:<28} {series:,} series, {size / 1e6:.1f} MB, "
+                  f"{seconds * 1000:.0f} ms, {out[-1]:.2f} µs a series")
+    ours_median, theirs_median = statistics.median(ours), statistics.median(theirs)
+    print(f"median: lagwatch.exposition {ours_median:.2f} µs a series ({min(ours):.2f}-{max(ours):.2f}), "
+          f"prometheus_client {THEIRS_VERSION} {theirs_median:.2f} µs ({min(theirs):.2f}-{max(theirs):.2f}): "
+          f"{theirs_median / ours_median:.1f}x")
+
+
+if __name__ == "__main__":
+    main()
