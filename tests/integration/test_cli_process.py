@@ -72,20 +72,19 @@ def test_sigterm_in_the_middle_of_a_cycle_exits_0_with_only_the_stop_line(pg_clu
         {"name": "hole", "dsn": f"host=127.0.0.1 port={hole.port} user=postgres dbname=postgres"})
     config["clusters"][0]["pooler"] = {"kind": "command", "template": "{members}\n",
                                        "output_file": str(tmp_path / "pool.txt"), "reload_command": ["true"]}
-    lw = Lagwatch(tmp_path, config, log_level="info")
     try:
-        lw.wait_for("the HTTP server", lambda: _answers(lw, "/healthz"), 10)
-        time.sleep(0.4)  # the first cycle is under way: connecting to the hole, for 1.6 s
-        assert lw.get("/readyz")[0] == 503  # still in it
-        before = len(lw.log_text())
-        lw.signal(signal.SIGTERM)
-        assert lw.proc.wait(10) == 0
-        after = lw.log_text()[before:]
-        assert [line.split(" ", 2)[-1] for line in after.splitlines()] == ["INFO lagwatch.daemon: stopping"], after
-        assert "Traceback" not in lw.log_text() and "CancelledError" not in lw.log_text()
-        assert not (tmp_path / "pool.txt").exists()  # the pool as it was: never written
+        with Lagwatch(tmp_path, config, log_level="info") as lw:
+            lw.wait_for("the HTTP server", lambda: _answers(lw, "/healthz"), 10)
+            time.sleep(0.4)  # the first cycle is under way: connecting to the hole, for 1.6 s
+            assert lw.get("/readyz")[0] == 503  # still in it
+            before = len(lw.log_text())
+            lw.signal(signal.SIGTERM)
+            assert lw.proc.wait(10) == 0
+            after = lw.log_text()[before:]
+            assert [line.split(" ", 2)[-1] for line in after.splitlines()] == ["INFO lagwatch.daemon: stopping"], after
+            assert "Traceback" not in lw.log_text() and "CancelledError" not in lw.log_text()
+            assert not (tmp_path / "pool.txt").exists()  # the pool as it was: never written
     finally:
-        lw.stop()
         hole.close()
 
 
@@ -206,8 +205,7 @@ def test_a_primary_dsn_that_reaches_a_replica_is_a_replica(pg_cluster: ChaosClus
     port = free_port(["127.0.0.1"])
     config = cluster_config(pg_cluster, port)
     config["clusters"][0]["primary"]["dsn"] = pg_cluster.replicas[0].dsn()
-    lw = Lagwatch(tmp_path, config)
-    try:
+    with Lagwatch(tmp_path, config) as lw:
         lw.wait_ready()
         lw.wait_for("roles observed", lambda: lw.value("lagwatch_node_role", node="primary", role="replica") == 1,
                     timeout=10)
@@ -215,8 +213,6 @@ def test_a_primary_dsn_that_reaches_a_replica_is_a_replica(pg_cluster: ChaosClus
         assert lw.value("lagwatch_node_role", node="primary", role="primary") == 0
         assert lw.value("lagwatch_cluster_primaries") == 0
         assert "main: no node accepts writes" in lw.log_text()
-    finally:
-        lw.stop()
 
 
 def test_a_50ms_interval_works_end_to_end(pg_cluster: ChaosCluster, tmp_path: Path) -> None:

@@ -69,8 +69,7 @@ def test_a_running_daemon_reloads_exactly_the_good_files(pg_cluster: ChaosCluste
     """One `lagwatch run`, every corpus file written over its config and SIGHUP: the good
     ones are put in force, the bad ones rejected with the same problem validate reports,
     and the daemon keeps answering throughout."""
-    lw = Lagwatch.for_cluster(tmp_path, pg_cluster)
-    try:
+    with Lagwatch.for_cluster(tmp_path, pg_cluster) as lw:
         lw.wait_ready()
         listen = f"127.0.0.1:{lw.port}"
         auth_in_force = False
@@ -95,5 +94,3 @@ def test_a_running_daemon_reloads_exactly_the_good_files(pg_cluster: ChaosCluste
         lw.wait_for("polling the cluster again", lambda: lw.value("lagwatch_up", node="replica1") == 1, timeout=15)
         assert lw.value("lagwatch_config_last_reload_successful") is None  # a daemon-wide metric
         assert lw.daemon_value("lagwatch_config_last_reload_successful") == 1
-    finally:
-        lw.stop()

@@ -265,8 +265,7 @@ def test_a_replica_promoted_while_the_primary_runs_is_a_split_brain(pg_cluster: 
                                                                      pgbouncer: PgBouncerServer,
                                                                      tmp_path: Path) -> None:
     r2 = pg_cluster.replicas[1]
-    lw = Lagwatch(tmp_path, failover_config(pg_cluster, pgbouncer, tmp_path))
-    try:
+    with Lagwatch(tmp_path, failover_config(pg_cluster, pgbouncer, tmp_path)) as lw:
         lw.wait_ready()
         assert lw.value("lagwatch_cluster_primaries") == 1
         r2.promote()
@@ -282,5 +281,3 @@ def test_a_replica_promoted_while_the_primary_runs_is_a_split_brain(pg_cluster: 
         lw.expect("lagwatch_pool_member", 0, replica="replica2")
         with psycopg.connect(r2.dsn(), autocommit=True) as conn:  # it really takes writes
             conn.execute("CREATE TABLE IF NOT EXISTS split_brain_probe (id int)")
-    finally:
-        lw.stop()

@@ -193,8 +193,7 @@ def test_clusters_dir_files_added_changed_broken_and_removed(servers: FleetServe
     write_cluster_file(folder / "east.yaml", servers, ["replica1"])
     config = fleet_config(tmp_path, [], interval="500ms", clusters_dir=str(folder))
     del config["clusters"]
-    lw = Lagwatch(tmp_path, config)
-    try:
+    with Lagwatch(tmp_path, config) as lw:
         lw.wait_ready()
         lw.wait_for("east polled", lambda: polled(lw) == {"east": {"primary", "replica1"}}, 15)
 
@@ -229,8 +228,6 @@ def test_clusters_dir_files_added_changed_broken_and_removed(servers: FleetServe
         assert f"clusters_dir: {folder / 'north.yaml'}: sla: max_lag must be greater than 0" in log
         assert "not watched until it is fixed" in log
         assert "Traceback" not in log
-    finally:
-        lw.stop()
 
 
 def test_two_shards_of_two_instances_split_the_fleet_and_one_leads_each_cluster(

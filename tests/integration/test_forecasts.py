@@ -65,12 +65,9 @@ class SteadyWal(threading.Thread):
 def lagwatch(pg_cluster: ChaosCluster, tmp_path: Path) -> Iterator[Lagwatch]:
     config = cluster_config(pg_cluster, free_port(["127.0.0.1"]), interval=f"{int(INTERVAL * 1000)}ms", window="1m",
                             state_dir=str(tmp_path / "state"), forecast_horizon="5s")
-    lw = Lagwatch(tmp_path, config)
-    try:
+    with Lagwatch(tmp_path, config) as lw:
         lw.wait_ready()
         yield lw
-    finally:
-        lw.stop()
 
 
 def backlog(cluster: ChaosCluster, replica: LocalReplica) -> int:

@@ -55,8 +55,7 @@ def test_1100_slow_clients_do_not_starve_a_scraper(pg_cluster: ChaosCluster, tmp
                                                    many_descriptors: None) -> None:
     config = cluster_config(pg_cluster, free_port(["127.0.0.1"]))
     config["http"] = {"request_timeout": f"{REQUEST_TIMEOUT:g}s"}
-    lw = Lagwatch(tmp_path, config, max_descriptors=1024)
-    try:
+    with Lagwatch(tmp_path, config, max_descriptors=1024) as lw:
         lw.wait_ready()
         scrapes: list[tuple[int, float] | str] = []
         stop = threading.Event()
@@ -116,5 +115,3 @@ def test_1100_slow_clients_do_not_starve_a_scraper(pg_cluster: ChaosCluster, tmp
         assert closed["deadline"] + closed["evicted"] >= 1000, closed
         assert lw.daemon_value("lagwatch_http_connection_cap") == 512
         assert "Traceback" not in lw.log_text()
-    finally:
-        lw.stop()

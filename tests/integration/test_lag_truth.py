@@ -295,15 +295,12 @@ def test_restart_while_paused_reads_a_growing_lower_bound(pg_cluster: ChaosClust
         let_time_pass(3.0)  # replica1 3 s behind before lagwatch starts
         for interval in INTERVALS:
             (tmp_path / f"late-{interval}").mkdir()
-            lw = Lagwatch.for_cluster(tmp_path / f"late-{interval}", pg_cluster, interval=interval,
-                                      window=f"{WINDOW:g}s")
-            try:
+            with Lagwatch.for_cluster(tmp_path / f"late-{interval}", pg_cluster, interval=interval,
+                                      window=f"{WINDOW:g}s") as lw:
                 lw.wait_ready()
                 with Readings(lw) as readings:
                     let_time_pass(4.0)  # 4 s of a lower bound growing with wall time
                 log = oracle.read()
-            finally:
-                lw.stop()
             seen = readings.of("replica1")
             assert len(seen) >= 3, (interval, seen)
             assert not _over_reads(seen, log), _over_reads(seen, log)

@@ -54,32 +54,31 @@ def test_monitoring_role_is_enough(pg_cluster: ChaosCluster, tmp_path: Path) -> 
     pg_cluster.wait_replayed()
 
     config = config_as_lagwatch(pg_cluster)
-    lw = Lagwatch(tmp_path, config)
     try:
-        lw.wait_ready()
-        with Writer(pg_cluster):
-            lw.wait_cycles(3)  # every view read under writes
-        names = {name for name, _ in lw.samples()}
-        missing = [m for m in REQUIRED if m not in names]
-        assert not missing, missing
-        for m in NEEDS_MORE:
-            assert m not in names
-        for node in ("primary", "replica1", "replica2"):
-            assert lw.value("lagwatch_up", node=node) == 1
-        lag_bytes = lw.value("lagwatch_replica_lag_bytes", replica="replica1", stage="replay")
-        assert lag_bytes is not None  # pg_read_all_stats shows the LSNs
-        log = lw.log_text()
-        assert log.count("not reading walinspect") == 1
-        assert "pg_get_wal_stats(pg_lsn, pg_lsn, boolean) TO lagwatch" in log
-        assert "wal_dir" not in log and "wal_receiver" not in log
-        grants = run_cli("check", "--grants", "-c", str(lw.config_path))
-        assert grants.returncode == 0, grants.stdout + grants.stderr
-        lines = grants.stdout.splitlines()
-        for node in ("primary", "replica1", "replica2"):
-            assert f"main/{node}: ok as lagwatch (every view lagwatch reads each cycle)" in lines, lines
-        assert not any("MISSING" in line or "more than needed" in line for line in lines), lines
+        with Lagwatch(tmp_path, config) as lw:
+            lw.wait_ready()
+            with Writer(pg_cluster):
+                lw.wait_cycles(3)  # every view read under writes
+            names = {name for name, _ in lw.samples()}
+            missing = [m for m in REQUIRED if m not in names]
+            assert not missing, missing
+            for m in NEEDS_MORE:
+                assert m not in names
+            for node in ("primary", "replica1", "replica2"):
+                assert lw.value("lagwatch_up", node=node) == 1
+            lag_bytes = lw.value("lagwatch_replica_lag_bytes", replica="replica1", stage="replay")
+            assert lag_bytes is not None  # pg_read_all_stats shows the LSNs
+            log = lw.log_text()
+            assert log.count("not reading walinspect") == 1
+            assert "pg_get_wal_stats(pg_lsn, pg_lsn, boolean) TO lagwatch" in log
+            assert "wal_dir" not in log and "wal_receiver" not in log
+            grants = run_cli("check", "--grants", "-c", str(lw.config_path))
+            assert grants.returncode == 0, grants.stdout + grants.stderr
+            lines = grants.stdout.splitlines()
+            for node in ("primary", "replica1", "replica2"):
+                assert f"main/{node}: ok as lagwatch (every view lagwatch reads each cycle)" in lines, lines
+            assert not any("MISSING" in line or "more than needed" in line for line in lines), lines
     finally:
-        lw.stop()
         drop_role(primary)
 
 

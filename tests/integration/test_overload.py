@@ -265,8 +265,7 @@ def test_a_starved_lagwatch_never_acts_and_a_real_failure_still_does(servers: Ov
         lw2_dir = tmp_path / "restarted"
         lw2_dir.mkdir()
         started = time.monotonic()
-        lw2 = Lagwatch(lw2_dir, {**config, "listen": f"127.0.0.1:{free_port(['127.0.0.1'])}"}, log_level="info")
-        try:
+        with Lagwatch(lw2_dir, {**config, "listen": f"127.0.0.1:{free_port(['127.0.0.1'])}"}, log_level="info") as lw2:
             seen: list[Reading] = []
             while time.monotonic() - started < 20:
                 r = read(lw2)
@@ -283,8 +282,6 @@ def test_a_starved_lagwatch_never_acts_and_a_real_failure_still_does(servers: Ov
             assert per_node == [], per_node[:5]
             print(f"restart: converged {took:.2f}s after start")
             assert took <= 10.0
-        finally:
-            lw2.stop()
     finally:
         if sampler is not None:
             sampler.stop()

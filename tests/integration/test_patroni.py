@@ -71,12 +71,9 @@ def lagwatch(patroni: PatroniCluster, pgbouncer: PgBouncerServer,
                        "options": f"port={patroni.members[0].pg_port} dbname=postgres"},
         }],
     }
-    lw = Lagwatch(workdir, config)
-    try:
+    with Lagwatch(workdir, config) as lw:
         lw.wait_ready()
         yield lw
-    finally:
-        lw.stop()
 
 
 def pool_hosts(pgbouncer: PgBouncerServer) -> set[str]:
@@ -187,8 +184,7 @@ def test_a_standby_cluster_is_watched_through_its_standby_leader(
                                         "timeout": "300ms", "ca_file": str(standby.tls.ca),
                                         "cert_file": str(standby.tls.client[0]),
                                         "key_file": str(standby.tls.client[1])}}]}
-        lw = Lagwatch(workdir, config)
-        try:
+        with Lagwatch(workdir, config) as lw:
             lw.wait_ready()
             lw.expect("lagwatch_node_role", 1, timeout=15, cluster="dr", node="s1", role="standby_leader")
             lw.expect("lagwatch_node_role", 1, cluster="dr", node="s2", role="replica")
@@ -212,8 +208,6 @@ def test_a_standby_cluster_is_watched_through_its_standby_leader(
             status = lw.status()["clusters"][0]
             assert [a["alert"] for a in status["alert_conditions"]] == [], status["alert_conditions"]
             assert "no node accepts writes" not in lw.log_text()
-        finally:
-            lw.stop()
 
 
 def test_one_shot_commands_ask_patroni(patroni: PatroniCluster, lagwatch: Lagwatch, tmp_path: Path) -> None:

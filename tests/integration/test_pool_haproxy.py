@@ -53,8 +53,7 @@ def test_eject_readmit_and_reapply_after_restart(pg_cluster: ChaosCluster, hapro
         "pooler": {"kind": "haproxy", "socket": str(haproxy.socket), "backend": "pg_ro",
                    "servers": {"replica1": "r1", "replica2": "r2"}},
     })
-    lw = Lagwatch(tmp_path, config)
-    try:
+    with Lagwatch(tmp_path, config) as lw:
         lw.wait_ready()
         r1.pause_replay()
         with Writer(pg_cluster) as writer:
@@ -82,5 +81,3 @@ def test_eject_readmit_and_reapply_after_restart(pg_cluster: ChaosCluster, hapro
         lw.expect("lagwatch_pool_changes_total", 1, replica="replica1", action="eject")
         lw.expect("lagwatch_pool_changes_total", 1, replica="replica1", action="readmit")
         lw.expect("lagwatch_pool_pooler_member", 1, replica="replica1")
-    finally:
-        lw.stop()

@@ -162,8 +162,7 @@ def test_millisecond_sla_ejects_and_readmits(pg_cluster: ChaosCluster, pgbouncer
     config["interval"] = "100ms"
     config["clusters"][0]["sla"] = {"max_lag": "50ms", "eject_after": 3, "readmit_below": "25ms",
                                     "readmit_after": 5, "min_replicas": 1}
-    lw = Lagwatch(tmp_path, config)
-    try:
+    with Lagwatch(tmp_path, config) as lw:
         lw.wait_ready()
         with LagOracle(pg_cluster, tmp_path / "writer", probes=False):
             r1.set_apply_delay(0.010)
@@ -188,8 +187,6 @@ def test_millisecond_sla_ejects_and_readmits(pg_cluster: ChaosCluster, pgbouncer
         assert not lw.value("lagwatch_pool_changes_total", replica="replica2", action="eject")
         event = lw.status()["clusters"][0]["pool"]["events"][-1]
         assert event["action"] == "eject" and "max_lag 50ms" in event["reason"], event
-    finally:
-        lw.stop()
 
 
 def test_a_rejected_reload_changes_nothing(pg_cluster: ChaosCluster, pgbouncer: PgBouncerServer,
@@ -273,8 +270,7 @@ def test_a_rejected_reload_changes_nothing(pg_cluster: ChaosCluster, pgbouncer: 
 def test_both_paused_min_replicas_keeps_least_behind(pg_cluster: ChaosCluster, pgbouncer: PgBouncerServer,
                                                      tmp_path: Path) -> None:
     r1, r2 = pg_cluster.replicas
-    lw = Lagwatch(tmp_path, pool_config(pg_cluster, pgbouncer, tmp_path))
-    try:
+    with Lagwatch(tmp_path, pool_config(pg_cluster, pgbouncer, tmp_path)) as lw:
         lw.wait_ready()
         with Writer(pg_cluster):
             r2.pause_replay()
@@ -285,14 +281,11 @@ def test_both_paused_min_replicas_keeps_least_behind(pg_cluster: ChaosCluster, p
             assert app_ro_hosts(pgbouncer) == [r1.host]
         assert lw.value("lagwatch_pool_member", replica="replica1") == 1
         assert "min_replicas" in lw.status()["clusters"][0]["pool"]["reasons"]["replica1"]
-    finally:
-        lw.stop()
 
 
 def test_both_paused_fallback_to_primary(pg_cluster: ChaosCluster, pgbouncer: PgBouncerServer,
                                          tmp_path: Path) -> None:
-    lw = Lagwatch(tmp_path, pool_config(pg_cluster, pgbouncer, tmp_path, fallback_to_primary=True))
-    try:
+    with Lagwatch(tmp_path, pool_config(pg_cluster, pgbouncer, tmp_path, fallback_to_primary=True)) as lw:
         lw.wait_ready()
         with Writer(pg_cluster):
             pause_both_until_the_primary_serves(pg_cluster, pgbouncer)
@@ -301,16 +294,13 @@ def test_both_paused_fallback_to_primary(pg_cluster: ChaosCluster, pgbouncer: Pg
         resume_both_until_both_serve(pg_cluster, pgbouncer)
         lw.expect("lagwatch_pool_changes_total", 1, replica="primary", action="remove")
         lw.expect("lagwatch_pool_member", 0, replica="primary")  # out again, not absent
-    finally:
-        lw.stop()
 
 
 def test_all_ejected_with_min_replicas_0_points_at_primary_once(pg_cluster: ChaosCluster,
                                                                 pgbouncer: PgBouncerServer, tmp_path: Path) -> None:
     """With no replica left, the entry points at the primary (never an empty host=), and
     that is applied once: the pool PgBouncer reports then is what lagwatch asked for."""
-    lw = Lagwatch(tmp_path, pool_config(pg_cluster, pgbouncer, tmp_path, min_replicas=0))
-    try:
+    with Lagwatch(tmp_path, pool_config(pg_cluster, pgbouncer, tmp_path, min_replicas=0)) as lw:
         lw.wait_ready()
         with Writer(pg_cluster):
             pause_both_until_the_primary_serves(pg_cluster, pgbouncer)
@@ -320,8 +310,6 @@ def test_all_ejected_with_min_replicas_0_points_at_primary_once(pg_cluster: Chao
             assert lw.log_text().count("pgbouncer pool is now primary") == 1
             assert lw.value("lagwatch_pool_apply_errors_total") == 0
         resume_both_until_both_serve(pg_cluster, pgbouncer)
-    finally:
-        lw.stop()
 
 
 def test_reload_keeps_pool_state_and_leadership(pg_cluster: ChaosCluster, pgbouncer: PgBouncerServer,
@@ -362,23 +350,19 @@ def test_reload_keeps_pool_state_and_leadership(pg_cluster: ChaosCluster, pgboun
 def test_stopped_replica_ejected_and_readmitted(pg_cluster: ChaosCluster, pgbouncer: PgBouncerServer,
                                                 tmp_path: Path) -> None:
     r1, r2 = pg_cluster.replicas
-    lw = Lagwatch(tmp_path, pool_config(pg_cluster, pgbouncer, tmp_path))
-    try:
+    with Lagwatch(tmp_path, pool_config(pg_cluster, pgbouncer, tmp_path)) as lw:
         lw.wait_ready()
         r2.stop()
         wait_hosts(pgbouncer, lambda hosts: hosts == [r1.host], timeout=10)
         r2.start()
         wait_hosts(pgbouncer, lambda hosts: r2.host in hosts, timeout=20)
         assert "unreachable" in lw.log_text()
-    finally:
-        lw.stop()
 
 
 def test_apply_delay_near_threshold_does_not_flap(pg_cluster: ChaosCluster, pgbouncer: PgBouncerServer,
                                                   tmp_path: Path) -> None:
     r1 = pg_cluster.replicas[0]
-    lw = Lagwatch(tmp_path, pool_config(pg_cluster, pgbouncer, tmp_path))
-    try:
+    with Lagwatch(tmp_path, pool_config(pg_cluster, pgbouncer, tmp_path)) as lw:
         lw.wait_ready()
         # A steady stream of commits (20/s), applied 1.8 s and 2.2 s late by turns, 3 s
         # each: staleness crosses max_lag (2s) one way and back every few cycles. (A
@@ -398,8 +382,6 @@ def test_apply_delay_near_threshold_does_not_flap(pg_cluster: ChaosCluster, pgbo
         above = sum(1 for r in readings if r is not None and r > 2.0)
         below = sum(1 for r in readings if r is not None and 0.5 < r <= 2.0)
         assert above >= 3 and below >= 3, readings
-    finally:
-        lw.stop()
 
 
 def test_dry_run_changes_nothing(pg_cluster: ChaosCluster, pgbouncer: PgBouncerServer, tmp_path: Path) -> None:
@@ -407,8 +389,7 @@ def test_dry_run_changes_nothing(pg_cluster: ChaosCluster, pgbouncer: PgBouncerS
     before_file = pgbouncer.include_file.read_bytes()
     before_stat = pgbouncer.include_file.stat()
     before_db = pgbouncer.show_databases()["app_ro"]["host"]
-    lw = Lagwatch(tmp_path, pool_config(pg_cluster, pgbouncer, tmp_path, dry_run=True))
-    try:
+    with Lagwatch(tmp_path, pool_config(pg_cluster, pgbouncer, tmp_path, dry_run=True)) as lw:
         lw.wait_ready()
         r1.pause_replay()
         with Writer(pg_cluster):
@@ -416,8 +397,6 @@ def test_dry_run_changes_nothing(pg_cluster: ChaosCluster, pgbouncer: PgBouncerS
                                                            action="eject") == 1, timeout=15)
         assert "(dry run, not applied)" in lw.log_text()
         assert lw.value("lagwatch_pool_dry_run") == 1
-    finally:
-        lw.stop()
     assert pgbouncer.include_file.read_bytes() == before_file
     after_stat = pgbouncer.include_file.stat()
     assert (after_stat.st_ino, after_stat.st_mtime_ns) == (before_stat.st_ino, before_stat.st_mtime_ns)
@@ -485,16 +464,12 @@ def test_two_instances_one_leader(pg_cluster: ChaosCluster, pgbouncer: PgBouncer
 def test_hold_beats_automation_and_survives_restart(pg_cluster: ChaosCluster, pgbouncer: PgBouncerServer,
                                                      tmp_path: Path) -> None:
     r1, r2 = pg_cluster.replicas
-    lw = Lagwatch(tmp_path, pool_config(pg_cluster, pgbouncer, tmp_path))
-    try:
+    with Lagwatch(tmp_path, pool_config(pg_cluster, pgbouncer, tmp_path)) as lw:
         lw.wait_ready()
         result = run_cli("pool", "-c", str(lw.config_path), "hold", "replica2", "out")
         assert result.returncode == 0, result.stderr
         wait_hosts(pgbouncer, lambda hosts: hosts == [r1.host], timeout=10)
-    finally:
-        lw.stop()
-    lw = Lagwatch(tmp_path, pool_config(pg_cluster, pgbouncer, tmp_path))
-    try:
+    with Lagwatch(tmp_path, pool_config(pg_cluster, pgbouncer, tmp_path)) as lw:
         lw.wait_ready()
         lw.wait_cycles(3)
         assert app_ro_hosts(pgbouncer) == [r1.host]
@@ -503,6 +478,4 @@ def test_hold_beats_automation_and_survives_restart(pg_cluster: ChaosCluster, pg
         assert "replica2" in shown.stdout and "pgbouncer pool: replica1" in shown.stdout
         assert run_cli("pool", "-c", str(lw.config_path), "release", "replica2").returncode == 0
         wait_hosts(pgbouncer, lambda hosts: hosts == sorted([r1.host, r2.host]), timeout=20)
-    finally:
-        lw.stop()
 

@@ -39,12 +39,9 @@ def table(pg_cluster: ChaosCluster) -> None:
 def lagwatch(pg_cluster: ChaosCluster, table: None, tmp_path: Path) -> Iterator[Lagwatch]:
     config = cluster_config(pg_cluster, free_port(["127.0.0.1"]), interval=f"{int(INTERVAL * 1000)}ms", window="1m",
                             state_dir=str(tmp_path / "state"))
-    lw = Lagwatch(tmp_path, config)
-    try:
+    with Lagwatch(tmp_path, config) as lw:
         lw.wait_ready()
         yield lw
-    finally:
-        lw.stop()
 
 
 def set_sync(cluster: ChaosCluster, names: str, level: str = "on") -> None:

@@ -174,8 +174,7 @@ def notify(tmp_path: Path) -> Iterator[NotifySocket]:
 def test_notify_ready_watchdog_reload_stop(pg_cluster: ChaosCluster, tmp_path: Path, notify: NotifySocket) -> None:
     config = cluster_config(pg_cluster, free_port(["127.0.0.1"]))
     env = {"NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": "30000000"}
-    lw = Lagwatch(tmp_path, config, env=env)
-    try:
+    with Lagwatch(tmp_path, config, env=env) as lw:
         ready = notify.wait_for("READY", timeout=30)
         # READY comes after the first completed poll: its STATUS already has measurements.
         assert "replica1=" in ready["STATUS"] and "replica2=" in ready["STATUS"], ready
@@ -188,22 +187,17 @@ def test_notify_ready_watchdog_reload_stop(pg_cluster: ChaosCluster, tmp_path: P
         lw.signal(signal.SIGTERM)
         assert "STOPPING" in notify.wait_for("STOPPING", timeout=5)
         assert lw.proc.wait(5) == 0
-    finally:
-        lw.stop()
 
 
 def test_no_watchdog_while_polls_fail(tmp_path: Path, notify: NotifySocket) -> None:
     dead = free_port(["127.0.0.1"])  # nothing listens here
     config = {"interval": "1s", "listen": f"127.0.0.1:{free_port(['127.0.0.1'])}", "clusters": [{
         "name": "main", "primary": {"dsn": f"host=127.0.0.1 port={dead} user=postgres dbname=postgres"}}]}
-    lw = Lagwatch(tmp_path, config, env={"NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": "3000000"})
-    try:
+    with Lagwatch(tmp_path, config, env={"NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": "3000000"}):
         assert "READY" in notify.wait_for("READY", timeout=30)
         later = notify.drain(5.0)
         assert not [m for m in later if "WATCHDOG" in m], later
         assert any("no node answered" in m.get("STATUS", "") for m in later), later
-    finally:
-        lw.stop()
 
 
 def test_watchdog_extended_to_the_interval(tmp_path: Path, notify: NotifySocket) -> None:
@@ -213,8 +207,7 @@ def test_watchdog_extended_to_the_interval(tmp_path: Path, notify: NotifySocket)
     dead = free_port(["127.0.0.1"])  # no PostgreSQL needed: the budget depends on the config only
     config = {"interval": "3s", "listen": f"127.0.0.1:{free_port(['127.0.0.1'])}", "clusters": [{
         "name": "main", "primary": {"dsn": f"host=127.0.0.1 port={dead} user=postgres dbname=postgres"}}]}
-    lw = Lagwatch(tmp_path, config, env={"NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": "2000000"})
-    try:
+    with Lagwatch(tmp_path, config, env={"NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": "2000000"}) as lw:
         extended = notify.wait_for("WATCHDOG_USEC", timeout=30)
         assert extended["WATCHDOG_USEC"] == "35400000", extended
         # Sent before the first poll completes, so systemd never kills the first cycles.
@@ -233,18 +226,13 @@ def test_watchdog_extended_to_the_interval(tmp_path: Path, notify: NotifySocket)
         lw.signal(signal.SIGHUP)
         assert notify.wait_for("WATCHDOG_USEC", timeout=10)["WATCHDOG_USEC"] == "59000000"
         assert "READY" in notify.wait_for("READY", timeout=10)
-    finally:
-        lw.stop()
 
 
 def test_no_watchdog_extension_when_the_budget_is_enough(tmp_path: Path, notify: NotifySocket) -> None:
     dead = free_port(["127.0.0.1"])
     config = {"interval": "1s", "listen": f"127.0.0.1:{free_port(['127.0.0.1'])}", "clusters": [{
         "name": "main", "primary": {"dsn": f"host=127.0.0.1 port={dead} user=postgres dbname=postgres"}}]}
-    lw = Lagwatch(tmp_path, config, env={"NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": "30000000"})
-    try:
+    with Lagwatch(tmp_path, config, env={"NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": "30000000"}):
         assert "READY" in notify.wait_for("READY", timeout=30)
         assert not [m for m in notify.drain(2.0) if "WATCHDOG_USEC" in m]
         assert not [m for _, m in notify.messages if "WATCHDOG_USEC" in m], notify.messages
-    finally:
-        lw.stop()

@@ -46,8 +46,7 @@ def test_tls_and_basic_auth(pg_cluster: ChaosCluster, tmp_path: Path) -> None:
     web.write_text(yaml.safe_dump({"tls_server_config": {"cert_file": str(cert), "key_file": str(key)},
                                    "basic_auth_users": {"prometheus": hashed}}))
     config = cluster_config(pg_cluster, free_port(["127.0.0.1"]), web_config_file=str(web))
-    lw = Lagwatch(tmp_path, config)
-    try:
+    with Lagwatch(tmp_path, config) as lw:
         import time
 
         deadline = time.monotonic() + 30
@@ -73,13 +72,10 @@ def test_tls_and_basic_auth(pg_cluster: ChaosCluster, tmp_path: Path) -> None:
             plain.getresponse()
         assert "https://" in lw.log_text()
         assert "no web_config_file" not in lw.log_text()
-    finally:
-        lw.stop()
 
 
 def test_without_web_config_says_plain_http_on_loopback(pg_cluster: ChaosCluster, tmp_path: Path) -> None:
-    lw = Lagwatch(tmp_path, cluster_config(pg_cluster, free_port(["127.0.0.1"])))
-    try:
+    with Lagwatch(tmp_path, cluster_config(pg_cluster, free_port(["127.0.0.1"]))) as lw:
         lw.wait_ready()
         assert lw.get("/metrics")[0] == 200  # no auth asked
         log = lw.log_text()
@@ -88,8 +84,6 @@ def test_without_web_config_says_plain_http_on_loopback(pg_cluster: ChaosCluster
         assert len(lines) == 1, log
         assert lines[0].endswith("INFO lagwatch: no web_config_file: HTTP without TLS or authentication, "
                                  "loopback only"), lines
-    finally:
-        lw.stop()
 
 
 def test_bad_web_config_is_a_config_error(pg_cluster: ChaosCluster, tmp_path: Path) -> None:
