@@ -96,7 +96,9 @@ def test_the_catch_up_eta_comes_true_and_a_replica_too_slow_reads_inf(pg_cluster
             link.set_rate(6 * MB)
             lw.wait_for("a finite catch-up ETA", lambda: 0 < (lw.value(
                 "lagwatch_replica_catchup_eta_seconds", replica="replica1") or 0) < math.inf, 15)
-            lw.wait_cycles(6)  # a few cycles into the catch-up
+            # A whole forecast horizon (5 s) into the catch-up: the replay rate is the link's
+            # now, not partly the held spell's (an ETA read sooner is long by that spell).
+            let_time_pass(5.5)
             predicted = lw.value("lagwatch_replica_catchup_eta_seconds", replica="replica1")
             predicted_at = time.monotonic()
             assert predicted is not None and 0 < predicted < math.inf, predicted
