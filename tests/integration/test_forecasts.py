@@ -91,8 +91,8 @@ def test_the_catch_up_eta_comes_true_and_a_replica_too_slow_reads_inf(pg_cluster
         lw.wait_for("replica1 streaming through the link", r1.is_streaming, 20)
         with SteadyWal(pg_cluster, 4 * MB):
             link.set_rate(0)  # held: replica1 gets nothing
-            lw.wait_for("~24 MB behind", lambda: backlog(pg_cluster, r1) >= 24 * MB, 30)
-            # 6 MB/s get through while 4 MB/s are written: the backlog shrinks at 2 MB/s (~12 s).
+            lw.wait_for("~32 MB behind", lambda: backlog(pg_cluster, r1) >= 32 * MB, 30)
+            # 6 MB/s get through while 4 MB/s are written: the backlog shrinks at 2 MB/s (~16 s).
             link.set_rate(6 * MB)
             lw.wait_for("a finite catch-up ETA", lambda: 0 < (lw.value(
                 "lagwatch_replica_catchup_eta_seconds", replica="replica1") or 0) < math.inf, 15)
