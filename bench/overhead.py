@@ -1,16 +1,19 @@
 """Benchmark: what watching costs the primary, at no lagwatch, at 1 s and at 100 ms.
 
 Starts a real primary with two streaming replicas, then runs pgbench (TPC-B-like, writes)
-against the primary once per arm: no lagwatch, `lagwatch run` at `interval: 1s`, and at
-`interval: 100ms`. The arms run in rotated order, each arm once per round, so drift on a
-shared machine falls on every arm alike, and the spread of the "none" arm across rounds
-is the A/A noise band that the other arms are read against.
+against the primary once per arm: no lagwatch, `lagwatch run` at `interval: 1s` and at
+`interval: 100ms` without staleness dated from the WAL (`lag_from_wal: off`), and the same
+two with it (`+wal`: pg_walinspect reads the commits past each replica's replay position
+every cycle while the replicas lag at all, as they do under this load). The arms run in
+rotated order, each arm once per round, so drift on a shared machine falls on every arm
+alike, and the spread of the "none" arm across rounds is the A/A noise band that the other
+arms are read against.
 
 Per arm it prints: the primary's throughput (tps) and latency (mean, p95, p99 from
 pgbench's per-transaction log), lagwatch's CPU (% of one core), each server's CPU spent
 in lagwatch's own backends, and lagwatch's cycle time. It prints; it asserts nothing.
 
-    python3 bench/overhead.py [--rounds 6] [--seconds 20] [--clients 4] [--pg-major 15]
+    python3 bench/overhead.py [--rounds 5] [--seconds 20] [--clients 4] [--pg-major 15]
 """
 
 from __future__ import annotations
@@ -31,12 +34,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "daemon"))
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
 
-from harness import Lagwatch  # noqa: E402
+from harness import Lagwatch, cluster_config  # noqa: E402
 from lagwatch.demo.binaries import find_binaries  # noqa: E402
 from lagwatch.demo.cluster import LocalCluster  # noqa: E402
+from lagwatch.demo.ports import free_port  # noqa: E402
 from lagwatch.demo.servers import LocalServer  # noqa: E402
 
-ARMS = ("none", "1s", "100ms")
+ARMS = ("none", "1s", "1s+wal", "100ms", "100ms+wal")
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -103,7 +107,10 @@ def run_arm(arm: str, cluster: LocalCluster, args: argparse.Namespace, folder: P
     if arm != "none":
         work = folder / f"lagwatch-{arm}-{len(result.tps)}"
         work.mkdir()
-        lw = Lagwatch.for_cluster(work, cluster, interval=arm, window="5m")
+        interval, _, extra = arm.partition("+")
+        config = cluster_config(cluster, free_port(["127.0.0.1"]), interval=interval, window="5m")
+        config["clusters"][0]["lag_from_wal"] = "auto" if extra == "wal" else "off"
+        lw = Lagwatch(work, config)
         lw.wait_ready()
         time.sleep(2.0)  # connections made, first cycles done
     servers = {s.name: s for s in cluster.servers}
@@ -146,7 +153,7 @@ def pct(values: list[float], q: float) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=6, help="a multiple of 3 puts every arm in every slot")
+    parser.add_argument("--rounds", type=int, default=5, help="a multiple of 5 puts every arm in every slot")
     parser.add_argument("--seconds", type=float, default=20.0, help="pgbench duration per arm")
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--scale", type=int, default=10)

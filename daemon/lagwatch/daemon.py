@@ -132,6 +132,8 @@ class Daemon:
             if self._discovering is None and self._source.patroni_clusters and self.discover_every_cycle:
                 self._discovering = asyncio.ensure_future(
                     self.discovery.refresh(self._source.patroni_clusters, budget))
+            for writer in runtime.heartbeats.values():
+                writer.ensure_started()  # beats on its own schedule, between and beside the cycles
             # Leadership's round trips (one per primary server) run beside the polls.
             await self.leadership.want(runtime.claims)
             rounds = self.leadership.start()
@@ -333,7 +335,7 @@ class Daemon:
         runtime = self._runtime
         self.sessions.loop_lag.stop()
         await asyncio.gather(*(p.close() for pollers in runtime.pollers.values() for p in pollers),
-                             self.leadership.close())
+                             *(w.close() for w in runtime.heartbeats.values()), self.leadership.close())
 
     async def reload(self) -> bool:
         """Re-read the config file (and its web config) and put it in force whole, or not

@@ -243,6 +243,11 @@ def _wal_metrics(c: ClusterSnapshot) -> None:
                             (f.WAL_BUFFERS_FULL, w.buffers_full), (f.WAL_WRITES, w.writes), (f.WAL_SYNCS, w.syncs)):
             if value is not None:
                 _one(spec, key, value)
+    if c.wal_dating_read_bytes is not None:
+        _one(f.WAL_DATING_READ, key, c.wal_dating_read_bytes)
+    if c.heartbeat is not None:
+        _one(f.HEARTBEAT_BEATS, key, c.heartbeat[0])
+        _one(f.HEARTBEAT_ERRORS, key, c.heartbeat[1])
     wi = c.walinspect
     if wi is not None:
         _one(f.WAL_INSPECTED, key, wi.inspected_bytes)

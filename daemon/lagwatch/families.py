@@ -224,6 +224,10 @@ WAL_BUFFERS_FULL = counter("lagwatch_wal_buffers_full", "Times WAL buffers were 
 WAL_WRITES = counter("lagwatch_wal_writes", "WAL writes (pg_stat_wal, before PostgreSQL 18)", C)
 WAL_SYNCS = counter("lagwatch_wal_syncs", "WAL syncs (pg_stat_wal, before PostgreSQL 18)", C)
 WAL_INSPECTED = counter("lagwatch_wal_inspected_bytes", "WAL bytes read by pg_walinspect", C)
+WAL_DATING_READ = counter("lagwatch_wal_dating_read_bytes", "WAL bytes read with pg_get_wal_records_info to date "
+                          "replicas' staleness from commit times (lag_from_wal)", C)
+HEARTBEAT_BEATS = counter("lagwatch_heartbeat_beats", "Heartbeats written on the primary (the optional heartbeat)", C)
+HEARTBEAT_ERRORS = counter("lagwatch_heartbeat_errors", "Heartbeat writes or connections that failed", C)
 WAL_INSPECTED_FPI = counter("lagwatch_wal_inspected_fpi_bytes", "Full-page image bytes in the inspected WAL (after "
                             "compression)", C)
 WAL_INSPECT_SKIPPED = counter("lagwatch_wal_inspect_skipped_bytes", "WAL bytes not inspected because a cycle's cap "

@@ -50,6 +50,8 @@ def missing_grants(caps: probe.Capabilities, user: str) -> tuple[dict[str, str],
         optional["walinspect"] = grant("walinspect")
     elif caps.has_walinspect and not caps.can_walinspect_blocks and not caps.in_recovery and caps.major >= 16:
         optional["walinspect_blocks"] = grant("walinspect_blocks")
+    if caps.has_walinspect and not caps.can_walinspect_records and not caps.in_recovery:
+        optional["wal_dating"] = grant("wal_dating")
     excess = []
     if caps.can_read_all_settings:
         excess.append("pg_read_all_settings (e.g. through pg_monitor): it shows each replica's primary_conninfo, "

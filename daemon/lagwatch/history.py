@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TypedDict
 
 from lagwatch.fastinit import fast_init
-from lagwatch.lag import Commits, LsnClock, Staleness
+from lagwatch.lag import Commits, LsnClock, Staleness, WalDates, date_from_wal, visible_commits
 from lagwatch.lsn import format_lsn
 from lagwatch.views.replication import WalSender
 from lagwatch.windows import HistogramCounts, LagHistogram, LagSamples, LagWindow, WindowStats
@@ -45,6 +45,9 @@ class ReplayPosition:
     at: float
     source: str  # replica | primary | last_known
     commits: Commits | None = None  # what commit timestamps say (only with the replica's own answer)
+    wal: WalDates | None = None  # what the primary's WAL says past its walsender's replay position
+    beat: tuple[float, float | None] | None = None  # the heartbeat's bounds at ``at`` (beats.Beats.bounds)
+    replayed_epoch: float | None = None  # the last commit it replayed: its timestamp, on the primary's clock
 
 
 class LagReading(TypedDict):
@@ -156,6 +159,48 @@ class LagHistory:
         }
 
     def _estimate(self, replay: ReplayPosition, sender: WalSender | None) -> Staleness | None:
+        reading = self._dated(replay, sender)
+        if replay.beat is None or reading is None:
+            return reading
+        # The heartbeat's bounds are proven (beats.py): a reading outside them is held to them.
+        lower, upper = replay.beat
+        if upper is not None and reading.seconds > upper:
+            return Staleness(upper, "heartbeat")
+        if reading.seconds < lower:
+            return Staleness(lower, "heartbeat")
+        return reading
+
+    def _dated(self, replay: ReplayPosition, sender: WalSender | None) -> Staleness | None:
+        if replay.wal is not None:
+            # On lagwatch's clock through the reads' own offset (the poll's, late by every
+            # statement of the poll, would date it late and read the lag low).
+            replayed_at = None if replay.replayed_epoch is None or not replay.wal.offset \
+                else replay.replayed_epoch + replay.wal.offset
+            dated = date_from_wal(replay.lsn, replay.at, replay.wal, replayed_at)
+            if dated is not None:
+                return dated
+        reading = self._from_clock(replay, sender)
+        cap = self._wal_cap(replay)
+        if reading is not None and cap is not None and cap < reading.seconds:
+            return Staleness(cap, "wal_commit")
+        return reading
+
+    def _wal_cap(self, replay: ReplayPosition) -> float | None:
+        """What the WAL read proves of a replica it does not date: the commits listed short
+        of its position it has replayed, so what it lacks was made after the last of them;
+        and where the read holds no commit past its position, the first it lacks lies beyond
+        what was read, written after the primary was last seen short of there."""
+        wal = replay.wal
+        if wal is None or replay.lsn < wal.start:
+            return None
+        caps = [replay.at - visible for lsn, visible in visible_commits(wal.commits) if lsn < replay.lsn][-1:]
+        if replay.lsn < wal.end:
+            seen = self.clock.last_short_of(wal.end)
+            if seen is not None:
+                caps.append(replay.at - seen)
+        return max(0.0, min(caps)) if caps else None
+
+    def _from_clock(self, replay: ReplayPosition, sender: WalSender | None) -> Staleness | None:
         reading = self.clock.estimate(replay.lsn, replay.at, replay.commits)
         if reading is None or reading.evidence != "history_start" or sender is None:
             return reading

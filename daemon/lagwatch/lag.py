@@ -21,6 +21,13 @@ second wide, so a finer reading combines it with what else is known (``estimate`
   floors it;
 - the bracket's lower end is the floor, and the answer when nothing finer is known.
 
+Where lagwatch may read the primary's WAL (pg_walinspect), none of that is needed: the
+first commit record past a replica's replay position is the oldest change a reader there
+cannot see, and the commit time it carries dates it (``date_from_wal``), however bursty
+the load or big the transaction. A change is what a reader can see: the records of a
+transaction still running, or of one rolled back, are not missing from the replica's
+answers until their commit is.
+
 An over-read ejects a healthy replica, so every source is either a hard bound or is
 clamped between hard bounds. Everything here is pure: time comes in as an argument.
 """
@@ -29,7 +36,7 @@ from __future__ import annotations
 
 import bisect
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -42,7 +49,10 @@ from lagwatch.fastinit import fast_init
 #   lsn_clock         the bracket's lower end: nothing finer is known (a burst just began)
 #   history_start     behind lagwatch's history: time since the history began, a lower bound
 #   walsender         behind lagwatch's history: the walsender's replay_lag, a better floor
-Evidence = Literal["caught_up", "interpolated", "commit_timestamp", "lsn_clock", "history_start", "walsender"]
+#   wal_commit        from the WAL itself: the time of the first commit past the replay position
+#   heartbeat         held to the bounds the heartbeat it has replayed gives (beats.py)
+Evidence = Literal["caught_up", "interpolated", "commit_timestamp", "lsn_clock", "history_start", "walsender",
+                   "wal_commit", "heartbeat"]
 
 
 @fast_init
@@ -65,6 +75,56 @@ class Commits:
     def lacks_newer(self) -> bool:
         """Whether the primary has committed since this replica's last replayed commit."""
         return self.last_replayed is not None and self.newest_seen is not None and self.newest_seen > self.last_replayed
+
+
+@fast_init
+@dataclass(frozen=True)
+class WalDates:
+    """What the primary's WAL says just past one walsender's replay position, on lagwatch's
+    monotonic clock (commitscan.py reads it): every commit in [start, end)."""
+
+    start: int
+    end: int
+    commits: tuple[tuple[int, float], ...]  # (start LSN of the commit record, monotonic time it was made)
+    # Read up to where the primary had flushed when it was read, by ``read_at``: no commit
+    # past the last listed had been made by then.
+    complete: bool
+    read_at: float
+    # Lagwatch's monotonic clock less the primary's wall clock, as the reads measured it
+    # (never less than the truth: commitscan.CommitScanner.offset). 0.0: not measured.
+    offset: float = 0.0
+
+
+def date_from_wal(replay_lsn: int, at: float, dates: WalDates, replayed_at: float | None = None) -> Staleness | None:
+    """The staleness at ``at`` of a replica that has replayed up to ``replay_lsn``, from the
+    commits the primary's WAL holds past it; None when what was read does not cover it.
+
+    The first commit at or past the replay position is the oldest change it lacks: its
+    age is the staleness (0 if it was made after ``at``). With no commit there and the read
+    complete (every commit the primary had made by then is listed or replayed), it lacks
+    nothing a reader could see (0), short by at most what was committed between the read
+    and ``at``. ``replayed_at``: when the last commit the replica has replayed was made
+    (its commit timestamp): what it lacks was written after that one, so it became visible
+    no earlier (see ``visible_commits``)."""
+    if replay_lsn < dates.start:
+        return None  # read from further on (its own position is older than its walsender's)
+    floor = float("-inf") if replayed_at is None else replayed_at
+    for lsn, visible in visible_commits(dates.commits):
+        if lsn >= replay_lsn:
+            return Staleness(max(0.0, at - max(visible, floor)), "wal_commit")
+    return Staleness(0.0, "wal_commit") if dates.complete else None
+
+
+def visible_commits(commits: Sequence[tuple[int, float]]) -> Iterator[tuple[int, float]]:
+    """Each commit with the earliest it can have become visible: its time, or the time of a
+    commit before it in the WAL, whichever is later. A commit's time is taken before its
+    record is written, and on a primary busy writing WAL (a big transaction's full-page
+    images) the record can land many milliseconds later, after commits stamped later: a
+    reader sees none of it before the commits written ahead of it."""
+    latest = float("-inf")
+    for lsn, made in commits:
+        latest = max(latest, made)
+        yield lsn, latest
 
 
 class LsnClock:
@@ -142,6 +202,12 @@ class LsnClock:
         keep = bisect.bisect_right(self._lsns, lsn)
         for points in (self._lsns, self._first, self._last, self._repeated, self._steady):
             del points[keep:]
+
+    def last_short_of(self, lsn: int) -> float | None:
+        """The last time the primary was seen at or short of ``lsn`` (a record there or past
+        it was written after that); None before the history reaches back that far."""
+        k = bisect.bisect_right(self._lsns, lsn)
+        return self._last[k - 1] if k > 0 else None
 
     @property
     def latest_lsn(self) -> int | None:

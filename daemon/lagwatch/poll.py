@@ -14,7 +14,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -22,15 +22,17 @@ import psycopg.conninfo
 import psycopg.errors
 from psycopg.rows import dict_row
 
+from lagwatch.commitscan import CommitScanner
 from lagwatch.config import ClusterConfig, Config, NodeConfig, PasswordUnavailableError
 from lagwatch.conninfo import build_conninfo, connected_address, poller_application_name
 from lagwatch.errors import flat_message
+from lagwatch.lag import WalDates
 from lagwatch.lateness import Verdict
 from lagwatch.redact import redact_text
 from lagwatch.session import Outlasting, Session, SessionContext, reconnect_delay
 from lagwatch.snapshot import ErrorKind, NodeObservation, Role
 from lagwatch.viewreader import ViewReader, for_role
-from lagwatch.views import probe
+from lagwatch.views import heartbeat, probe
 from lagwatch.views.probe import Capabilities
 from lagwatch.views.replication import WalSender
 from lagwatch.views.server import ServerPosition
@@ -62,6 +64,8 @@ class Answer:
     wal_dir: WalDir | None
     walinspect: WalInspection | None
     views: dict[str, bool]  # view -> read this cycle (see NodeObservation.views)
+    wal_dates: dict[str, WalDates] = field(default_factory=dict)  # the primary's: see NodeObservation.wal_dates
+    heartbeat_seq: int | None = None  # a replica's: the beat it has replayed (heartbeat.py)
 
 
 class NodeError(Exception):
@@ -86,12 +90,15 @@ class NodePoller:
         self.backoff_max = config.reconnect_backoff_max
         self._session = Session(context or SessionContext())
         self._caps: Capabilities | None = None
-        self._reader = ViewReader(f"{cluster.name}/{node}")
+        beat = cluster.heartbeat
+        self._reader = ViewReader(f"{cluster.name}/{node}", () if beat is None else (
+            heartbeat.view_for(beat.table, heartbeat.row_id(beat.id)),))
         self._failures = 0
         self._next_attempt = 0.0
         self._connects = 0  # connection attempts since start: a reconnect storm would show here
         self._evidence = False  # a poll's outcome (an answer or a failure) was taken since this poller began
         self._inspector = WalInspector(config.interval)
+        self._scanner = CommitScanner(cluster.lag_from_wal_max_bytes)
         self._last_error = ""
         self._said_skipped = False
         self._poll: Outlasting[NodeObservation] = Outlasting()  # the poll under way (poll_all)
@@ -152,7 +159,10 @@ class NodePoller:
                                duration=now - started, asked_at=asked_at, capabilities=answer.capabilities,
                                position=answer.position, walsenders=answer.walsenders, receiver=answer.receiver,
                                slots=answer.slots, wal=answer.wal, wal_dir=answer.wal_dir,
-                               walinspect=answer.walinspect, views=answer.views,
+                               walinspect=answer.walinspect, wal_dates=answer.wal_dates,
+                               heartbeat_seq=answer.heartbeat_seq, views=answer.views,
+                               wal_dating_read_bytes=self._scanner.read_bytes if self._scanner.state is not None
+                               else None,
                                view_errors_total=dict(self._reader.view_errors), connects_total=self._connects)
 
     def _failed(self, error: NodeError, started: float) -> NodeObservation:
@@ -225,6 +235,9 @@ class NodePoller:
             await self._disconnect()
             raise NodeError("connect", f"PostgreSQL {caps.version_num} is not supported (13 or later)")
         self._caps = caps
+        # A new session, or the server's role changed: its WAL may not be the one read
+        # before (a failover forks it), so the commits listed are forgotten.
+        self._scanner.forget()
         self._say_skipped(caps)
         return self._conn
 
@@ -255,12 +268,33 @@ class NodePoller:
         position = results["server"]
         inspection = await self._inspector.inspect(conn, caps, position.current_lsn, self.cluster,
                                                    self.role == "primary", self._reader.is_resting,
-                                                   self._reader.note_failure)
+                                                   self._reader.note_failure, self._extra_budget())
         if self._inspector.state is not None:
             health["walinspect"] = self._inspector.state
-        return Answer(capabilities=caps, position=position, walsenders=results.get("replication", ()),
+        walsenders = results.get("replication", ())
+        wal_dates = {}
+        if self._dates_from_wal(caps):
+            wal_dates = await self._scanner.scan(conn, walsenders, position.current_lsn, self.cluster.name,
+                                                 self._extra_budget(), self._reader.note_failure)
+            if self._scanner.state is not None:
+                health["wal_dating"] = self._scanner.state
+        return Answer(capabilities=caps, position=position, walsenders=walsenders,
                       receiver=results.get("wal_receiver"), slots=results.get("slots", ()), wal=results.get("wal"),
-                      wal_dir=results.get("wal_dir"), walinspect=inspection, views=health)
+                      wal_dir=results.get("wal_dir"), walinspect=inspection, wal_dates=wal_dates,
+                      heartbeat_seq=results.get("heartbeat"), views=health)
+
+    def _extra_budget(self) -> float:
+        """What each of the primary's extra reads (pg_walinspect's: commit times, FPI
+        statistics, compression savings) may take before the server cancels it: a quarter
+        of the poll's deadline or the interval, whichever is shorter, so that the poll's
+        own answer is never late for them."""
+        return max(0.005, min(self.query_timeout, self.interval) / 4)
+
+    def _dates_from_wal(self, caps: Capabilities) -> bool:
+        """Whether this poll reads commit times from the WAL: on the primary's DSN, where
+        pg_walinspect is installed and permitted and the cluster does not turn it off."""
+        return (self.role == "primary" and self.cluster.lag_from_wal == "auto" and not caps.in_recovery
+                and caps.can_walinspect_records and not self._reader.is_resting("wal_dating"))
 
     async def close(self) -> None:
         await self._poll.cancel()

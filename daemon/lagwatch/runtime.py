@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from lagwatch.config import ClusterConfig, Config, NodeConfig
 from lagwatch.conninfo import serves_as
+from lagwatch.heartbeat import HeartbeatWriter
 from lagwatch.holds import HoldStore
 from lagwatch.leader import Claim, Leadership, lock_key
 from lagwatch.poll import NodePoller, pollers_for
@@ -41,6 +42,7 @@ class Runtime:
     # Kept pollers and the cluster and node config they take on at commit (their connection carries over).
     retargeted: list[tuple[NodePoller, ClusterConfig, NodeConfig]] = field(default_factory=list)
     hooks: list[Callable[[], None]] = field(default_factory=list)
+    heartbeats: dict[str, HeartbeatWriter] = field(default_factory=dict)  # the clusters that configure one
 
     @classmethod
     def empty(cls, config: Config) -> Runtime:
@@ -75,7 +77,14 @@ def build(config: Config, running: Runtime, sessions: SessionContext, hooks: lis
         else:
             controllers[cluster.name] = PoolController(cluster, config.interval, timeout)
     prepared = [hook(config) for hook in hooks]
-    return Runtime(config, trackers, pollers, controllers, holds, claims(config), reconfigured, retargeted, prepared)
+    heartbeats = {}
+    for cluster in config.clusters_with_nodes:
+        if cluster.heartbeat is not None:
+            writer = running.heartbeats.get(cluster.name)
+            heartbeats[cluster.name] = writer if writer is not None and writer.serves(cluster) \
+                else HeartbeatWriter(cluster, config)
+    return Runtime(config, trackers, pollers, controllers, holds, claims(config), reconfigured, retargeted, prepared,
+                   heartbeats)
 
 
 def _pollers(config: Config, running: Runtime, sessions: SessionContext) -> tuple[
@@ -94,8 +103,7 @@ def _pollers(config: Config, running: Runtime, sessions: SessionContext) -> tupl
         for fresh in pollers_for(cluster, config, sessions):
             kept = old.get(fresh.node)
             if (kept is not None and kept.role == fresh.role
-                    and (kept.cluster.walinspect, kept.cluster.walinspect_max_bytes)
-                    == (cluster.walinspect, cluster.walinspect_max_bytes)
+                    and _wal_reading(kept.cluster) == _wal_reading(cluster)
                     and serves_as(kept.node_config, fresh.node_config, kept.connected_address())):
                 pollers[cluster.name].append(kept)
                 retargeted.append((kept, cluster, fresh.node_config))
@@ -107,7 +115,10 @@ def _pollers(config: Config, running: Runtime, sessions: SessionContext) -> tupl
 def put_in_force(new: Runtime, leadership: Leadership) -> None:
     """What ``new`` changes in the objects it kept, in one step (nothing here can fail)."""
     for cluster in new.config.clusters_with_nodes:
-        new.trackers[cluster.name].cluster = cluster
+        tracker = new.trackers[cluster.name]
+        tracker.cluster = cluster
+        writer = new.heartbeats.get(cluster.name)
+        tracker.beats = writer.beats if writer is not None else None
     for controller, change in new.reconfigured:
         controller.commit(change)
     for poller, cluster, node_config in new.retargeted:
@@ -120,7 +131,9 @@ def put_in_force(new: Runtime, leadership: Leadership) -> None:
 async def close_replaced(old: Runtime, current: Runtime) -> None:
     """Close what ``old`` had and ``current`` did not keep."""
     kept = {id(p) for pollers in current.pollers.values() for p in pollers}
-    await asyncio.gather(*(p.close() for pollers in old.pollers.values() for p in pollers if id(p) not in kept))
+    kept_writers = {id(w) for w in current.heartbeats.values()}
+    await asyncio.gather(*(p.close() for pollers in old.pollers.values() for p in pollers if id(p) not in kept),
+                         *(w.close() for w in old.heartbeats.values() if id(w) not in kept_writers))
 
 
 def claims(config: Config) -> dict[str, Claim]:
@@ -128,3 +141,8 @@ def claims(config: Config) -> dict[str, Claim]:
     not in a dry run (a trial instance must not keep the real one from applying)."""
     return {c.name: Claim(c.primary, lock_key(c.name, c.leader_lock_key))
             for c in config.clusters_with_nodes if c.pooler is not None and not c.dry_run}
+
+
+def _wal_reading(cluster: ClusterConfig) -> tuple[object, ...]:
+    """What a primary's poller reads of its WAL, set when it is made."""
+    return (cluster.walinspect, cluster.walinspect_max_bytes, cluster.lag_from_wal, cluster.lag_from_wal_max_bytes)

@@ -7,12 +7,13 @@ A poll yields one ``NodeObservation`` per node; the tracker folds them into a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 from lagwatch.config import ReplicaSla
 from lagwatch.fastinit import fast_init
+from lagwatch.lag import WalDates
 from lagwatch.rates import CatchUp
 from lagwatch.syncrep import SyncReplication
 from lagwatch.views.probe import Capabilities
@@ -58,6 +59,11 @@ class NodeObservation:
     wal: WalStats | None = None
     wal_dir: WalDir | None = None
     walinspect: WalInspection | None = None
+    # The primary's: the commits in its WAL just past each walsender's replay position
+    # (by application_name), where lagwatch may read them (commitscan.py).
+    wal_dates: Mapping[str, WalDates] = field(default_factory=dict)
+    heartbeat_seq: int | None = None  # a replica's: the heartbeat it has replayed (heartbeat.py)
+    wal_dating_read_bytes: int | None = None  # the primary's: WAL read to date staleness, since start
     # Per view: whether it was read this cycle (False: it failed, rests after a failure, or
     # the role may not read it). Views that do not apply to the node's role are absent.
     views: dict[str, bool] = field(default_factory=dict)
@@ -255,6 +261,8 @@ class ClusterSnapshot:
     # Cycles in a row this cluster was carried over as an earlier cycle left it, because
     # lagwatch got to some of its answers too late to count them (0: as of this cycle).
     carried_cycles: int = 0
+    wal_dating_read_bytes: int | None = None  # WAL read to date staleness from commits, since start
+    heartbeat: tuple[int, int] | None = None  # the heartbeat's (beats written, failed attempts); None: off
 
 
 @dataclass(frozen=True)

@@ -12,13 +12,14 @@ timestamps.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from lagwatch.beats import Beats
 from lagwatch.config import ClusterConfig
 from lagwatch.fastinit import fast_init
 from lagwatch.history import LagHistory, LagReading, ReplayPosition
-from lagwatch.lag import Commits, LsnClock
+from lagwatch.lag import Commits, LsnClock, WalDates
 from lagwatch.nodehealth import NodeHealthTracker
 from lagwatch.rates import CatchUp, Forecaster
 from lagwatch.roles import RoleChange, RoleTracker, RoleView
@@ -70,6 +71,7 @@ class _PrimaryView:
     senders_at: float  # the primary's view of a replica is as of its answer, not the cycle's end
     clock: _PrimaryClock | None
     standby: bool  # the primary is a standby cluster's leader
+    wal_dates: Mapping[str, WalDates]  # by application_name (commitscan.py)
 
 
 _NO_PRIMARY: dict[str, WalSender] = {}
@@ -87,6 +89,9 @@ class ClusterTracker:
         self.walinspect = WalInspectTally()
         self.roles = RoleTracker(cluster.name, cluster.standby_cluster)
         self._sync_error: str | None = None  # the last synchronous_standby_names parse error said
+        # The cluster's heartbeat writer's beats (heartbeat.py), where it has one: set when
+        # the runtime is put in force.
+        self.beats: Callable[[], Beats] | None = None
 
     @property
     def clock(self) -> LsnClock:
@@ -98,7 +103,8 @@ class ClusterTracker:
         roles = self.roles.observe(observations)
         primary = self._primary(roles, now)
         answered = roles.primary if roles.primary is not None and roles.primary.position is not None else None
-        replicas = self._replicas(by_node, primary, roles, now)
+        beats = self.beats() if self.beats is not None else None
+        replicas = self._replicas(by_node, primary, roles, now, beats)
         slots = answered.slots if answered is not None else ()
         return ClusterSnapshot(
             name=self.cluster.name,
@@ -121,6 +127,8 @@ class ClusterTracker:
             role_changes_total=roles.role_changes_total,
             last_role_change=_describe_change(roles.last_change),
             last_role_change_ago=max(0.0, now - roles.last_change.at) if roles.last_change is not None else None,
+            wal_dating_read_bytes=answered.wal_dating_read_bytes if answered is not None else None,
+            heartbeat=(beats.written, beats.failed) if beats is not None else None,
         )
 
     def _primary(self, roles: RoleView, now: float) -> _PrimaryView:
@@ -132,7 +140,7 @@ class ClusterTracker:
         primary = roles.primary
         standby = roles.standby_leader is not None  # the primary is the standby leader, in recovery
         if primary is None or primary.position is None:
-            return _PrimaryView(None, now, _NO_PRIMARY, now, None, standby)
+            return _PrimaryView(None, now, _NO_PRIMARY, now, None, standby, {})
         position = primary.position
         lsn = position.current_lsn if not standby else _received(position)
         if lsn is not None:
@@ -143,16 +151,17 @@ class ClusterTracker:
         if not standby:  # a standby's transactions are its readers', not the writes to replicate
             self.history.note_xacts(primary.observed_at, position.xacts_total)
         return _PrimaryView(lsn, primary.observed_at, {s.application_name: s for s in primary.walsenders},
-                            primary.asked_at or primary.observed_at, _PrimaryClock.of(primary, standby), standby)
+                            primary.asked_at or primary.observed_at, _PrimaryClock.of(primary, standby), standby,
+                            primary.wal_dates)
 
     # -- replicas -------------------------------------------------------------------------
 
     def _replicas(self, by_node: dict[str, NodeObservation], primary: _PrimaryView, roles: RoleView,
-                  now: float) -> list[ReplicaState]:
+                  now: float, beats: Beats | None) -> list[ReplicaState]:
         commits = self._commits(by_node, primary)
         # A configured replica that now accepts writes is a primary, not a replica that lags.
         replicas = [self._configured_replica(r.name, r.walsender_name, by_node.get(r.name), primary, commits[r.name],
-                                             now, roles)
+                                             now, roles, beats)
                     for r in self.cluster.replicas if by_node.get(r.name) is None
                     or by_node[r.name].observed_role != "primary"]
         configured_names = {r.walsender_name for r in self.cluster.replicas}
@@ -178,15 +187,13 @@ class ClusterTracker:
         return {name: Commits(t, newest, interval) for name, t in at.items()}
 
     def _configured_replica(self, name: str, walsender_name: str, obs: NodeObservation | None,
-                            primary: _PrimaryView, commits: Commits, now: float, roles: RoleView) -> ReplicaState:
+                            primary: _PrimaryView, commits: Commits, now: float, roles: RoleView,
+                            beats: Beats | None) -> ReplicaState:
         sender = primary.senders.get(walsender_name)
         answered = obs if obs is not None and obs.ok else None
         own = answered.position if answered is not None else None
-        if answered is not None and own is not None and own.in_recovery and own.replay_lsn is not None:
-            replay: ReplayPosition | None = ReplayPosition(own.replay_lsn, answered.asked_at or answered.observed_at,
-                                                           "replica", commits)
-        else:
-            replay = self._replay_from_sender(name, sender, primary.senders_at)
+        replay = _own_replay(answered, primary, walsender_name, commits, beats) or self._replay_from_sender(
+            name, sender, primary.senders_at, primary.wal_dates.get(walsender_name))
         follows = _follows_primary(sender, obs, roles)
         self.roles.note_follows(name, follows)
         if replay is not None and (capped := self.roles.replayed_of_current(name, replay.lsn)) != replay.lsn:
@@ -215,13 +222,15 @@ class ClusterTracker:
             node_up=None,
             walsender=sender,
             streaming=sender.state == "streaming",
-            **self._reading(name, self._replay_from_sender(name, sender, primary.senders_at), sender, now,
-                            primary.lsn),
+            **self._reading(name, self._replay_from_sender(name, sender, primary.senders_at,
+                                                           primary.wal_dates.get(sender.application_name)),
+                            sender, now, primary.lsn),
         )
 
-    def _replay_from_sender(self, name: str, sender: WalSender | None, at: float) -> ReplayPosition | None:
+    def _replay_from_sender(self, name: str, sender: WalSender | None, at: float,
+                            wal: WalDates | None = None) -> ReplayPosition | None:
         if sender is not None and sender.replay_lsn is not None:
-            return ReplayPosition(sender.replay_lsn, at, "primary")
+            return ReplayPosition(sender.replay_lsn, at, "primary", wal=wal)
         return self.history.last_known(name, at)
 
     def _reading(self, name: str, replay: ReplayPosition | None, sender: WalSender | None, now: float,
@@ -256,6 +265,20 @@ class ClusterTracker:
 
 class _Reading(LagReading):
     catch_up: CatchUp | None
+
+
+def _own_replay(answered: NodeObservation | None, primary: _PrimaryView, walsender_name: str, commits: Commits,
+                beats: Beats | None) -> ReplayPosition | None:
+    """Where the replica says its replay stands, with all that dates it: commit timestamps,
+    the primary's WAL past its walsender's position, the heartbeat it has replayed."""
+    own = answered.position if answered is not None else None
+    if answered is None or own is None or not own.in_recovery or own.replay_lsn is None:
+        return None
+    at = answered.asked_at or answered.observed_at
+    beat = beats.bounds(answered.heartbeat_seq, at) if beats is not None and answered.heartbeat_seq is not None \
+        else None
+    return ReplayPosition(own.replay_lsn, at, "replica", commits, primary.wal_dates.get(walsender_name), beat,
+                          own.last_replay_epoch if not primary.standby else None)
 
 
 def _last_commit_at(obs: NodeObservation | None, primary_clock: _PrimaryClock | None) -> float | None:

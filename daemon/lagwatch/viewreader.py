@@ -44,6 +44,9 @@ GRANT_HINTS = {
                          "pg_get_wal_block_info(pg_lsn, pg_lsn, boolean) TO ROLE",
     "wal": ": pg_stat_wal needs PostgreSQL 14+",
     "wal_receiver": ": pg_stat_wal_receiver shows its columns only to GRANT pg_read_all_stats TO ROLE",
+    "wal_dating": ": staleness dated from the WAL needs GRANT EXECUTE ON FUNCTION "
+                  "pg_get_wal_records_info(pg_lsn, pg_lsn) TO ROLE",
+    "heartbeat": ": the heartbeat table needs GRANT SELECT ON it TO ROLE (deploy/sql/lagwatch-heartbeat.sql)",
 }
 
 
@@ -59,8 +62,12 @@ class ViewsRead(NamedTuple):
 
 
 class ViewReader:
-    def __init__(self, where: str) -> None:
+    def __init__(self, where: str, extra: Sequence[View[Any]] = ()) -> None:
         self.where = where  # "cluster/node", for the log
+        # The role's views, and the cluster's own (the heartbeat row) where they apply.
+        self._role_views = {role: views + tuple(v for v in extra if role in v.roles)
+                            for role, views in _ROLE_VIEWS.items()}
+        self._names = [v.name for v in CYCLE_VIEWS] + [v.name for v in extra]
         self.resting: dict[str, float] = {}  # view -> monotonic time it is tried again
         self.view_errors: dict[str, int] = {}  # view -> failed reads since start
         self.user: str | None = None  # the role the connection logs in as, for grant hints
@@ -101,12 +108,12 @@ class ViewReader:
             # Unread (failed, resting, or a replica): the names go, so a pid the kernel hands
             # to another walsender before the view is read again is asked for afresh.
             self._senders.forget()
-        health = {v.name: v.name in results for v in CYCLE_VIEWS if v.name in results or v.name in failed
-                  or v.name in self.resting or v.name in caps.skipped}
+        health = {name: name in results for name in self._names if name in results or name in failed
+                  or name in self.resting or name in caps.skipped}
         return ViewsRead(results, health, failed)
 
     def _views(self, caps: Capabilities) -> Sequence[View[Any]]:
-        views = _ROLE_VIEWS["replica" if caps.in_recovery else "primary"]
+        views = self._role_views["replica" if caps.in_recovery else "primary"]
         if caps.can_ls_waldir and not self.resting:
             return views  # every cycle but in the cases below: the same tuple, nothing to filter
         # Without pg_read_all_stats the replication view still answers (LSNs are NULL);

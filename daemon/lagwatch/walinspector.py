@@ -50,10 +50,11 @@ class WalInspector:
 
     async def inspect(self, conn: psycopg.AsyncConnection[Any], caps: Capabilities, current: int | None,
                       cluster: ClusterConfig, primary_dsn: bool, resting: Callable[[str], bool],
-                      note_failure: NoteFailure) -> WalInspection | None:
+                      note_failure: NoteFailure, budget: float) -> WalInspection | None:
         """The inspection due this cycle of ``cluster``'s primary, if any (only the poller of
         its primary DSN inspects). ``resting(view)``: whether the node's poller rests that
-        view after a failure; ``note_failure``: tell it of one."""
+        view after a failure; ``note_failure``: tell it of one; ``budget``: seconds each
+        statement may take before the server cancels it."""
         if cluster.walinspect == "off" or caps.in_recovery or not caps.has_walinspect or not primary_dsn:
             self.state = None
             return None
@@ -68,9 +69,15 @@ class WalInspector:
             return None
         try:
             cycles = max(1, math.ceil((time.monotonic() - self._inspected_at) / self.interval))
-            cursor = await conn.execute(walinspect.SQL, {"start": format_lsn(start),
-                                                         "max_bytes": cluster.walinspect_max_bytes * cycles})
+            cursor = await conn.execute(walinspect.statement(start, cluster.walinspect_max_bytes * cycles,
+                                                             round(budget * 1000)))
+            cursor.nextset()  # past SET LOCAL's empty result
             inspection = walinspect.parse(await cursor.fetchall())
+        except psycopg.errors.QueryCanceled as exc:
+            # Longer than its budget (megabytes of WAL on a busy primary): as any failed
+            # read, but never the poll's failure, which would read a live primary down.
+            self._failed(cluster.name, start, current, exc)
+            return None
         except psycopg.OperationalError:
             raise
         except psycopg.errors.InsufficientPrivilege as exc:
@@ -78,33 +85,40 @@ class WalInspector:
             note_failure("walinspect", flat_message(exc))
             return None
         except psycopg.Error as exc:
-            # Typically no complete record yet after ``start`` (it may sit mid-record):
-            # try the same start again, but jump to the present if it keeps failing.
-            self._failures += 1
-            log.debug("%s/primary: pg_get_wal_stats from %s failed: %s", cluster.name, format_lsn(start),
-                      flat_message(exc))
-            if self._failures >= FAILURES_BEFORE_JUMPING:
-                self._from, self._failures = current, 0
+            # Typically no complete record yet after ``start`` (it may sit mid-record).
+            self._failed(cluster.name, start, current, exc)
             return None
         self._failures = 0
         self._from = inspection.flush_lsn
         self._inspected_at = time.monotonic()
         self._due = self._inspected_at + max(self.interval, WALINSPECT_EVERY) - self.interval / 2
         self.state = True
-        return await self._compression_saved(conn, caps, inspection, resting, note_failure)
+        return await self._compression_saved(conn, caps, inspection, resting, note_failure, budget)
+
+    def _failed(self, cluster: str, start: int, current: int, exc: psycopg.Error) -> None:
+        """A read that failed: the same start is tried again, but the next starts at the
+        present if it keeps failing."""
+        self._failures += 1
+        log.debug("%s/primary: pg_get_wal_stats from %s failed: %s", cluster, format_lsn(start), flat_message(exc))
+        if self._failures >= FAILURES_BEFORE_JUMPING:
+            self._from, self._failures = current, 0
 
     @staticmethod
     async def _compression_saved(conn: psycopg.AsyncConnection[Any], caps: Capabilities, inspection: WalInspection,
-                                 resting: Callable[[str], bool], note_failure: NoteFailure) -> WalInspection:
+                                 resting: Callable[[str], bool], note_failure: NoteFailure,
+                                 budget: float) -> WalInspection:
         """What WAL compression saved in the range just inspected (16+, with the grant):
         its failures leave the FPI statistics as they are."""
         if not caps.can_walinspect_blocks or inspection.end_lsn <= inspection.start_lsn \
                 or resting("walinspect_blocks"):
             return inspection
         try:
-            cursor = await conn.execute(walinspect.BLOCKS_SQL, {"start": format_lsn(inspection.start_lsn),
-                                                                "end": format_lsn(inspection.end_lsn)})
+            cursor = await conn.execute(walinspect.blocks_statement(inspection.start_lsn, inspection.end_lsn,
+                                                                    round(budget * 1000)))
+            cursor.nextset()  # past SET LOCAL's empty result
             compressed = walinspect.parse_blocks(await cursor.fetchall())
+        except psycopg.errors.QueryCanceled:
+            return inspection  # longer than its budget: this range's savings go unmeasured
         except psycopg.OperationalError:
             raise
         except psycopg.Error as exc:

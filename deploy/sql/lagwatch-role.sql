@@ -26,4 +26,7 @@ GRANT EXECUTE ON FUNCTION pg_ls_waldir() TO lagwatch;
 --   GRANT EXECUTE ON FUNCTION pg_get_wal_stats(pg_lsn, pg_lsn, boolean) TO lagwatch;
 -- and what wal_compression saves on full-page images (PostgreSQL 16+):
 --   GRANT EXECUTE ON FUNCTION pg_get_wal_block_info(pg_lsn, pg_lsn, boolean) TO lagwatch;
+-- and each replica's staleness dated from the commit times in the WAL just past its replay
+-- position, to the millisecond under any load (lag_from_wal; docs/lag.md):
+--   GRANT EXECUTE ON FUNCTION pg_get_wal_records_info(pg_lsn, pg_lsn) TO lagwatch;
 -- Without it lagwatch says once in its log that it skips the FPI statistics, and why.

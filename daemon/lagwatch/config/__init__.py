@@ -25,7 +25,9 @@ from pydantic import (
 )
 
 from lagwatch.config.base import (
+    LAG_FROM_WAL_MAX_BYTES,
     Duration,
+    HeartbeatConfig,
     NodeConfig,
     PasswordUnavailableError,
     PositiveDuration,
@@ -51,8 +53,8 @@ from lagwatch.webconfig import WebConfig, load_web_config
 from lagwatch.yamlfile import load_yaml
 
 __all__ = ["CLUSTER_KINDS", "DISCOVERED", "POOLED_HOST", "POOLER_KINDS", "AnyClusterConfig", "ClusterConfig",
-           "CommandPoolerConfig", "Config", "Duration", "HAProxyPoolerConfig", "HttpConfig", "MemberTemplate",
-           "NodeConfig", "PasswordUnavailableError", "PatroniClusterConfig", "PatroniDiscoveryConfig",
+           "CommandPoolerConfig", "Config", "Duration", "HAProxyPoolerConfig", "HeartbeatConfig", "HttpConfig",
+           "MemberTemplate", "NodeConfig", "PasswordUnavailableError", "PatroniClusterConfig", "PatroniDiscoveryConfig",
            "PgBouncerPoolerConfig", "PoolerConfig", "PositiveDuration", "ReplicaConfig", "ReplicaSla",
            "ShardConfig", "SlaConfig", "SlaOverride", "TomlPoolerConfig", "check_template", "load_config",
            "parse_config", "split_listen"]
@@ -88,6 +90,12 @@ class ClusterConfig(_Strict):
     # pg_walinspect FPI statistics: "auto" uses them where installed and permitted.
     walinspect: Literal["auto", "off"] = "auto"
     walinspect_max_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
+    # Staleness dated from the commits in the primary's WAL (pg_walinspect's
+    # pg_get_wal_records_info), where installed and permitted: at most this much WAL read
+    # a cycle for each place a replica's replay stands (commitscan.py).
+    lag_from_wal: Literal["auto", "off"] = "auto"
+    lag_from_wal_max_bytes: int = Field(default=LAG_FROM_WAL_MAX_BYTES, gt=0)
+    heartbeat: HeartbeatConfig | None = None  # off unless configured: lagwatch's one write
     sla: SlaConfig = SlaConfig()
     pooler: PoolerConfig | None = None
     dry_run: bool = False  # decide, log and count pool changes, but change nothing

@@ -20,6 +20,10 @@ from pydantic import (
 
 from lagwatch.durations import parse_duration
 
+# WAL read a cycle, at most, per place a replica's replay stands, to date its staleness from
+# commits (lag_from_wal); each read is bounded in time too (commitscan.py).
+LAG_FROM_WAL_MAX_BYTES = 16 * 1024 * 1024
+
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 
 
@@ -126,6 +130,27 @@ class SlaOverride(_Strict):
     def _positive(self) -> SlaOverride:
         _positive_durations({"max_lag": self.max_lag, "p95": self.p95, "readmit_below": self.readmit_below})
         return self
+
+
+class HeartbeatConfig(_Strict):
+    """An optional heartbeat: lagwatch's one write. A row of ``table`` on the primary, its
+    sequence number raised every ``interval`` on lagwatch's own session; read back on each
+    replica, it bounds the staleness to within about one interval under any load
+    (heartbeat.py). Off unless configured; the table is the operator's to create
+    (deploy/sql/lagwatch-heartbeat.sql)."""
+
+    interval: PositiveDuration = 0.025
+    table: str = Field(default="lagwatch_heartbeat", pattern=r"^([a-z_][a-z0-9_]{0,62}\.)?[a-z_][a-z0-9_]{0,62}$")
+    # This instance's row: two lagwatch instances of an HA pair beat on rows of their own.
+    # Default: the host's name.
+    id: str | None = Field(default=None, min_length=1, max_length=63, pattern=r"^[A-Za-z0-9_.:@-]+$")
+
+    @field_validator("interval")
+    @classmethod
+    def _sane_interval(cls, value: float) -> float:
+        if not 0.005 <= value <= 10.0:
+            raise ValueError("must be between 5ms and 10s")
+        return value
 
 
 class SlaConfig(_Strict):

@@ -11,7 +11,14 @@ from typing import Literal
 import psycopg.conninfo
 from pydantic import Field, field_validator, model_validator
 
-from lagwatch.config.base import NodeConfig, PositiveDuration, SlaConfig, _Strict
+from lagwatch.config.base import (
+    LAG_FROM_WAL_MAX_BYTES,
+    HeartbeatConfig,
+    NodeConfig,
+    PositiveDuration,
+    SlaConfig,
+    _Strict,
+)
 from lagwatch.config.poolers import HAProxyPoolerConfig, PgBouncerPoolerConfig, PoolerConfig
 
 
@@ -80,6 +87,12 @@ class PatroniClusterConfig(_Strict):
     members: MemberTemplate
     walinspect: Literal["auto", "off"] = "auto"
     walinspect_max_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
+    # Staleness dated from the commits in the primary's WAL (pg_walinspect's
+    # pg_get_wal_records_info), where installed and permitted: at most this much WAL read
+    # a cycle for each place a replica's replay stands (commitscan.py).
+    lag_from_wal: Literal["auto", "off"] = "auto"
+    lag_from_wal_max_bytes: int = Field(default=LAG_FROM_WAL_MAX_BYTES, gt=0)
+    heartbeat: HeartbeatConfig | None = None  # off unless configured: lagwatch's one write
     sla: SlaConfig = SlaConfig()
     pooler: PoolerConfig | None = None
     dry_run: bool = False

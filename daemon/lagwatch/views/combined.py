@@ -15,18 +15,21 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from lagwatch.views import heartbeat
 from lagwatch.views.base import View
 
 # (view names, version) -> statement. Bytes, not str: psycopg would encode a str at every
 # execute, and each connection's prepared-statement cache keeps its key, so a fleet of 900
 # connections held 900 copies of the same few kilobytes; bytes pass through as they are.
-_CACHE: dict[tuple[tuple[str, ...], int], bytes] = {}
+_CACHE: dict[tuple[tuple[str, ...], int, tuple[str | None, ...]], bytes] = {}
 
 
 def combined_sql(views: Sequence[View[Any]], version_num: int) -> bytes:
     """The one statement that reads ``views`` on a server of ``version_num`` (built once per
     set of views and version: every poll asks for it)."""
-    key = (tuple(v.name for v in views), version_num)
+    # A cluster's own views (the heartbeat's table and row) differ by their SQL, not their name.
+    key = (tuple(v.name for v in views), version_num,
+           tuple(v.sql_for(version_num) for v in views if v.name == heartbeat.NAME))
     sql = _CACHE.get(key)
     if sql is None:
         pairs = []

@@ -10,6 +10,7 @@ from lagwatch.views.base import Row
 
 _STATS_FN = "to_regprocedure('pg_get_wal_stats(pg_lsn,pg_lsn,boolean)')"
 _BLOCKS_FN = "to_regprocedure('pg_get_wal_block_info(pg_lsn,pg_lsn,boolean)')"  # 16+
+_RECORDS_FN = "to_regprocedure('pg_get_wal_records_info(pg_lsn,pg_lsn)')"
 
 # The grant each view needs, as deploy/sql/lagwatch-role.sql gives them (ROLE: the login).
 GRANTS = {
@@ -19,6 +20,7 @@ GRANTS = {
     "walinspect": "GRANT EXECUTE ON FUNCTION pg_get_wal_stats(pg_lsn, pg_lsn, boolean) TO ROLE (optional)",
     "walinspect_blocks": "GRANT EXECUTE ON FUNCTION pg_get_wal_block_info(pg_lsn, pg_lsn, boolean) TO ROLE "
                          "(optional)",
+    "wal_dating": "GRANT EXECUTE ON FUNCTION pg_get_wal_records_info(pg_lsn, pg_lsn) TO ROLE (optional)",
 }
 
 SQL = f"""SELECT current_setting('server_version_num')::int AS version_num,
@@ -29,6 +31,8 @@ SQL = f"""SELECT current_setting('server_version_num')::int AS version_num,
          THEN has_function_privilege({_STATS_FN}, 'EXECUTE') END AS can_walinspect,
     coalesce({_BLOCKS_FN} IS NOT NULL AND has_function_privilege({_BLOCKS_FN}, 'EXECUTE'), false)
         AS can_walinspect_blocks,
+    coalesce({_RECORDS_FN} IS NOT NULL AND has_function_privilege({_RECORDS_FN}, 'EXECUTE'), false)
+        AS can_walinspect_records,
     pg_has_role('pg_read_all_stats', 'USAGE') AS can_read_all_stats,
     pg_has_role('pg_read_all_settings', 'USAGE') AS can_read_all_settings"""
 
@@ -43,6 +47,7 @@ class Capabilities:
     can_read_all_stats: bool
     can_read_all_settings: bool = False  # more than lagwatch needs: primary_conninfo shows passwords
     can_walinspect_blocks: bool = False  # pg_get_wal_block_info (16+): what WAL compression saves
+    can_walinspect_records: bool = False  # pg_get_wal_records_info: staleness dated from commits
 
     @property
     def major(self) -> int:
@@ -62,6 +67,9 @@ class Capabilities:
         elif self.has_walinspect and not self.can_walinspect_blocks and not self.in_recovery and self.major >= 16:
             out["walinspect_blocks"] = ("WAL compression savings are not measured: no EXECUTE on "
                                         f"pg_get_wal_block_info ({GRANTS['walinspect_blocks']})")
+        if self.has_walinspect and self.can_walinspect and not self.can_walinspect_records and not self.in_recovery:
+            out["wal_dating"] = ("staleness is not dated from the WAL's commits: no EXECUTE on "
+                                 f"pg_get_wal_records_info ({GRANTS['wal_dating']})")
         return out
 
 
@@ -76,4 +84,5 @@ def parse(rows: Sequence[Row]) -> Capabilities:
         can_read_all_stats=bool(row["can_read_all_stats"]),
         can_read_all_settings=bool(row.get("can_read_all_settings")),
         can_walinspect_blocks=bool(row.get("can_walinspect_blocks")),
+        can_walinspect_records=bool(row.get("can_walinspect_records")),
     )

@@ -9,19 +9,31 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from lagwatch.lsn import parse_lsn
+from lagwatch.lsn import format_lsn, parse_lsn
 from lagwatch.views.base import Row
 
 # The range is [start, least(flush, start + max_bytes)); the caller only asks when the
 # primary was seen past ``start`` (pg_get_wal_stats rejects an empty range).
-SQL = """SELECT b.s::text AS start_lsn, b.e::text AS end_lsn, b.cur::text AS flush_lsn,
+_STATS = """SELECT b.s::text AS start_lsn, b.e::text AS end_lsn, b.cur::text AS flush_lsn,
     coalesce(sum(w.count), 0)::float8 AS records,
     coalesce(sum(w.record_size), 0)::float8 AS record_bytes,
     coalesce(sum(w.fpi_size), 0)::float8 AS fpi_bytes
-FROM (SELECT %(start)s::pg_lsn AS s, pg_current_wal_flush_lsn() AS cur,
-             least(pg_current_wal_flush_lsn(), %(start)s::pg_lsn + %(max_bytes)s::numeric) AS e) b
+FROM (SELECT '@start'::pg_lsn AS s, pg_current_wal_flush_lsn() AS cur,
+             least(pg_current_wal_flush_lsn(), '@start'::pg_lsn + @max_bytes::numeric) AS e) b
 LEFT JOIN LATERAL pg_get_wal_stats(b.s, b.e, false) w ON true
 GROUP BY b.s, b.e, b.cur"""
+
+
+def _limited(sql: str, timeout_ms: int) -> bytes:
+    """``sql`` with a statement timeout of its own (``SET LOCAL`` in the same simple query:
+    one round trip): a read of many megabytes on a busy primary is cancelled by the server
+    at its budget rather than making the poll late. Literals only (LSNs and numbers)."""
+    return f"SET LOCAL statement_timeout = {max(1, int(timeout_ms))}; {sql}".encode()
+
+
+def statement(start: int, max_bytes: int, timeout_ms: int) -> bytes:
+    return _limited(_STATS.replace("@start", str(format_lsn(start))).replace("@max_bytes", str(int(max_bytes))),
+                    timeout_ms)
 
 
 # What WAL compression saved in the same range (16+): per method, the full-page images
@@ -37,10 +49,15 @@ FROM (SELECT i.block_fpi_length AS stored,
              current_setting('block_size')::int - CASE WHEN 'HAS_HOLE' = ANY(i.block_fpi_info) THEN
                  (get_byte(i.block_fpi_data, 14) + 256 * get_byte(i.block_fpi_data, 15))
                  - (get_byte(i.block_fpi_data, 12) + 256 * get_byte(i.block_fpi_data, 13)) ELSE 0 END AS raw
-      FROM pg_get_wal_block_info(%(start)s::pg_lsn, %(end)s::pg_lsn, true) i
+      FROM pg_get_wal_block_info('@start'::pg_lsn, '@end'::pg_lsn, true) i
       WHERE i.block_fpi_length > 0) k
 WHERE k.method IS NOT NULL
 GROUP BY k.method"""
+
+
+def blocks_statement(start: int, end: int, timeout_ms: int) -> bytes:
+    sql = BLOCKS_SQL.replace("@start", str(format_lsn(start))).replace("@end", str(format_lsn(end)))
+    return _limited(sql, timeout_ms)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,149 @@
+"""Benchmark: how the staleness reading errs under realistic load, by what dates it.
+
+Starts a primary with two streaming replicas and, on the same load at once, six `lagwatch
+run` processes: at `interval: 1s` and `100ms`, each with the LSN clock alone
+(`lag_from_wal: off`, as a least-privilege role gets), with staleness dated from the WAL's
+commits (`lag_from_wal: auto`), and with the WAL dating and a 10 ms heartbeat. The loads,
+each with pgbench TPC-B-like at a Poisson rate over four clients and the lag oracle's
+writer (tests/integration/loads.py, oracle.py): a steady 40 ms apply delay on replica1; a
+big UPDATE amid the load; replay held in bursts (40 ms of every 70); the 40 ms delay with
+the host busy with CPU-bound neighbours.
+
+For each load, arm and replica it prints the distribution of reading - truth (median,
+p95 and p5 in ms, against the middle of the oracle's interval), the share of readings
+below the oracle's proven lower bound by more than max(10 ms, 20 %), and the share above
+its proven upper bound by more than max(5 ms, 10 %). The load's own figures (pgbench tps)
+are printed beside, the same-run reference. It prints; it asserts nothing.
+
+    python3 bench/lagfield.py [--pg-major 18] [--span 10] [--cases steady,big,bursts,busy]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "daemon"))
+sys.path.insert(0, str(ROOT / "tests" / "integration"))
+
+from chaoscluster import ChaosCluster  # noqa: E402
+from harness import Lagwatch, Readings, cluster_config  # noqa: E402
+from lagwatch.demo.binaries import find_binaries  # noqa: E402
+from lagwatch.demo.ports import free_port  # noqa: E402
+from loads import BusyHost, Oltp, ReplayBursts, big_update, prepare  # noqa: E402
+from oracle import LagOracle, OracleLog, nearest_rank, tolerance  # noqa: E402
+
+ARMS = {"lsn clock": {"lag_from_wal": "off"}, "wal": {}, "wal+heartbeat": {"heartbeat": {"interval": "10ms"}}}
+INTERVALS = ("1s", "100ms")
+BIG_ROWS = 1_000_000
+
+
+def arm_config(cluster: ChaosCluster, interval: str, arm: str, span: float) -> dict[str, Any]:
+    config = cluster_config(cluster, free_port(["127.0.0.1"]), interval=interval, window=f"{span:g}s")
+    extra = dict(ARMS[arm])
+    if "heartbeat" in extra:
+        extra["heartbeat"] = {**extra["heartbeat"], "id": f"bench-{interval}"}
+    config["clusters"][0].update(extra)
+    return config
+
+
+def summary(readings: Readings, replica: str, log: OracleLog, start: float, end: float) -> str:
+    seen = [r for r in readings.of(replica, start, end) if log.covers(replica, r.at)]
+    if not seen:
+        return "no readings"
+    truths = [log.truth(replica, r.at) for r in seen]
+    errors = sorted((r.seconds - t.mid) * 1000 for r, t in zip(seen, truths, strict=True))
+    under = sum(1 for r, t in zip(seen, truths, strict=True) if t.low - r.seconds > tolerance(t.low, 0.010, 0.20))
+    over = sum(1 for r, t in zip(seen, truths, strict=True) if r.seconds - t.high > tolerance(t.high, 0.005, 0.10))
+    p95_read = nearest_rank([r.seconds for r in seen], 0.95) * 1000
+    p95_true = nearest_rank([t.mid for t in truths], 0.95) * 1000
+    return (f"n={len(seen):4d}  error median {statistics.median(errors):+7.1f}  p5 {nearest_rank(errors, 0.05):+7.1f}  "
+            f"p95 {nearest_rank(errors, 0.95):+7.1f} ms  p95 {p95_read:6.1f} vs {p95_true:6.1f} ms  "
+            f"under {100 * under / len(seen):5.1f}%  over {100 * over / len(seen):4.1f}%")
+
+
+def run_case(case: str, cluster: ChaosCluster, watchers: dict[tuple[str, str], Lagwatch], folder: Path,
+             span: float) -> None:
+    r1 = cluster.replicas[0]
+    extra: Any = None
+    r1.set_apply_delay(0.04 if case in ("steady", "busy") else 0)
+    if case == "bursts":
+        extra = ReplayBursts(r1, hold=0.04, run=0.03, seconds=span + 30)
+    elif case == "busy":
+        extra = BusyHost(seconds=span + 30)
+    folder.mkdir()
+    with Oltp(cluster, folder) as oltp, LagOracle(cluster, folder / "oracle") as oracle:
+        readings = {key: Readings(lw) for key, lw in watchers.items()}
+        for r in readings.values():
+            r.__enter__()
+        try:
+            if extra is not None:
+                extra.__enter__()
+            time.sleep(3.0)  # the case in force
+            start = time.monotonic()
+            if case == "big":
+                took: list[float] = []
+                update = threading.Thread(target=lambda: took.append(big_update(cluster)))
+                update.start()
+                update.join()
+                time.sleep(2.0)  # replayed through, caught up
+                note = f"UPDATE of {BIG_ROWS} rows took {took[0]:.1f} s"
+            else:
+                time.sleep(span)
+                note = ""
+            end = time.monotonic()
+            time.sleep(1.2)  # the last readings published
+        finally:
+            if extra is not None:
+                extra.__exit__(None, None, None)
+            for r in readings.values():
+                r.__exit__(None, None, None)
+        log = oracle.read()
+        tps = oltp.tps()
+    r1.set_apply_delay(0)
+    print(f"\n## {case}: pgbench {statistics.mean(tps) if tps else 0:.0f} tps {note}")
+    for (interval, arm), r in readings.items():
+        for replica in ("replica1", "replica2"):
+            print(f"{interval:>6} {arm:<14} {replica}: {summary(r, replica, log, start, end)}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pg-major", type=int, default=None)
+    parser.add_argument("--span", type=float, default=10.0)
+    parser.add_argument("--cases", default="steady,big,bursts,busy")
+    args = parser.parse_args()
+    binaries = find_binaries(args.pg_major)
+    with ChaosCluster(binaries, replicas=2) as cluster, tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        sql = (ROOT / "deploy" / "sql" / "lagwatch-heartbeat.sql").read_text()
+        cluster.primary.execute(sql.replace("TO lagwatch;", "TO PUBLIC;"))
+        prepare(cluster, big_rows=BIG_ROWS if "big" in args.cases else 0)
+        watchers = {}
+        try:
+            for interval in INTERVALS:
+                for arm in ARMS:
+                    work = folder / f"lw-{interval}-{arm.replace('+', '-').replace(' ', '-')}"
+                    work.mkdir()
+                    watchers[(interval, arm)] = Lagwatch(work, arm_config(cluster, interval, arm, args.span))
+            for lw in watchers.values():
+                lw.wait_ready()
+            print(f"PostgreSQL {binaries.major}, primary + 2 streaming replicas on loopback; "
+                  f"error = reading - the middle of the oracle's interval")
+            for case in args.cases.split(","):
+                run_case(case, cluster, watchers, folder / case, args.span)
+        finally:
+            for lw in watchers.values():
+                lw.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

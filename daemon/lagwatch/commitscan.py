@@ -1,0 +1,182 @@
+"""Which stretches of the primary's WAL to read for commit times, and what they said.
+
+For each walsender the primary reports, lagwatch keeps the stretch of WAL just past its
+replay position that it has read: every commit in it, up to ``max_commits``. Each cycle the
+stretch starts again where the walsender stood the cycle before (what was replayed before
+that is dropped) and, while it holds too few commits and ends short of the primary's
+position, is read on from its end as far as the primary has flushed, within a budget: the
+read is planned to take no more than a share of its time budget at the speed reads have
+gone so far, and the server cancels it at the budget (poll.py gives each extra read a
+quarter of the poll's deadline). A replica that keeps up costs the WAL written since the
+last cycle, read once for every replica at the same place; one further behind costs
+nothing once its stretch is full, until it replays past it; one replaying through a big
+transaction costs a budget's worth a cycle. The primary's poller owns one and runs it on
+its connection after the cycle's views; the tracker dates each replica from what it
+yields (lag.date_from_wal, which says what a WalDates holds).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+import psycopg.errors
+
+from lagwatch.errors import flat_message
+from lagwatch.lag import WalDates
+from lagwatch.lsn import format_lsn
+from lagwatch.views import walcommits
+from lagwatch.views.replication import WalSender
+from lagwatch.views.walcommits import CommitReads
+
+log = logging.getLogger("lagwatch.poll")
+
+# What pg_get_wal_records_info decodes a second, before it is measured (a cautious guess: a
+# busy primary's WAL heavy with full-page images went at 20-60 MB/s here), and at least.
+INITIAL_SPEED = 10e6
+MIN_SPEED = 1e6
+# The share of its time budget a read is planned to take at that speed (the server cancels
+# it at the whole budget): at most 7.5 % of the interval, the cost bound on the primary.
+BUDGET_SHARE = 0.3
+# The clocks' offset is the least seen over this long (``CommitScanner.offset``).
+OFFSET_WINDOW = 10.0
+# Commits listed per stretch: the first is what dates a replica; the rest date it as it
+# replays on, between two reads, and bound the memory a stretch takes.
+MAX_COMMITS = 64
+
+
+@dataclass(frozen=True)
+class _Stretch:
+    start: int
+    end: int
+    commits: tuple[tuple[int, float], ...]  # (LSN, monotonic time made)
+    replay: int  # the walsender's replay position this cycle
+    complete: bool = False  # this cycle's read reached the primary's flush position
+
+
+class CommitScanner:
+    def __init__(self, max_bytes: int, max_commits: int = MAX_COMMITS) -> None:
+        self.max_bytes = max_bytes
+        self.max_commits = max_commits
+        self._stretches: dict[str, _Stretch] = {}  # by application_name
+        self.read_bytes = 0  # WAL read for commit times since start
+        self.cancelled = 0  # reads the server cancelled at their budget
+        self.state: bool | None = None  # whether the last read worked (None: none yet)
+        self._speed = INITIAL_SPEED  # bytes a second the reads decode, as measured
+        self._offsets: deque[tuple[float, float]] = deque()  # (answered, answered - primary's clock)
+
+    def forget(self) -> None:
+        self._stretches = {}
+
+    def plan(self, replays: Mapping[str, int], current_lsn: int, budget_bytes: int | None = None) -> list[
+            tuple[int, int]]:
+        """The ranges to read this cycle, given each walsender's replay position: from the
+        end of each stretch as far as the primary has flushed (the statement stops there),
+        each at most ``max_bytes``, together at most ``budget_bytes`` (shared alike, never
+        under 8 kB). Stretches that end at one place share one read."""
+        stretches = {}
+        for name, replay in replays.items():
+            old = self._stretches.get(name)
+            if old is None or not old.start <= replay <= old.end:
+                stretches[name] = _Stretch(replay, replay, (), replay)
+            else:
+                # From where its walsender stood last cycle, not this one: the replica's own
+                # position, read at the same moment, may be a reply behind the walsender's.
+                start = min(replay, old.replay)
+                stretches[name] = _Stretch(start, old.end, tuple(c for c in old.commits if c[0] >= start), replay)
+        self._stretches = stretches
+        starts = sorted({s.end for s in stretches.values() if len(s.commits) < self.max_commits
+                         and s.end < current_lsn})
+        if not starts:
+            return []
+        share = self.max_bytes if budget_bytes is None else max(8192, min(self.max_bytes, budget_bytes // len(starts)))
+        return [(start, start + share) for start in starts]
+
+    def absorb(self, read: CommitReads, read_at: float) -> None:
+        """What this cycle's ranges held, added to the stretches that end where they begin.
+        A commit time is the primary's, put on lagwatch's clock by the offset between the two
+        clocks (``offset``)."""
+        offset = self.offset(read.clock_epoch, read_at)
+        by_start = {r.start: r for r in read.reads}
+        self.read_bytes += sum(r.scanned_to - r.start for r in read.reads)
+        for name, s in self._stretches.items():
+            r = by_start.get(s.end)
+            if r is None:
+                continue
+            commits = s.commits + tuple((lsn, epoch + offset) for lsn, epoch in r.commits)
+            end, complete = r.scanned_to, r.complete
+            if len(commits) > self.max_commits:
+                end, commits, complete = commits[self.max_commits][0], commits[: self.max_commits], False
+            self._stretches[name] = _Stretch(s.start, end, commits, s.replay, complete)
+
+    def offset(self, clock_epoch: float, answered: float) -> float:
+        """Lagwatch's monotonic clock less the primary's wall clock. Each read's clock was
+        read before its answer came, so ``answered - clock_epoch`` is never less than the
+        true offset: dating commits with it makes them no older than they are (never an
+        over-read). A late answer (lagwatch busy, the host starved) makes it too large by the
+        delay, so the least of the reads over the last OFFSET_WINDOW seconds is taken: the
+        quickest of them. (Short, so that a slewing clock moves it by a millisecond or two
+        at most.)"""
+        self._offsets.append((answered, answered - clock_epoch))
+        while self._offsets and self._offsets[0][0] < answered - OFFSET_WINDOW:
+            self._offsets.popleft()
+        return min(o for _, o in self._offsets)
+
+    def dates(self, read_at: float) -> dict[str, WalDates]:
+        """Each walsender's stretch (complete only where this cycle's read reached the flush)."""
+        offset = min((o for _, o in self._offsets), default=0.0)
+        return {name: WalDates(s.start, s.end, s.commits, complete=s.complete, read_at=read_at, offset=offset)
+                for name, s in self._stretches.items()}
+
+    async def scan(self, conn: psycopg.AsyncConnection[Any], senders: Sequence[WalSender], current_lsn: int | None,
+                   cluster: str, budget: float, note_failure: Callable[[str, str], None]) -> dict[str, WalDates]:
+        """This cycle's reads on the primary's connection, and each walsender's dates. The
+        read may take at most ``budget`` seconds (the server cancels it past that: it never
+        costs the poll its answer); it asks for no more than that time decodes at the speed
+        the reads so far went."""
+        replays = {s.application_name: s.replay_lsn for s in senders if s.replay_lsn is not None}
+        if current_lsn is None or not replays:
+            self._stretches = {}
+            return {}
+        ranges = self.plan(replays, current_lsn, budget_bytes=int(self._speed * budget * BUDGET_SHARE))
+        if not ranges:
+            return self.dates(time.monotonic())
+        asked = time.monotonic()
+        try:
+            cursor = await conn.execute(walcommits.statement(ranges, self.max_commits, round(budget * 1000)))
+            cursor.nextset()  # past SET LOCAL's empty result
+            read = walcommits.parse(await cursor.fetchall(), self.max_commits)
+        except psycopg.errors.QueryCanceled:
+            # Slower than the budget (a busy primary, WAL heavy with full-page images): ask
+            # for less next time. The session is as it was; the dates are last cycle's.
+            self._slower(sum(b - a for a, b in ranges), time.monotonic() - asked)
+            return self.dates(time.monotonic())
+        except psycopg.OperationalError:
+            raise
+        except psycopg.errors.InsufficientPrivilege as exc:
+            self.state = False
+            note_failure("wal_dating", flat_message(exc))
+            return {}
+        except psycopg.Error as exc:
+            self.state = False
+            log.debug("%s/primary: reading commit times from %s failed: %s", cluster, format_lsn(ranges[0][0]),
+                      flat_message(exc))
+            return self.dates(time.monotonic())
+        read_at = time.monotonic()
+        self.state = True
+        self._measured(sum(r.scanned_to - r.start for r in read.reads), read_at - asked)
+        self.absorb(read, read_at)
+        return self.dates(read_at)
+
+    def _measured(self, nbytes: int, seconds: float) -> None:
+        if nbytes >= 8192 and seconds > 0:
+            self._speed = max(MIN_SPEED, 0.7 * self._speed + 0.3 * nbytes / seconds)
+
+    def _slower(self, asked_bytes: int, seconds: float) -> None:
+        self._speed = max(MIN_SPEED, min(self._speed, asked_bytes / max(seconds, 1e-3)) / 2)
+        self.cancelled += 1

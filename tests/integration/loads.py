@@ -1,0 +1,131 @@
+"""Realistic load for the field tests and benches: an OLTP stream (pgbench's TPC-B-like
+transactions at a Poisson rate, several clients), one big transaction amid it, replay held
+in short bursts, and CPU-bound neighbours that make the host busy. Each is bounded in time
+and stops by itself; each is stopped by the PID it started."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from chaoscluster import ChaosCluster, ChaosReplica
+
+# pgbench's tables at scale 1 (100,000 accounts): what TPC-B-like transactions touch.
+PGBENCH_SCALE = 1
+BIG_TABLE = "lagwatch_big"
+
+
+def prepare(cluster: ChaosCluster, big_rows: int = 0) -> None:
+    """pgbench's tables (once), and a table of ``big_rows`` rows for the big transaction."""
+    subprocess.run([str(cluster.binaries.tool("pgbench")), "-i", "-q", "-s", str(PGBENCH_SCALE), "-h",
+                    cluster.primary.host, "-p", str(cluster.primary.port), "-U", "postgres", "postgres"],
+                   check=True, capture_output=True, timeout=120)
+    if big_rows:
+        cluster.primary.execute(f"DROP TABLE IF EXISTS {BIG_TABLE}")
+        cluster.primary.execute(f"CREATE TABLE {BIG_TABLE} (id int PRIMARY KEY, v int NOT NULL) "
+                                "WITH (autovacuum_enabled = off)")
+        cluster.primary.execute(f"INSERT INTO {BIG_TABLE} SELECT g, 0 FROM generate_series(1, {big_rows}) g")
+    cluster.wait_replayed()
+
+
+class Oltp:
+    """pgbench TPC-B-like at ``rate`` transactions a second over ``clients`` connections,
+    scheduled as a Poisson process (pgbench --rate), for at most ``seconds``."""
+
+    def __init__(self, cluster: ChaosCluster, workdir: Path, *, rate: float = 150, clients: int = 4,
+                 seconds: int = 120) -> None:
+        self.log = workdir / "pgbench.log"
+        self.proc = subprocess.Popen(
+            [str(cluster.binaries.tool("pgbench")), "-n", "-h", cluster.primary.host, "-p", str(cluster.primary.port),
+             "-U", "postgres", "-c", str(clients), "-j", "1", "-R", str(rate), "-T", str(seconds), "-P", "1",
+             "postgres"],
+            stdout=self.log.open("w"), stderr=subprocess.STDOUT)
+
+    def __enter__(self) -> Oltp:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def tps(self) -> list[float]:
+        return [float(m.group(1)) for m in re.finditer(r"progress: [\d.]+ s, ([\d.]+) tps", self.log.read_text())]
+
+    def stop(self) -> str:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        return self.log.read_text()
+
+
+def big_update(cluster: ChaosCluster) -> float:
+    """One UPDATE of every row of the big table, in one transaction; returns its seconds."""
+    started = time.monotonic()
+    cluster.primary.execute(f"UPDATE {BIG_TABLE} SET v = v + 1")
+    return time.monotonic() - started
+
+
+class ReplayBursts:
+    """Holds a replica's replay in short bursts (paused ``hold`` seconds, then running
+    ``run`` seconds) from a thread, for at most ``seconds``; resumed on exit."""
+
+    def __init__(self, replica: ChaosReplica, *, hold: float = 0.04, run: float = 0.03, seconds: float = 60) -> None:
+        self.replica, self.hold, self.run, self.seconds = replica, hold, run, seconds
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        import psycopg
+
+        deadline = time.monotonic() + self.seconds
+        with psycopg.connect(self.replica.dsn(), autocommit=True) as conn:
+            try:
+                while not self._stop.is_set() and time.monotonic() < deadline:
+                    conn.execute("SELECT pg_wal_replay_pause()")
+                    self._stop.wait(self.hold)
+                    conn.execute("SELECT pg_wal_replay_resume()")
+                    self._stop.wait(self.run)
+            finally:
+                conn.execute("SELECT pg_wal_replay_resume()")
+
+    def __enter__(self) -> ReplayBursts:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+_SPIN = "import sys, time\nend = time.monotonic() + float(sys.argv[1])\nwhile time.monotonic() < end:\n    pass\n"
+
+
+class BusyHost:
+    """``count`` CPU-bound neighbours (each spins for at most ``seconds``), at the host's
+    normal priority: lagwatch, the servers and the oracle all compete with them."""
+
+    def __init__(self, count: int | None = None, seconds: float = 60) -> None:
+        self.count = count if count is not None else 2 * (os.cpu_count() or 1)
+        self.seconds = seconds
+        self._procs: list[subprocess.Popen[bytes]] = []
+
+    def __enter__(self) -> BusyHost:
+        self._procs = [subprocess.Popen([sys.executable, "-c", _SPIN, str(self.seconds)]) for _ in range(self.count)]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for proc in self._procs:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            proc.wait(10)
+        self._procs = []

@@ -1,0 +1,219 @@
+"""Staleness dated from the commits in the primary's WAL (lag.date_from_wal), the stretches
+read for them (commitscan.CommitScanner), the statement's answer (views.walcommits), and
+the heartbeat's bounds (beats.py): tables, no server. The real servers: tests/integration/test_lag_field.py."""
+
+from __future__ import annotations
+
+import pytest
+from lagwatch.beats import BeatLog, Beats
+from lagwatch.commitscan import CommitScanner
+from lagwatch.history import LagHistory, ReplayPosition
+from lagwatch.lag import Staleness, WalDates, date_from_wal
+from lagwatch.views import walcommits
+from lagwatch.views.walcommits import CommitRead, CommitReads
+
+# Commits at LSNs 1000, 2000, 3000 made at monotonic 10.0, 10.5, 11.0; read to 3500.
+DATES = WalDates(start=900, end=3500, commits=((1000, 10.0), (2000, 10.5), (3000, 11.0)), complete=True,
+                 read_at=11.2)
+
+
+@pytest.mark.parametrize("replay,at,expected", [
+    # The first commit at or past the replay position is the oldest change it lacks.
+    (900, 12.0, Staleness(2.0, "wal_commit")),
+    (1000, 12.0, Staleness(2.0, "wal_commit")),  # a commit record starting at the replay LSN: not replayed
+    (1001, 12.0, Staleness(1.5, "wal_commit")),
+    (2500, 12.0, Staleness(1.0, "wal_commit")),
+    # Made after the replica was asked: it lacked nothing that existed then.
+    (2500, 10.9, Staleness(0.0, "wal_commit")),
+    # Past the last commit, the read complete: nothing a reader could see is missing (a
+    # transaction still running writes records, not changes anyone sees).
+    (3100, 12.0, Staleness(0.0, "wal_commit")),
+    (3500, 12.0, Staleness(0.0, "wal_commit")),
+    # Past what was read (polled after the read): what the primary had then, it has.
+    (3600, 12.0, Staleness(0.0, "wal_commit")),
+    # Not covered: before the read began.
+    (800, 12.0, None),
+])
+def test_the_first_commit_past_the_replay_position_dates_the_staleness(replay: int, at: float,
+                                                                        expected: Staleness | None) -> None:
+    assert date_from_wal(replay, at, DATES) == expected
+
+
+def test_an_incomplete_read_without_a_commit_past_the_position_says_nothing() -> None:
+    capped = WalDates(start=900, end=3500, commits=((1000, 10.0),), complete=False, read_at=11.2)
+    assert date_from_wal(1200, 12.0, capped) is None
+    assert date_from_wal(950, 12.0, capped) == Staleness(2.0, "wal_commit")
+
+
+def test_a_big_transaction_is_bounded_by_where_the_read_stopped() -> None:
+    """A replica deep in a big transaction's WAL, the read capped before any commit: the
+    first commit it lacks lies past the read, so it was written after the primary was last
+    seen short of there. That caps what the LSN clock alone would say (the first byte it
+    lacks, written long before anything a reader could see)."""
+    history = LagHistory("main", interval=1.0, window=10.0)
+    for t in range(11):  # the primary writes 1 MB a second from t=0
+        history.record_primary(1_000_000 * (t + 1), float(t), float(t), None)
+    capped = WalDates(start=1_500_000, end=7_500_000, commits=(), complete=False, read_at=10.0)
+    reading = history.reading("r1", ReplayPosition(1_500_000, 10.0, "replica", wal=capped), None, 10.0)
+    # The clock: the byte after 1.5 MB was first seen at t=1 (9 s ago); the commit lies past
+    # 7.5 MB, where the primary was last seen short of it at t=6: at most 4 s.
+    assert reading["staleness"] == pytest.approx(4.0)
+    assert reading["staleness_evidence"] == "wal_commit"
+    plain = history.reading("r2", ReplayPosition(1_500_000, 10.0, "replica"), None, 10.0)
+    assert plain["staleness"] == pytest.approx(9.0) and plain["staleness_evidence"] == "lsn_clock"
+
+
+def _read(*reads: CommitRead, clock_epoch: float = 1000.0) -> CommitReads:
+    return CommitReads(clock_epoch, tuple(reads))
+
+
+def test_the_scanner_reads_past_each_replay_position_once_and_goes_on_from_where_it_stopped() -> None:
+    scanner = CommitScanner(max_bytes=4096, max_commits=1)
+    # Two replicas at the same place: one range; a third elsewhere: its own.
+    assert scanner.plan({"r1": 1000, "r2": 1000, "r3": 50_000}, current_lsn=60_000) == [
+        (1000, 5096), (50_000, 54_096)]
+    scanner.absorb(_read(CommitRead(1000, 5096, (), complete=False),
+                         CommitRead(50_000, 54_096, ((51_000, 999.5),), complete=False)), read_at=100.0)
+    dates = scanner.dates(100.0)
+    assert dates["r1"] == WalDates(1000, 5096, (), complete=False, read_at=100.0, offset=-900.0)
+    # The commit's time is the primary's, on lagwatch's clock through the same read's clock:
+    # 0.5 s before the primary read its clock, answered at 100.0.
+    assert dates["r3"].commits == ((51_000, 99.5),)
+    # Next cycle: r1 and r2 go on from where they stopped; r3 has its commit: nothing to read.
+    assert scanner.plan({"r1": 1200, "r2": 1000, "r3": 50_500}, current_lsn=61_000) == [(5096, 9192)]
+    # r3 replayed past its commit: its stretch keeps it a cycle more (from where its
+    # walsender stood last cycle: the replica's own position may be a reply behind), then
+    # reads on from the stretch's end.
+    assert scanner.plan({"r1": 1200, "r2": 1000, "r3": 51_100}, current_lsn=61_000) == [(5096, 9192)]
+    assert scanner.plan({"r1": 1200, "r2": 1000, "r3": 51_200}, current_lsn=61_000) == [
+        (5096, 9192), (54_096, 58_192)]
+    # A walsender that went away is forgotten; one that went back (a restart from an older
+    # position) starts afresh there.
+    assert scanner.plan({"r1": 900}, current_lsn=61_000) == [(900, 4996)]
+    # Nothing at all when everyone has replayed all the primary had.
+    assert scanner.plan({"r1": 61_000}, current_lsn=61_000) == []
+
+
+def test_the_reads_go_as_far_as_the_budget_decodes() -> None:
+    scanner = CommitScanner(max_bytes=1 << 20)
+    # Two places, 40 kB of budget: shared alike, never under 8 kB, never over max_bytes.
+    assert scanner.plan({"r1": 0, "r2": 500_000}, current_lsn=10**9, budget_bytes=40_960) == [
+        (0, 20_480), (500_000, 520_480)]
+    assert scanner.plan({"r1": 0, "r2": 500_000}, current_lsn=10**9, budget_bytes=1000) == [
+        (0, 8192), (500_000, 508_192)]
+    assert scanner.plan({"r1": 0}, current_lsn=10**9, budget_bytes=10**9) == [(0, 1 << 20)]
+    # A read the server cancelled at its budget halves the speed it is planned with.
+    before = scanner._speed
+    scanner._slower(1_000_000, 0.05)
+    assert scanner._speed == pytest.approx(min(before, 20e6) / 2) and scanner.cancelled == 1
+    # A read that went through: the speed follows what it measured.
+    scanner._measured(10_000_000, 0.1)
+    assert scanner._speed == pytest.approx(0.7 * min(before, 20e6) / 2 + 0.3 * 100e6)
+
+
+def test_a_stretch_keeps_at_most_max_commits_and_reads_the_rest_later() -> None:
+    scanner = CommitScanner(max_bytes=10_000, max_commits=2)
+    assert scanner.plan({"r1": 0}, current_lsn=10_000) == [(0, 10_000)]  # max_bytes: 10,000
+    scanner.absorb(_read(CommitRead(0, 1500, ((100, 1000.0), (200, 1000.1), (300, 1000.2)), complete=True)),
+                   read_at=50.0)
+    dates = scanner.dates(50.0)["r1"]
+    # The third commit not kept: the stretch ends where it starts, and is not complete.
+    assert dates.end == 300 and len(dates.commits) == 2 and not dates.complete
+    # Full: nothing more read until the replica replays past its first commit (and its
+    # walsender stood past it a cycle before).
+    assert scanner.plan({"r1": 50}, current_lsn=10_000) == []
+    assert scanner.plan({"r1": 150}, current_lsn=10_000) == []
+    assert scanner.plan({"r1": 160}, current_lsn=10_000) == [(300, 10_300)]
+
+
+def test_the_statements_answer_is_parsed_and_capped() -> None:
+    row = {"clock_epoch": 1000.25, "reads": [
+        ["0/1000", "0/2000", [["0/1100", 999.0], ["0/1200", 999.1], ["0/1300", 999.2]], "0/2000"],
+        ["0/3000", None, None, "0/5000"],  # nothing whole in the range
+        ["0/4000", "0/4800", None, "0/4800"],  # read to the flush: complete
+    ]}
+    parsed = walcommits.parse([row], max_commits=2)
+    assert parsed.clock_epoch == 1000.25
+    # Three listed, two kept: the stretch ends where the first one not kept starts.
+    assert parsed.reads[0] == CommitRead(0x1000, 0x1300, ((0x1100, 999.0), (0x1200, 999.1)), complete=False)
+    assert parsed.reads[1] == CommitRead(0x3000, 0x3000, (), complete=False)
+    assert parsed.reads[2] == CommitRead(0x4000, 0x4800, (), complete=True)
+
+
+# -- the heartbeat's bounds (beats.py) ------------------------------------------------------
+
+def _beats() -> Beats:
+    log = BeatLog(max_beats=8)
+    for seq in range(10, 15):  # a beat every 25 ms from t=100.000, each taking 2 ms
+        sent = 100.0 + (seq - 10) * 0.025
+        log.add(seq, sent, sent + 0.002)
+    return log.snapshot()
+
+
+@pytest.mark.parametrize("replayed,at,expected", [
+    # Shows beat 12 (sent 100.050), lacks 13 (done 100.077): at 100.2 between 123 and 150 ms.
+    (12, 100.2, (pytest.approx(0.123), pytest.approx(0.150))),
+    # The next beat not yet made when it was read: no lower bound beyond 0.
+    (14, 100.101, (0.0, pytest.approx(0.001))),
+    # Older than the log: it lacks every beat remembered, the oldest made by 100.002.
+    (3, 100.5, (pytest.approx(0.498), None)),
+])
+def test_the_heartbeat_bounds_the_staleness_within_a_beat(replayed: int, at: float, expected: object) -> None:
+    assert _beats().bounds(replayed, at) == expected
+
+
+def test_a_beat_the_log_cannot_place_says_nothing() -> None:
+    assert _beats().bounds(99, 100.5) is None  # newer than any this writer made: another writer's
+    assert BeatLog().snapshot().bounds(1, 1.0) is None
+    log = BeatLog(max_beats=4)
+    for seq in range(1, 10):
+        log.add(seq, float(seq), float(seq) + 0.001)
+    assert log.snapshot().seq == (7, 8, 9)  # bounded: the older half goes when it is full
+    log.add(3, 20.0, 20.001)  # the count went back (a restored primary): afresh
+    assert log.snapshot().seq == (3,)
+
+
+def test_a_reading_outside_the_heartbeats_bounds_is_held_to_them() -> None:
+    history = LagHistory("main", interval=1.0, window=10.0)
+    for t in range(11):
+        history.record_primary(1_000_000 * (t + 1), float(t), float(t), None)
+    # The clock alone: the byte after 1.5 MB first seen at t=1: 9 s at t=10.
+    high = history.reading("r1", ReplayPosition(1_500_000, 10.0, "replica", beat=(0.1, 0.2)), None, 10.0)
+    assert (high["staleness"], high["staleness_evidence"]) == (0.2, "heartbeat")
+    low = history.reading("r2", ReplayPosition(1_500_000, 10.0, "replica", beat=(9.5, 9.6)), None, 10.0)
+    assert (low["staleness"], low["staleness_evidence"]) == (9.5, "heartbeat")
+    inside = history.reading("r3", ReplayPosition(1_500_000, 10.0, "replica", beat=(8.0, None)), None, 10.0)
+    assert inside["staleness_evidence"] == "lsn_clock"
+
+
+def test_the_commits_it_has_replayed_cap_what_the_clock_says() -> None:
+    """The read did not reach past its position (it replays faster than lagwatch may read),
+    but it did list commits short of it: it has them, so what it lacks was made after the
+    last of them."""
+    history = LagHistory("main", interval=1.0, window=10.0)
+    for t in range(11):
+        history.record_primary(1_000_000 * (t + 1), float(t), float(t), None)
+    behind = WalDates(start=1_400_000, end=1_450_000, commits=((1_420_000, 9.7),), complete=False, read_at=10.0)
+    reading = history.reading("r1", ReplayPosition(1_500_000, 10.0, "replica", wal=behind), None, 10.0)
+    assert reading["staleness"] == pytest.approx(0.3) and reading["staleness_evidence"] == "wal_commit"
+
+
+def test_a_commit_written_late_dates_from_the_commits_written_before_it() -> None:
+    """On a primary busy writing WAL a commit's record can land well after its timestamp, and
+    after commits stamped later: a reader sees none of it before those, so it dates from
+    the latest of them (an over-read otherwise: the replica lacks nothing that old)."""
+    inverted = WalDates(start=0, end=5000, commits=((1000, 10.50), (2000, 10.44), (3000, 10.55)), complete=True,
+                        read_at=11.0)
+    assert date_from_wal(1500, 11.0, inverted) == Staleness(pytest.approx(0.50), "wal_commit")  # not 0.56
+    assert date_from_wal(500, 11.0, inverted) == Staleness(pytest.approx(0.50), "wal_commit")
+    # And from the last commit the replica itself has replayed, wherever that lies.
+    assert date_from_wal(1500, 11.0, inverted, replayed_at=10.8) == Staleness(pytest.approx(0.20), "wal_commit")
+
+
+def test_the_clocks_offset_is_the_quickest_reads_over_a_window() -> None:
+    scanner = CommitScanner(max_bytes=1 << 20)
+    # The primary's clock reads 1000.0 at monotonic 50.0: each answer came a little after.
+    assert scanner.offset(1000.0, 50.004) == pytest.approx(-949.996)
+    assert scanner.offset(1001.0, 51.030) == pytest.approx(-949.996)  # a late answer (busy host): not taken
+    assert scanner.offset(1002.0, 52.001) == pytest.approx(-949.999)  # a quicker one is
+    assert scanner.offset(1020.0, 70.020) == pytest.approx(-949.980)  # the window moved on
