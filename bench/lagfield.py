@@ -37,7 +37,7 @@ from chaoscluster import ChaosCluster  # noqa: E402
 from harness import Lagwatch, Readings, cluster_config  # noqa: E402
 from lagwatch.demo.binaries import find_binaries  # noqa: E402
 from lagwatch.demo.ports import free_port  # noqa: E402
-from loads import BusyHost, Oltp, ReplayBursts, big_update, prepare  # noqa: E402
+from loads import BusyHost, Oltp, ReplayBursts, big_update, create_heartbeat_table, prepare  # noqa: E402
 from oracle import LagOracle, OracleLog, nearest_rank, tolerance  # noqa: E402
 
 ARMS = {"lsn clock": {"lag_from_wal": "off"}, "wal": {}, "wal+heartbeat": {"heartbeat": {"interval": "10ms"}}}
@@ -123,8 +123,7 @@ def main() -> int:
     binaries = find_binaries(args.pg_major)
     with ChaosCluster(binaries, replicas=2) as cluster, tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        sql = (ROOT / "deploy" / "sql" / "lagwatch-heartbeat.sql").read_text()
-        cluster.primary.execute(sql.replace("TO lagwatch;", "TO PUBLIC;"))
+        create_heartbeat_table(cluster)
         prepare(cluster, big_rows=BIG_ROWS if "big" in args.cases else 0)
         watchers = {}
         try:

@@ -22,6 +22,16 @@ PGBENCH_SCALE = 1
 BIG_TABLE = "lagwatch_big"
 
 
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def create_heartbeat_table(cluster: ChaosCluster) -> None:
+    """The heartbeat table as deploy/sql/lagwatch-heartbeat.sql makes it (its grant to
+    PUBLIC: the tests' role is a superuser, and no `lagwatch` role exists here)."""
+    sql = (ROOT / "deploy" / "sql" / "lagwatch-heartbeat.sql").read_text()
+    cluster.primary.execute(sql.replace("TO lagwatch;", "TO PUBLIC;"))
+
+
 def prepare(cluster: ChaosCluster, big_rows: int = 0) -> None:
     """pgbench's tables (once), and a table of ``big_rows`` rows for the big transaction."""
     subprocess.run([str(cluster.binaries.tool("pgbench")), "-i", "-q", "-s", str(PGBENCH_SCALE), "-h",

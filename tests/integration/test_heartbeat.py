@@ -17,20 +17,18 @@ import pytest
 from chaoscluster import ChaosCluster
 from harness import Lagwatch, Readings, cluster_config, let_time_pass
 from lagwatch.demo.ports import free_port
-from loads import Oltp, prepare
+from loads import Oltp, create_heartbeat_table, prepare
 from oracle import LagOracle
 
 pytestmark = pytest.mark.one_pg_version
 
-ROOT = Path(__file__).resolve().parents[2]
 BEAT = 0.010  # the heartbeat interval these tests run at
 SPAN = 8.0
 
 
 @pytest.fixture(scope="module")
 def beating(pg_cluster: ChaosCluster) -> ChaosCluster:
-    sql = (ROOT / "deploy" / "sql" / "lagwatch-heartbeat.sql").read_text()
-    pg_cluster.primary.execute(sql.replace("TO lagwatch;", "TO PUBLIC;"))  # the tests' role is a superuser
+    create_heartbeat_table(pg_cluster)
     prepare(pg_cluster)
     return pg_cluster
 

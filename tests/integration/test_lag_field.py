@@ -31,7 +31,7 @@ import pytest
 from chaoscluster import ChaosCluster
 from harness import Lagwatch, Reading, Readings, cluster_config, let_time_pass
 from lagwatch.demo.ports import free_port
-from loads import BusyHost, Oltp, ReplayBursts, prepare
+from loads import BusyHost, Oltp, ReplayBursts, create_heartbeat_table, prepare
 from oracle import LagOracle, OracleLog, Truth, nearest_rank, tolerance
 from pgbouncer_server import PgBouncerServer, readable_by_servers
 
@@ -42,13 +42,11 @@ WATCHERS = {"1s": ("1s", {}), "100ms": ("100ms", {}),
 
 SPAN = 10.0  # seconds of readings judged per case
 REPLICAS = ("replica1", "replica2")
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def field(pg_cluster: ChaosCluster) -> ChaosCluster:
-    sql = (ROOT / "deploy" / "sql" / "lagwatch-heartbeat.sql").read_text()
-    pg_cluster.primary.execute(sql.replace("TO lagwatch;", "TO PUBLIC;"))  # the tests' role is a superuser
+    create_heartbeat_table(pg_cluster)
     prepare(pg_cluster)
     return pg_cluster
 
