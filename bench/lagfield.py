@@ -106,7 +106,7 @@ def run_case(case: str, cluster: ChaosCluster, watchers: dict[tuple[str, str], L
             for r in readings.values():
                 r.__exit__(None, None, None)
         log = oracle.read()
-        tps = oltp.tps()
+        tps = oltp.progress()
     r1.set_apply_delay(0)
     print(f"\n## {case}: pgbench {statistics.mean(tps) if tps else 0:.0f} tps {note}")
     for (interval, arm), r in readings.items():

@@ -4,16 +4,16 @@ Starts a real primary with two streaming replicas, then runs pgbench (TPC-B-like
 against the primary once per arm: no lagwatch, `lagwatch run` at `interval: 1s` and at
 `interval: 100ms` without staleness dated from the WAL (`lag_from_wal: off`), and the same
 two with it (`+wal`: pg_walinspect reads the commits past each replica's replay position
-every cycle while the replicas lag at all, as they do under this load). The arms run in
-rotated order, each arm once per round, so drift on a shared machine falls on every arm
-alike, and the spread of the "none" arm across rounds is the A/A noise band that the other
-arms are read against.
+every cycle while the replicas lag at all, as they do under this load), and with the
+heartbeat too (`+hb`, every 25 ms, its default). The arms run in rotated order, each arm
+once per round, so drift on a shared machine falls on every arm alike, and the spread of
+the "none" arm across rounds is the A/A noise band that the other arms are read against.
 
 Per arm it prints: the primary's throughput (tps) and latency (mean, p95, p99 from
 pgbench's per-transaction log), lagwatch's CPU (% of one core), each server's CPU spent
 in lagwatch's own backends, and lagwatch's cycle time. It prints; it asserts nothing.
 
-    python3 bench/overhead.py [--rounds 5] [--seconds 20] [--clients 4] [--pg-major 15]
+    python3 bench/overhead.py [--rounds 7] [--seconds 20] [--clients 4] [--pg-major 15]
 """
 
 from __future__ import annotations
@@ -39,8 +39,9 @@ from lagwatch.demo.binaries import find_binaries  # noqa: E402
 from lagwatch.demo.cluster import LocalCluster  # noqa: E402
 from lagwatch.demo.ports import free_port  # noqa: E402
 from lagwatch.demo.servers import LocalServer  # noqa: E402
+from loads import create_heartbeat_table  # noqa: E402
 
-ARMS = ("none", "1s", "1s+wal", "100ms", "100ms+wal")
+ARMS = ("none", "1s", "1s+wal", "1s+wal+hb", "100ms", "100ms+wal", "100ms+wal+hb")
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -107,9 +108,11 @@ def run_arm(arm: str, cluster: LocalCluster, args: argparse.Namespace, folder: P
     if arm != "none":
         work = folder / f"lagwatch-{arm}-{len(result.tps)}"
         work.mkdir()
-        interval, _, extra = arm.partition("+")
+        interval, *extras = arm.split("+")
         config = cluster_config(cluster, free_port(["127.0.0.1"]), interval=interval, window="5m")
-        config["clusters"][0]["lag_from_wal"] = "auto" if extra == "wal" else "off"
+        config["clusters"][0]["lag_from_wal"] = "auto" if "wal" in extras else "off"
+        if "hb" in extras:
+            config["clusters"][0]["heartbeat"] = {"interval": "25ms", "id": f"bench-{arm.replace('+', '-')}"}
         lw = Lagwatch(work, config)
         lw.wait_ready()
         time.sleep(2.0)  # connections made, first cycles done
@@ -153,7 +156,7 @@ def pct(values: list[float], q: float) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=5, help="a multiple of 5 puts every arm in every slot")
+    parser.add_argument("--rounds", type=int, default=7, help="a multiple of 7 puts every arm in every slot")
     parser.add_argument("--seconds", type=float, default=20.0, help="pgbench duration per arm")
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--scale", type=int, default=10)
@@ -168,6 +171,7 @@ def main() -> int:
         subprocess.run([str(binaries.tool("pgbench")), "-i", "-q", "-s", str(args.scale), "-h", cluster.primary.host,
                         "-p", str(cluster.primary.port), "-U", "postgres", "postgres"],
                        check=True, capture_output=True)
+        create_heartbeat_table(cluster)  # type: ignore[arg-type]
         cluster.wait_replayed()
         for round_no in range(args.rounds):
             order = ARMS[round_no % len(ARMS):] + ARMS[:round_no % len(ARMS)]

@@ -36,8 +36,8 @@ from lagwatch.views.walcommits import CommitReads
 
 log = logging.getLogger("lagwatch.poll")
 
-# What pg_get_wal_records_info decodes a second, before it is measured (a cautious guess: a
-# busy primary's WAL heavy with full-page images went at 20-60 MB/s here), and at least.
+# What pg_get_wal_records_info decodes a second before the reads have measured it (a
+# cautious guess: each read then measures it), and the least it is taken for.
 INITIAL_SPEED = 10e6
 MIN_SPEED = 1e6
 # The share of its time budget a read is planned to take at that speed (the server cancels

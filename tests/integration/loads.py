@@ -45,26 +45,33 @@ def prepare(cluster: ChaosCluster, big_rows: int = 0) -> None:
     cluster.wait_replayed()
 
 
-class Oltp:
-    """pgbench TPC-B-like at ``rate`` transactions a second over ``clients`` connections,
-    scheduled as a Poisson process (pgbench --rate), for at most ``seconds``."""
+class Pgbench:
+    """pgbench on the primary, a progress line a second, for at most ``seconds``, stopped by
+    its PID: TPC-B-like by default, or ``script`` (one transaction's SQL); at ``rate``
+    transactions a second on a Poisson schedule (pgbench --rate), or as fast as it goes.
+    ``options``: PGOPTIONS for its sessions."""
 
-    def __init__(self, cluster: ChaosCluster, workdir: Path, *, rate: float = 150, clients: int = 4,
-                 seconds: int = 120) -> None:
+    def __init__(self, cluster: ChaosCluster, workdir: Path, *, clients: int = 4, seconds: int = 120,
+                 rate: float | None = None, script: str | None = None, options: str = "") -> None:
         self.log = workdir / "pgbench.log"
-        self.proc = subprocess.Popen(
-            [str(cluster.binaries.tool("pgbench")), "-n", "-h", cluster.primary.host, "-p", str(cluster.primary.port),
-             "-U", "postgres", "-c", str(clients), "-j", "1", "-R", str(rate), "-T", str(seconds), "-P", "1",
-             "postgres"],
-            stdout=self.log.open("w"), stderr=subprocess.STDOUT)
+        args = [str(cluster.binaries.tool("pgbench")), "-n", "-h", cluster.primary.host, "-p",
+                str(cluster.primary.port), "-U", "postgres", "-c", str(clients), "-T", str(seconds), "-P", "1"]
+        if rate is not None:
+            args += ["-j", "1", "-R", str(rate)]
+        if script is not None:
+            (workdir / "script.sql").write_text(script)
+            args += ["-f", str(workdir / "script.sql")]
+        self.proc = subprocess.Popen([*args, "postgres"], stdout=self.log.open("w"), stderr=subprocess.STDOUT,
+                                     env={**os.environ, **({"PGOPTIONS": options} if options else {})})
 
-    def __enter__(self) -> Oltp:
+    def __enter__(self) -> Pgbench:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def tps(self) -> list[float]:
+    def progress(self) -> list[float]:
+        """Transactions per second, one figure per progress line so far."""
         return [float(m.group(1)) for m in re.finditer(r"progress: [\d.]+ s, ([\d.]+) tps", self.log.read_text())]
 
     def stop(self) -> str:
@@ -76,6 +83,15 @@ class Oltp:
                 self.proc.kill()
                 self.proc.wait(10)
         return self.log.read_text()
+
+
+class Oltp(Pgbench):
+    """The OLTP stream: pgbench TPC-B-like at ``rate`` transactions a second over
+    ``clients`` connections, scheduled as a Poisson process, for at most ``seconds``."""
+
+    def __init__(self, cluster: ChaosCluster, workdir: Path, *, rate: float = 150, clients: int = 4,
+                 seconds: int = 120) -> None:
+        super().__init__(cluster, workdir, clients=clients, seconds=seconds, rate=rate)
 
 
 def big_update(cluster: ChaosCluster) -> float:

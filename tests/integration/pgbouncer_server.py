@@ -8,7 +8,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Self
+from typing import Any, Self
 
 from lagwatch.demo.pool import PgBouncer
 
@@ -44,3 +44,14 @@ class PgBouncerServer(PgBouncer):
 def readable_by_servers(path: Path) -> None:
     """Let the unprivileged PgBouncer read a file lagwatch (root) writes."""
     os.chmod(path, 0o644)
+
+
+def read_pool_for(cluster: Any) -> PgBouncerServer:
+    """A PgBouncer (not started) in front of ``cluster`` as an operator would set it up
+    before lagwatch runs: app_rw on the primary, app_ro on both replicas, in the include
+    file lagwatch owns."""
+    server = PgBouncerServer(primary_dsn_entry=f"host=127.0.0.1 port={cluster.primary.port} dbname=postgres")
+    r1, r2 = cluster.replicas
+    server.include_file.write_text(f"app_ro = host={r1.host},{r2.host} port={r1.port} dbname=postgres\n")
+    readable_by_servers(server.include_file)
+    return server

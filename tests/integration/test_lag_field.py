@@ -33,7 +33,7 @@ from harness import Lagwatch, Reading, Readings, cluster_config, let_time_pass
 from lagwatch.demo.ports import free_port
 from loads import BusyHost, Oltp, ReplayBursts, create_heartbeat_table, prepare
 from oracle import LagOracle, OracleLog, Truth, nearest_rank, tolerance
-from pgbouncer_server import PgBouncerServer, readable_by_servers
+from pgbouncer_server import PgBouncerServer, read_pool_for
 
 # The watchers: at 1 s and 100 ms with staleness dated from the WAL (the default where
 # pg_walinspect is permitted, as here), and at 100 ms with the heartbeat too (10 ms).
@@ -168,11 +168,7 @@ POOL_SLA = {"max_lag": "50ms", "eject_after": 3, "readmit_below": "25ms", "readm
 
 @pytest.fixture
 def pgbouncer(field: ChaosCluster) -> Iterator[PgBouncerServer]:
-    server = PgBouncerServer(primary_dsn_entry=f"host=127.0.0.1 port={field.primary.port} dbname=postgres")
-    r1, r2 = field.replicas
-    server.include_file.write_text(f"app_ro = host={r1.host},{r2.host} port={r1.port} dbname=postgres\n")
-    readable_by_servers(server.include_file)
-    with server:
+    with read_pool_for(field) as server:
         yield server
 
 

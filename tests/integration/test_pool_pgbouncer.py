@@ -16,7 +16,7 @@ from chaoscluster import ChaosCluster
 from harness import Lagwatch, Writer, cluster_config, let_time_pass, run_cli
 from lagwatch.demo.ports import free_port
 from oracle import LagOracle
-from pgbouncer_server import PgBouncerServer, readable_by_servers
+from pgbouncer_server import PgBouncerServer, read_pool_for, readable_by_servers
 
 INTERVAL = 1.0
 
@@ -28,12 +28,8 @@ SLA = {"max_lag": "2s", "eject_after": 2, "readmit_below": "1s", "readmit_after"
 
 @pytest.fixture(scope="module")
 def pgbouncer(pg_cluster: ChaosCluster) -> Iterator[PgBouncerServer]:
-    server = PgBouncerServer(primary_dsn_entry=f"host=127.0.0.1 port={pg_cluster.primary.port} dbname=postgres")
     # The file lagwatch owns exists before PgBouncer starts, as an operator would set it up.
-    r1, r2 = pg_cluster.replicas
-    server.include_file.write_text(f"app_ro = host={r1.host},{r2.host} port={r1.port} dbname=postgres\n")
-    readable_by_servers(server.include_file)
-    with server:
+    with read_pool_for(pg_cluster) as server:
         yield server
 
 

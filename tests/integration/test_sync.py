@@ -8,14 +8,12 @@ What is measured here does not depend on the server version: one version runs th
 
 from __future__ import annotations
 
-import os
 import re
-import signal
 import statistics
-import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -23,6 +21,7 @@ from chaoscluster import ChaosCluster
 from harness import Lagwatch, cluster_config
 from lagwatch.demo.ports import free_port
 from lagwatch.syncrep import StandbyNamesError, parse_standby_names
+from loads import Pgbench
 
 pytestmark = pytest.mark.one_pg_version
 
@@ -59,33 +58,10 @@ def sync_waiters(cluster: ChaosCluster) -> int:
     return int(cluster.primary.scalar("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'"))
 
 
-class Pgbench:
-    """pgbench inserting on the primary with a progress line every second, stopped by PID."""
-
-    def __init__(self, cluster: ChaosCluster, workdir: Path, *, clients: int = 2, seconds: int = 60,
-                 options: str = "") -> None:
-        script = workdir / "insert.sql"
-        script.write_text("INSERT INTO sync_commits DEFAULT VALUES;\n")
-        self.log = workdir / "pgbench.log"
-        env = {"PGOPTIONS": options} if options else {}
-        self.proc = subprocess.Popen(
-            [str(cluster.binaries.tool("pgbench")), "-n", "-h", cluster.primary.host, "-p", str(cluster.primary.port),
-             "-U", "postgres", "-c", str(clients), "-T", str(seconds), "-P", "1", "-f", str(script), "postgres"],
-            stdout=self.log.open("w"), stderr=subprocess.STDOUT, env={**os.environ, **env})
-
-    def progress(self) -> list[float]:
-        """Transactions per second, one figure per progress line so far."""
-        return [float(m.group(1)) for m in re.finditer(r"progress: [\d.]+ s, ([\d.]+) tps", self.log.read_text())]
-
-    def stop(self) -> str:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        return self.log.read_text()
+def insert_bench(cluster: ChaosCluster, workdir: Path, **options: Any) -> Pgbench:
+    """pgbench inserting on the primary (one INSERT a transaction), 2 clients for 60 s unless told."""
+    return Pgbench(cluster, workdir, script="INSERT INTO sync_commits DEFAULT VALUES;\n",
+                   **{"clients": 2, "seconds": 60, **options})
 
 
 # Accepted and refused settings, from the parser's unit table: the server must agree.
@@ -127,7 +103,7 @@ def test_a_quorum_that_loses_both_standbys_stalls_commits_within_two_intervals(
     assert lw.value("lagwatch_sync_commit_at_risk") == 0
     assert lw.value("lagwatch_sync_commit_waits_on_standbys") == 1
 
-    bench = Pgbench(pg_cluster, tmp_path)
+    bench = insert_bench(pg_cluster, tmp_path)
     try:
         r2.stop()
         lw.expect("lagwatch_sync_standbys_healthy", 1, timeout=10)
@@ -200,7 +176,7 @@ def test_remote_apply_commit_wait_matches_pgbench(pg_cluster: ChaosCluster, lagw
     lw.expect("lagwatch_replica_sync_state", 1, timeout=10, replica=r1.name, state="sync")
 
     def latency_ms(options: str, seconds: int = 6) -> float:
-        bench = Pgbench(pg_cluster, tmp_path, clients=1, seconds=seconds, options=options)
+        bench = insert_bench(pg_cluster, tmp_path, clients=1, seconds=seconds, options=options)
         bench.proc.wait(seconds + 30)
         match = re.search(r"latency average = ([\d.]+) ms", bench.log.read_text())
         assert match, bench.log.read_text()

@@ -217,3 +217,19 @@ def test_the_clocks_offset_is_the_quickest_reads_over_a_window() -> None:
     assert scanner.offset(1001.0, 51.030) == pytest.approx(-949.996)  # a late answer (busy host): not taken
     assert scanner.offset(1002.0, 52.001) == pytest.approx(-949.999)  # a quicker one is
     assert scanner.offset(1020.0, 70.020) == pytest.approx(-949.980)  # the window moved on
+
+
+def test_the_heartbeat_config_says_what_is_wrong_and_where() -> None:
+    from lagwatch.config import parse_config
+    from lagwatch.errors import ConfigError
+
+    cluster = {"name": "m", "primary": {"dsn": "host=a"}}
+    assert parse_config({"clusters": [cluster]}).clusters[0].heartbeat is None  # off unless configured
+    on = parse_config({"clusters": [{**cluster, "heartbeat": {}}]}).clusters[0].heartbeat
+    assert on is not None and (on.interval, on.table, on.id) == (0.025, "lagwatch_heartbeat", None)
+    with pytest.raises(ConfigError) as problems:
+        parse_config({"clusters": [{**cluster, "heartbeat": {"interval": "1ms", "table": "x; DROP", "id": "a b"}}]})
+    text = str(problems.value)
+    assert "clusters[0].heartbeat.interval: must be between 5ms and 10s" in text
+    assert "clusters[0].heartbeat.table: must be a lower-case table name" in text
+    assert "clusters[0].heartbeat.id: must be 1 to 63 letters" in text

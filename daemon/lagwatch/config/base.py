@@ -4,6 +4,7 @@ read only when needed), and the SLA a replica is held to."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Annotated
 
@@ -140,10 +141,25 @@ class HeartbeatConfig(_Strict):
     (deploy/sql/lagwatch-heartbeat.sql)."""
 
     interval: PositiveDuration = 0.025
-    table: str = Field(default="lagwatch_heartbeat", pattern=r"^([a-z_][a-z0-9_]{0,62}\.)?[a-z_][a-z0-9_]{0,62}$")
+    table: str = "lagwatch_heartbeat"
     # This instance's row: two lagwatch instances of an HA pair beat on rows of their own.
     # Default: the host's name.
-    id: str | None = Field(default=None, min_length=1, max_length=63, pattern=r"^[A-Za-z0-9_.:@-]+$")
+    id: str | None = None
+
+    @field_validator("table")
+    @classmethod
+    def _plain_table_name(cls, value: str) -> str:
+        # It goes into the statements as it is (lagwatch quotes nothing it did not check).
+        if not re.fullmatch(r"([a-z_][a-z0-9_]{0,62}\.)?[a-z_][a-z0-9_]{0,62}", value):
+            raise ValueError("must be a lower-case table name, optionally schema-qualified (schema.table)")
+        return value
+
+    @field_validator("id")
+    @classmethod
+    def _plain_id(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[A-Za-z0-9_.:@-]{1,63}", value):
+            raise ValueError("must be 1 to 63 letters, digits or _ . : @ -")
+        return value
 
     @field_validator("interval")
     @classmethod
