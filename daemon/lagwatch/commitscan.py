@@ -130,7 +130,7 @@ class CommitScanner:
     def dates(self, read_at: float) -> dict[str, WalDates]:
         """Each walsender's stretch (complete only where this cycle's read reached the flush)."""
         offset = min((o for _, o in self._offsets), default=0.0)
-        return {name: WalDates(s.start, s.end, s.commits, complete=s.complete, read_at=read_at, offset=offset)
+        return {name: WalDates(s.start, s.end, s.commits, complete=s.complete, offset=offset)
                 for name, s in self._stretches.items()}
 
     async def scan(self, conn: psycopg.AsyncConnection[Any], senders: Sequence[WalSender], current_lsn: int | None,

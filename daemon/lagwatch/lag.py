@@ -86,10 +86,9 @@ class WalDates:
     start: int
     end: int
     commits: tuple[tuple[int, float], ...]  # (start LSN of the commit record, monotonic time it was made)
-    # Read up to where the primary had flushed when it was read, by ``read_at``: no commit
-    # past the last listed had been made by then.
+    # Read up to where the primary had flushed when it was read: no commit past the last
+    # listed had been made by then.
     complete: bool
-    read_at: float
     # Lagwatch's monotonic clock less the primary's wall clock, as the reads measured it
     # (never less than the truth: commitscan.CommitScanner.offset). 0.0: not measured.
     offset: float = 0.0

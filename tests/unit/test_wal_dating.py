@@ -13,8 +13,7 @@ from lagwatch.views import walcommits
 from lagwatch.views.walcommits import CommitRead, CommitReads
 
 # Commits at LSNs 1000, 2000, 3000 made at monotonic 10.0, 10.5, 11.0; read to 3500.
-DATES = WalDates(start=900, end=3500, commits=((1000, 10.0), (2000, 10.5), (3000, 11.0)), complete=True,
-                 read_at=11.2)
+DATES = WalDates(start=900, end=3500, commits=((1000, 10.0), (2000, 10.5), (3000, 11.0)), complete=True)
 
 
 @pytest.mark.parametrize("replay,at,expected", [
@@ -40,7 +39,7 @@ def test_the_first_commit_past_the_replay_position_dates_the_staleness(replay: i
 
 
 def test_an_incomplete_read_without_a_commit_past_the_position_says_nothing() -> None:
-    capped = WalDates(start=900, end=3500, commits=((1000, 10.0),), complete=False, read_at=11.2)
+    capped = WalDates(start=900, end=3500, commits=((1000, 10.0),), complete=False)
     assert date_from_wal(1200, 12.0, capped) is None
     assert date_from_wal(950, 12.0, capped) == Staleness(2.0, "wal_commit")
 
@@ -53,7 +52,7 @@ def test_a_big_transaction_is_bounded_by_where_the_read_stopped() -> None:
     history = LagHistory("main", interval=1.0, window=10.0)
     for t in range(11):  # the primary writes 1 MB a second from t=0
         history.record_primary(1_000_000 * (t + 1), float(t), float(t), None)
-    capped = WalDates(start=1_500_000, end=7_500_000, commits=(), complete=False, read_at=10.0)
+    capped = WalDates(start=1_500_000, end=7_500_000, commits=(), complete=False)
     reading = history.reading("r1", ReplayPosition(1_500_000, 10.0, "replica", wal=capped), None, 10.0)
     # The clock: the byte after 1.5 MB was first seen at t=1 (9 s ago); the commit lies past
     # 7.5 MB, where the primary was last seen short of it at t=6: at most 4 s.
@@ -75,7 +74,7 @@ def test_the_scanner_reads_past_each_replay_position_once_and_goes_on_from_where
     scanner.absorb(_read(CommitRead(1000, 5096, (), complete=False),
                          CommitRead(50_000, 54_096, ((51_000, 999.5),), complete=False)), read_at=100.0)
     dates = scanner.dates(100.0)
-    assert dates["r1"] == WalDates(1000, 5096, (), complete=False, read_at=100.0, offset=-900.0)
+    assert dates["r1"] == WalDates(1000, 5096, (), complete=False, offset=-900.0)
     # The commit's time is the primary's, on lagwatch's clock through the same read's clock:
     # 0.5 s before the primary read its clock, answered at 100.0.
     assert dates["r3"].commits == ((51_000, 99.5),)
@@ -193,7 +192,7 @@ def test_the_commits_it_has_replayed_cap_what_the_clock_says() -> None:
     history = LagHistory("main", interval=1.0, window=10.0)
     for t in range(11):
         history.record_primary(1_000_000 * (t + 1), float(t), float(t), None)
-    behind = WalDates(start=1_400_000, end=1_450_000, commits=((1_420_000, 9.7),), complete=False, read_at=10.0)
+    behind = WalDates(start=1_400_000, end=1_450_000, commits=((1_420_000, 9.7),), complete=False)
     reading = history.reading("r1", ReplayPosition(1_500_000, 10.0, "replica", wal=behind), None, 10.0)
     assert reading["staleness"] == pytest.approx(0.3) and reading["staleness_evidence"] == "wal_commit"
 
@@ -202,8 +201,7 @@ def test_a_commit_written_late_dates_from_the_commits_written_before_it() -> Non
     """On a primary busy writing WAL a commit's record can land well after its timestamp, and
     after commits stamped later: a reader sees none of it before those, so it dates from
     the latest of them (an over-read otherwise: the replica lacks nothing that old)."""
-    inverted = WalDates(start=0, end=5000, commits=((1000, 10.50), (2000, 10.44), (3000, 10.55)), complete=True,
-                        read_at=11.0)
+    inverted = WalDates(start=0, end=5000, commits=((1000, 10.50), (2000, 10.44), (3000, 10.55)), complete=True)
     assert date_from_wal(1500, 11.0, inverted) == Staleness(pytest.approx(0.50), "wal_commit")  # not 0.56
     assert date_from_wal(500, 11.0, inverted) == Staleness(pytest.approx(0.50), "wal_commit")
     # And from the last commit the replica itself has replayed, wherever that lies.
