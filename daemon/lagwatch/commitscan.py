@@ -1,7 +1,8 @@
 """Which stretches of the primary's WAL to read for commit times, and what they said.
 
 For each walsender the primary reports, lagwatch keeps the stretch of WAL just past its
-replay position that it has read: every commit in it, up to ``max_commits``. Each cycle the
+replay position (the replica's own answer of the cycle where it came in time,
+replayboard.py; else the walsender's) that it has read: every commit in it, up to ``max_commits``. Each cycle the
 stretch starts again where the walsender stood the cycle before (what was replayed before
 that is dropped) and, while it holds too few commits and ends short of the primary's
 position, is read on from its end as far as the primary has flushed, within a budget: the
@@ -40,6 +41,15 @@ log = logging.getLogger("lagwatch.poll")
 # cautious guess: each read then measures it), and the least it is taken for.
 INITIAL_SPEED = 10e6
 MIN_SPEED = 1e6
+# A read's time is a fixed part (the round trip, planning) and its decoding: a read of a
+# few kB (a replica keeping up) takes a millisecond or two whatever its size, and taken
+# for decoding speed it would say ~10 MB/s where ~80 are decoded (a primary writing a big
+# transaction). The fixed part is the quickest of the last READS_REMEMBERED reads; a read
+# of at least SPEED_READ_BYTES measures the speed with its time less that part (and never
+# less than half its time: a sample is at most twice what its whole time says, so that
+# from small reads the plan grows, read by read, to what the budget decodes).
+READS_REMEMBERED = 32
+SPEED_READ_BYTES = 8192
 # The share of its time budget a read is planned to take at that speed (the server cancels
 # it at the whole budget): at most 7.5 % of the interval, the cost bound on the primary.
 BUDGET_SHARE = 0.3
@@ -68,6 +78,7 @@ class CommitScanner:
         self.cancelled = 0  # reads the server cancelled at their budget
         self.state: bool | None = None  # whether the last read worked (None: none yet)
         self._speed = INITIAL_SPEED  # bytes a second the reads decode, as measured
+        self._read_times: deque[float] = deque(maxlen=READS_REMEMBERED)  # seconds each read took
         self._offsets: deque[tuple[float, float]] = deque()  # (answered, answered - primary's clock)
 
     def forget(self) -> None:
@@ -134,12 +145,15 @@ class CommitScanner:
                 for name, s in self._stretches.items()}
 
     async def scan(self, conn: psycopg.AsyncConnection[Any], senders: Sequence[WalSender], current_lsn: int | None,
-                   cluster: str, budget: float, note_failure: Callable[[str, str], None]) -> dict[str, WalDates]:
+                   cluster: str, budget: float, note_failure: Callable[[str, str], None],
+                   own: Mapping[str, int] | None = None) -> dict[str, WalDates]:
         """This cycle's reads on the primary's connection, and each walsender's dates. The
         read may take at most ``budget`` seconds (the server cancels it past that: it never
         costs the poll its answer); it asks for no more than that time decodes at the speed
-        the reads so far went."""
-        replays = {s.application_name: s.replay_lsn for s in senders if s.replay_lsn is not None}
+        the reads so far went. ``own``: where replicas said they have replayed up to this
+        cycle, by walsender (replayboard.py): read from there rather than from where their
+        walsenders last heard of them."""
+        replays = replay_positions(senders, own or {})
         if current_lsn is None or not replays:
             self._stretches = {}
             return {}
@@ -174,9 +188,21 @@ class CommitScanner:
         return self.dates(read_at)
 
     def _measured(self, nbytes: int, seconds: float) -> None:
-        if nbytes >= 8192 and seconds > 0:
-            self._speed = max(MIN_SPEED, 0.7 * self._speed + 0.3 * nbytes / seconds)
+        if seconds <= 0:
+            return
+        self._read_times.append(seconds)
+        if nbytes >= SPEED_READ_BYTES:
+            decoding = max(seconds - min(self._read_times), seconds / 2)
+            self._speed = max(MIN_SPEED, 0.7 * self._speed + 0.3 * nbytes / decoding)
 
     def _slower(self, asked_bytes: int, seconds: float) -> None:
         self._speed = max(MIN_SPEED, min(self._speed, asked_bytes / max(seconds, 1e-3)) / 2)
         self.cancelled += 1
+
+
+def replay_positions(senders: Sequence[WalSender], own: Mapping[str, int]) -> dict[str, int]:
+    """Where to read past, by walsender: the replica's own replay position of this cycle
+    where it came, else the one its walsender last heard (a reply old: a replica replaying
+    a big transaction is megabytes further on by then)."""
+    return {s.application_name: own.get(s.application_name, s.replay_lsn) for s in senders
+            if s.replay_lsn is not None}

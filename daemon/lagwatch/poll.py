@@ -29,6 +29,7 @@ from lagwatch.errors import flat_message
 from lagwatch.lag import WalDates
 from lagwatch.lateness import Verdict
 from lagwatch.redact import redact_text
+from lagwatch.replayboard import ReplayBoard
 from lagwatch.session import Outlasting, Session, SessionContext, reconnect_delay
 from lagwatch.snapshot import ErrorKind, NodeObservation, Role
 from lagwatch.viewreader import ViewReader, for_role
@@ -66,6 +67,7 @@ class Answer:
     views: dict[str, bool]  # view -> read this cycle (see NodeObservation.views)
     wal_dates: dict[str, WalDates] = field(default_factory=dict)  # the primary's: see NodeObservation.wal_dates
     heartbeat_seq: int | None = None  # a replica's: the beat it has replayed (heartbeat.py)
+    answered_at: float | None = None  # when its views answered, before the extra reads (monotonic)
 
 
 class NodeError(Exception):
@@ -110,10 +112,11 @@ class NodePoller:
     def connected_address(self) -> tuple[str, int] | None:
         return connected_address(self._conn)
 
-    def start(self) -> asyncio.Future[NodeObservation]:
+    def start(self, board: ReplayBoard | None = None) -> asyncio.Future[NodeObservation]:
         """This cycle's poll: one still running from an earlier cycle, one that finished
-        after its cycle stopped waiting (its answer is used now), or a new one."""
-        return self._poll.start(self.poll)
+        after its cycle stopped waiting (its answer is used now), or a new one, which
+        shares ``board`` with the cluster's other polls of this cycle (replayboard.py)."""
+        return self._poll.start(lambda: self.poll(board))
 
     def take(self, poll: asyncio.Future[NodeObservation]) -> NodeObservation:
         """The answer of a finished poll from ``start``: evidence about the node, whether
@@ -144,10 +147,25 @@ class NodePoller:
                                duration=waited, capabilities=self._caps, connects_total=self._connects,
                                pending=verdict)
 
-    async def poll(self) -> NodeObservation:
+    async def poll(self, board: ReplayBoard | None = None) -> NodeObservation:
+        """This node's answer; a replica's replay position goes on ``board`` as soon as it
+        is known, for the primary's WAL read of the same cycle."""
+        if board is None or self.role != "replica":
+            return await self._observe(board)
+        name = next((r.walsender_name for r in self.cluster.replicas if r.name == self.node), self.node)
+        board.expect(name)
+        observed = None
+        try:
+            observed = await self._observe(None)
+            return observed
+        finally:
+            position = observed.position if observed is not None else None
+            board.post(name, position.replay_lsn if position is not None and position.in_recovery else None)
+
+    async def _observe(self, board: ReplayBoard | None) -> NodeObservation:
         started = time.monotonic()
         try:
-            answer, asked_at = await self._poll_once()
+            answer, asked_at = await self._poll_once(board)
         except NodeError as exc:
             return self._failed(exc, started)
         except Exception as exc:  # a bug must not kill the cycle; it is logged with a trace
@@ -156,7 +174,8 @@ class NodePoller:
         self._failures = 0
         now = time.monotonic()
         return NodeObservation(cluster=self.cluster.name, node=self.node, role=self.role, observed_at=now,
-                               duration=now - started, asked_at=asked_at, capabilities=answer.capabilities,
+                               duration=now - started, asked_at=asked_at, answered_at=answer.answered_at,
+                               capabilities=answer.capabilities,
                                position=answer.position, walsenders=answer.walsenders, receiver=answer.receiver,
                                slots=answer.slots, wal=answer.wal, wal_dir=answer.wal_dir,
                                walinspect=answer.walinspect, wal_dates=answer.wal_dates,
@@ -183,13 +202,13 @@ class NodePoller:
         except PasswordUnavailableError:
             return None
 
-    async def _poll_once(self) -> tuple[Answer, float]:
+    async def _poll_once(self, board: ReplayBoard | None) -> tuple[Answer, float]:
         """The node's answer, and when it was asked for."""
         conn = await self._connection()
         assert self._caps is not None
         asked_at = time.monotonic()
         try:
-            answer = await self._session.ask(self._query(conn, self._caps), self.query_timeout)
+            answer = await self._session.ask(self._query(conn, self._caps, board), self.query_timeout)
         except TimeoutError:
             raise NodeError("timeout", f"no answer within {self.query_timeout:.3g}s") from None
         except psycopg.OperationalError as exc:
@@ -260,8 +279,10 @@ class NodePoller:
             log.info("%s/%s: PostgreSQL %d has no pg_get_wal_block_info (16+): WAL compression savings are not "
                      "measured", self.cluster.name, self.node, caps.major)
 
-    async def _query(self, conn: psycopg.AsyncConnection[dict[str, Any]], caps: Capabilities) -> Answer:
+    async def _query(self, conn: psycopg.AsyncConnection[dict[str, Any]], caps: Capabilities,
+                     board: ReplayBoard | None) -> Answer:
         read = await self._reader.read(conn, caps)
+        answered_at = time.monotonic()
         results, health = read.results, read.health
         if "server" not in results:
             raise NodeError("query", read.failed.get("server", "no answer from the server view"))
@@ -274,14 +295,23 @@ class NodePoller:
         walsenders = results.get("replication", ())
         wal_dates = {}
         if self._dates_from_wal(caps):
+            own = await self._replicas_own(board, walsenders)
             wal_dates = await self._scanner.scan(conn, walsenders, position.current_lsn, self.cluster.name,
-                                                 self._extra_budget(), self._reader.note_failure)
+                                                 self._extra_budget(), self._reader.note_failure, own)
             if self._scanner.state is not None:
                 health["wal_dating"] = self._scanner.state
         return Answer(capabilities=caps, position=position, walsenders=walsenders,
                       receiver=results.get("wal_receiver"), slots=results.get("slots", ()), wal=results.get("wal"),
                       wal_dir=results.get("wal_dir"), walinspect=inspection, wal_dates=wal_dates,
-                      heartbeat_seq=results.get("heartbeat"), views=health)
+                      heartbeat_seq=results.get("heartbeat"), views=health, answered_at=answered_at)
+
+    async def _replicas_own(self, board: ReplayBoard | None, walsenders: Sequence[WalSender]) -> dict[str, int]:
+        """Where the configured replicas the primary streams to say they have replayed up
+        to, this cycle, waited for no longer than an extra read's budget."""
+        if board is None:
+            return {}
+        names = {s.application_name for s in walsenders} & {r.walsender_name for r in self.cluster.replicas}
+        return await board.positions(names, self._extra_budget()) if names else {}
 
     def _extra_budget(self) -> float:
         """What each of the primary's extra reads (pg_walinspect's: commit times, FPI
@@ -320,7 +350,8 @@ async def poll_all(pollers: Sequence[NodePoller], budget: float,
     (lateness.judge_unanswered): down if it was silent, else no evidence this cycle; its
     poll goes on for a later cycle to take."""
     started = time.monotonic()
-    polls = [p.start() for p in pollers]
+    boards: dict[str, ReplayBoard] = {}
+    polls = [p.start(boards.setdefault(p.cluster.name, ReplayBoard())) for p in pollers]
     if polls or alongside:
         await asyncio.wait([*polls, *alongside], timeout=budget)
     now = time.monotonic()

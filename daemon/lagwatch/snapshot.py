@@ -51,6 +51,10 @@ class NodeObservation:
     # and observed_at. A replay position is dated here, so that a reply slowed on its way
     # (a busy event loop) cannot make it look older than it was.
     asked_at: float | None = None
+    # Monotonic time its own views answered, before the primary's extra reads (the WAL's
+    # commit times, FPI statistics): its position and clock were read between asked_at and
+    # this, which observed_at, later by those reads, would date late.
+    answered_at: float | None = None
     capabilities: Capabilities | None = None
     position: ServerPosition | None = None
     walsenders: tuple[WalSender, ...] = ()

@@ -55,7 +55,8 @@ class _PrimaryClock:
         if standby:
             epoch = position.last_replay_epoch
             return None if epoch is None else cls(primary.asked_at or primary.observed_at, epoch)
-        return None if position.clock_epoch is None else cls(primary.observed_at, position.clock_epoch)
+        read_at = primary.answered_at or primary.observed_at
+        return None if position.clock_epoch is None else cls(read_at, position.clock_epoch)
 
     def monotonic(self, epoch: float) -> float:
         return self.observed_at - (self.epoch - epoch)
@@ -142,15 +143,16 @@ class ClusterTracker:
         if primary is None or primary.position is None:
             return _PrimaryView(None, now, _NO_PRIMARY, now, None, standby, {})
         position = primary.position
+        read_at = primary.answered_at or primary.observed_at  # not later by the extra reads that follow
         lsn = position.current_lsn if not standby else _received(position)
         if lsn is not None:
-            if self.history.record_primary(lsn, primary.observed_at, primary.asked_at,
+            if self.history.record_primary(lsn, read_at, primary.asked_at,
                                            roles.fork.lsn if roles.fork is not None else None):
                 self.forecast.forget()
-            self.forecast.note_primary(primary.observed_at, lsn)
+            self.forecast.note_primary(read_at, lsn)
         if not standby:  # a standby's transactions are its readers', not the writes to replicate
-            self.history.note_xacts(primary.observed_at, position.xacts_total)
-        return _PrimaryView(lsn, primary.observed_at, {s.application_name: s for s in primary.walsenders},
+            self.history.note_xacts(read_at, position.xacts_total)
+        return _PrimaryView(lsn, read_at, {s.application_name: s for s in primary.walsenders},
                             primary.asked_at or primary.observed_at, _PrimaryClock.of(primary, standby), standby,
                             primary.wal_dates)
 

@@ -189,7 +189,7 @@ class SocketNode(NodePoller):
         self._caps = CAPS
         return self._session.conn
 
-    async def _query(self, conn: Any, caps: Capabilities) -> Answer:
+    async def _query(self, conn: Any, caps: Capabilities, board: Any) -> Answer:
         if not self.answers:
             await asyncio.get_running_loop().create_future()  # never done
         return Answer(capabilities=caps, position=ServerPosition(True, None, 100, 100, "not paused", 1.0),
@@ -205,7 +205,7 @@ class BusyNeighbour(NodePoller):
         super().__init__(cluster, "primary", "primary", cluster.primary, CONFIG)
         self.hold = hold
 
-    async def poll(self) -> NodeObservation:
+    async def poll(self, board: object = None) -> NodeObservation:
         await asyncio.sleep(0)
         time.sleep(self.hold)
         return NodeObservation(cluster="main", node="primary", role="primary", observed_at=time.monotonic(),

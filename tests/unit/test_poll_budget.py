@@ -31,7 +31,7 @@ class FakePoller(NodePoller):
     def release(self) -> None:
         self.gate.set()
 
-    async def poll(self) -> NodeObservation:
+    async def poll(self, board: object = None) -> NodeObservation:
         self.started += 1
         self.running += 1
         self.most_running = max(self.most_running, self.running)

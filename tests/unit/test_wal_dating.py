@@ -105,9 +105,17 @@ def test_the_reads_go_as_far_as_the_budget_decodes() -> None:
     before = scanner._speed
     scanner._slower(1_000_000, 0.05)
     assert scanner._speed == pytest.approx(min(before, 20e6) / 2) and scanner.cancelled == 1
-    # A read that went through: the speed follows what it measured.
-    scanner._measured(10_000_000, 0.1)
-    assert scanner._speed == pytest.approx(0.7 * min(before, 20e6) / 2 + 0.3 * 100e6)
+    # A small read (a replica keeping up) says what a read costs whatever its size, not
+    # the decoding speed: that stays.
+    halved = scanner._speed
+    scanner._measured(4_000, 0.002)
+    assert scanner._speed == halved
+    # A big read's time, less that fixed part, is its decoding: the speed follows it.
+    scanner._measured(10_000_000, 0.102)
+    assert scanner._speed == pytest.approx(0.7 * halved + 0.3 * 100e6)
+    # Never more than twice what its whole time says.
+    scanner._measured(100_000, 0.003)
+    assert scanner._speed == pytest.approx(0.7 * (0.7 * halved + 0.3 * 100e6) + 0.3 * 100_000 / 0.0015)
 
 
 def test_a_stretch_keeps_at_most_max_commits_and_reads_the_rest_later() -> None:
