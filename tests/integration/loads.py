@@ -38,11 +38,17 @@ def prepare(cluster: ChaosCluster, big_rows: int = 0) -> None:
                     cluster.primary.host, "-p", str(cluster.primary.port), "-U", "postgres", "postgres"],
                    check=True, capture_output=True, timeout=120)
     if big_rows:
-        cluster.primary.execute(f"DROP TABLE IF EXISTS {BIG_TABLE}")
-        cluster.primary.execute(f"CREATE TABLE {BIG_TABLE} (id int PRIMARY KEY, v int NOT NULL) "
-                                "WITH (autovacuum_enabled = off)")
-        cluster.primary.execute(f"INSERT INTO {BIG_TABLE} SELECT g, 0 FROM generate_series(1, {big_rows}) g")
+        create_big_table(cluster, big_rows)
     cluster.wait_replayed()
+
+
+def create_big_table(cluster: ChaosCluster, rows: int) -> None:
+    """The table the big transaction updates whole (big_update), afresh, replayed everywhere."""
+    cluster.primary.execute(f"DROP TABLE IF EXISTS {BIG_TABLE}")
+    cluster.primary.execute(f"CREATE TABLE {BIG_TABLE} (id int PRIMARY KEY, v int NOT NULL) "
+                            "WITH (autovacuum_enabled = off)")
+    cluster.primary.execute(f"INSERT INTO {BIG_TABLE} SELECT g, 0 FROM generate_series(1, {rows}) g")
+    cluster.wait_replayed(timeout=120)
 
 
 class Pgbench:

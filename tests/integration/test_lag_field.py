@@ -5,18 +5,23 @@ loads where SLAs are broken in production, with staleness dated from the WAL's c
 Throughout each case pgbench runs TPC-B-like transactions at a Poisson rate over four
 clients (tests/integration/loads.py) beside the oracle's writer (200 commits/s) and its
 probes (tests/integration/oracle.py). The cases: a steady 40 ms apply delay; replay held in
-bursts of tens of ms; the same apply delay with the host busy with CPU-bound neighbours.
+bursts of tens of ms; the same apply delay with the host busy with CPU-bound neighbours;
+one UPDATE of a million rows (some 300 MB of WAL, which the replicas replay for seconds
+while the load goes on), judged from its start until both have replayed through it.
 Three `lagwatch run` processes watch: at 1 s and 100 ms, and at 100 ms with a 10 ms
 heartbeat. For every reading of either replica the oracle proves a lower and an upper
-bound of the truth (the upper one counting pgbench's commits: see oracle.py); each case checks, per watcher, the p95 and median of the readings
-against the oracle's over the same instants (within max(10 ms, 20 %)), the share of
+bound of the truth (the upper one counting pgbench's commits: see oracle.py); each case
+checks, per watcher, the p95 and median of the readings against the oracle's over the
+same instants (within max(10 ms, 20 %)), the share of
 readings under the lower bound by more than max(10 ms, 20 %) (at most 2 %), and the share
 over the upper bound by more than max(5 ms, 10 %) (at most 1 %: an over-read ejects a
-healthy replica). Then pool control at a 50 ms SLA under the same load. What each case
-measured is printed (pytest -s). One UPDATE of a million rows amid the load is not here:
-it is beyond what the WAL dating reads within its cost bound (docs/lag.md), and
-bench/lagfield.py measures it, with the error distributions of every case and the LSN
-clock alone beside.
+healthy replica). The big UPDATE is held to all of it but the share of under-reads, which
+is printed, not asserted: where a replica replays megabytes between two polls the WAL
+dating's read (bounded in cost) does not always reach its first missing commit, and the
+readings it leaves to the LSN clock under-read at times (1-7 % of them at 100 ms,
+docs/lag.md). Then pool control at a 50 ms SLA under the same load. What each case
+measured is printed (pytest -s). bench/lagfield.py measures the same cases with the
+error distributions, and the LSN clock alone beside.
 """
 
 from __future__ import annotations
@@ -24,14 +29,14 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from chaoscluster import ChaosCluster
 from harness import Lagwatch, Reading, Readings, cluster_config, let_time_pass
 from lagwatch.demo.ports import free_port
-from loads import BusyHost, Oltp, ReplayBursts, create_heartbeat_table, prepare
+from loads import BusyHost, Oltp, ReplayBursts, big_update, create_big_table, create_heartbeat_table, prepare
 from oracle import LagOracle, OracleLog, Truth, nearest_rank, tolerance
 from pgbouncer_server import PgBouncerServer, read_pool_for
 
@@ -41,6 +46,7 @@ WATCHERS = {"1s": ("1s", {}), "100ms": ("100ms", {}),
             "100ms+heartbeat": ("100ms", {"heartbeat": {"interval": "10ms", "id": "field"}})}
 
 SPAN = 11.0  # seconds of readings judged per case: at 100 ms, 100 or more (1 % of them is one reading)
+BIG_ROWS = 1_000_000  # the big transaction's table: its UPDATE writes some 300 MB of WAL
 REPLICAS = ("replica1", "replica2")
 
 
@@ -67,8 +73,8 @@ def watchers(field: ChaosCluster, tmp_path_factory: pytest.TempPathFactory) -> I
             lw.stop()
 
 
-def judge(case: str, collected: dict[str, Readings], log: OracleLog, start: float, end: float) -> tuple[list[str],
-                                                                                                       list[str]]:
+def judge(case: str, collected: dict[str, Readings], log: OracleLog, start: float, end: float,
+          under_reads_judged: bool = True) -> tuple[list[str], list[str]]:
     """What each interval read of each replica in [start, end] against the oracle: the
     report's lines, and the failures."""
     lines, failures = [], []
@@ -78,13 +84,13 @@ def judge(case: str, collected: dict[str, Readings], log: OracleLog, start: floa
             if len(seen) < 5:
                 failures.append(f"{case} @ {name} {replica}: only {len(seen)} readings")
                 continue
-            line, problems = _judge_one(f"{case} @ {name} {replica}", seen, log)
+            line, problems = _judge_one(f"{case} @ {name} {replica}", seen, log, under_reads_judged)
             lines.append(line)
             failures += problems
     return lines, failures
 
 
-def _judge_one(label: str, seen: list[Reading], log: OracleLog) -> tuple[str, list[str]]:
+def _judge_one(label: str, seen: list[Reading], log: OracleLog, under_reads_judged: bool) -> tuple[str, list[str]]:
     truths = [log.truth(r.replica, r.at) for r in seen]
     values = [r.seconds for r in seen]
     p95, median = nearest_rank(values, 0.95), statistics.median(values)
@@ -101,7 +107,7 @@ def _judge_one(label: str, seen: list[Reading], log: OracleLog) -> tuple[str, li
         problems.append(f"p95: {line}")
     if not _within(median, *oracle_median):
         problems.append(f"median: {line}")
-    if len(under) > 0.02 * len(seen):
+    if under_reads_judged and len(under) > 0.02 * len(seen):
         problems.append(f"under-reads: {line}: " + "; ".join(_show(r, t) for r, t in under[:5]))
     if len(over) > 0.01 * len(seen):
         problems.append(f"over-reads: {line}: " + "; ".join(_show(r, t) for r, t in over[:5]))
@@ -117,21 +123,26 @@ def _show(r: Reading, truth: Truth) -> str:
             f"{truth.low * 1000:.1f}..{truth.high * 1000:.1f}")
 
 
+def _span() -> None:
+    let_time_pass(SPAN)  # the span judged: its readings are what is compared
+
+
 def _case(case: str, field: ChaosCluster, watchers: dict[str, Lagwatch], tmp_path: Path,
-          settle: float = 3.0) -> tuple[list[str], list[str]]:
+          settle: float = 3.0, judged: Callable[[], None] = _span, under_reads_judged: bool = True) -> tuple[
+        list[str], list[str]]:
     """The OLTP load and the oracle; ``settle`` seconds for the case to take hold, then
-    SPAN seconds judged."""
+    what ``judged`` does (SPAN seconds by default) is judged."""
     with Oltp(field, tmp_path), LagOracle(field, tmp_path / "oracle") as oracle, \
             contextlib.ExitStack() as stack:
         collected = {name: stack.enter_context(Readings(lw)) for name, lw in watchers.items()}
         let_time_pass(settle)  # the case in force (a reload takes effect in the replica's own time)
         start = time.monotonic()
-        let_time_pass(SPAN)  # the span judged: its readings are what is compared
+        judged()
         end = time.monotonic()
         for lw in watchers.values():
             lw.wait_cycles(1)  # the readings of the span's last instants published
         log = oracle.read(others=True)  # pgbench commits beside the writer
-    return judge(case, collected, log, start, end)
+    return judge(case, collected, log, start, end, under_reads_judged)
 
 
 def _report(lines: list[str], failures: list[str]) -> None:
@@ -159,6 +170,21 @@ def test_a_busy_host(field: ChaosCluster, watchers: dict[str, Lagwatch], tmp_pat
             _report(*_case("40 ms delay, busy host", field, watchers, tmp_path))
     finally:
         field.replicas[0].set_apply_delay(0)
+
+
+@pytest.mark.one_pg_version  # the WAL dating reads both majors alike (the other cases run on each)
+def test_a_big_transaction_amid_the_load(field: ChaosCluster, watchers: dict[str, Lagwatch], tmp_path: Path) -> None:
+    create_big_table(field, BIG_ROWS)
+    took: list[float] = []
+
+    def update_and_replay_through() -> None:
+        took.append(big_update(field))
+        field.wait_replayed(timeout=120)
+
+    lines, failures = _case("UPDATE of a million rows", field, watchers, tmp_path, judged=update_and_replay_through,
+                            under_reads_judged=False)
+    print(f"the UPDATE took {took[0]:.1f} s")
+    _report(lines, failures)
 
 
 # -- pool control at a 50 ms SLA under the same load ---------------------------------------
