@@ -234,9 +234,16 @@ class LsnClock:
         lower_evidence: Evidence = "lsn_clock"
         if later_commit is not None and now - later_commit > lower:
             lower, lower_evidence = now - later_commit, "commit_timestamp"
+        # What the replica lacks became visible after the last commit it replayed: that
+        # commit's age is a proven upper bound. The clock's own bounds date bytes, and the
+        # bytes just past the replay position may be a big transaction's, written long
+        # before the commit that makes them visible: they hold no further than this.
+        proven = float("inf") if last_commit is None else max(0.0, now - last_commit)
+        if lower > proven:
+            lower, lower_evidence = proven, "commit_timestamp"
         if k == 0:
-            return Staleness(lower, "history_start")
-        upper = now - self._last[k - 1]
+            return Staleness(lower, "history_start" if lower_evidence != "commit_timestamp" else lower_evidence)
+        upper = min(now - self._last[k - 1], proven)
         lower = min(lower, upper)
         # What the replica misses came after the last commit it replayed: that commit's
         # age bounds the staleness from above. As an estimate it is high by the wait for

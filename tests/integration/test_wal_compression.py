@@ -54,7 +54,10 @@ def test_saved_bytes_match_the_fpi_bytes_compression_took_away(cluster: ChaosClu
     off_start, off_end = run(cluster, "off")
     fpi_off = fpi_bytes(cluster, off_start, off_end)
 
-    config = cluster_config(cluster, free_port(["127.0.0.1"]), interval="500ms", window="1m",
+    # At 2 s each block read may take 0.4 s before the server cancels it (a quarter of the
+    # poll's deadline): the run's 27 MB of WAL within it on a busy host too (at 500 ms,
+    # 0.1 s, CI once saw it cancelled and the savings uncounted: docs/replication.md).
+    config = cluster_config(cluster, free_port(["127.0.0.1"]), interval="2s", window="1m",
                             state_dir=str(tmp_path / "state"))
     config["clusters"][0]["walinspect_max_bytes"] = 256 * 1024 * 1024  # nothing skipped
     lw = Lagwatch(tmp_path, config)
