@@ -18,6 +18,7 @@ from lagwatch import __version__
 from lagwatch.config import ClusterConfig, Config, PatroniClusterConfig, load_config
 from lagwatch.durations import parse_duration
 from lagwatch.errors import ConfigError
+from lagwatch.escape import escape_controls
 
 if TYPE_CHECKING:
     from lagwatch.holds import HoldStore
@@ -26,14 +27,23 @@ EXIT_CONFIG = 2
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line: for log shippers."""
+    """One JSON object per line: for log shippers. The message's control characters are
+    escaped as in the text format (escape.py), so both show the same text."""
 
     def format(self, record: logging.LogRecord) -> str:
         entry = {"ts": round(record.created, 3), "level": record.levelname.lower(), "logger": record.name,
-                 "msg": record.getMessage()}
+                 "msg": escape_controls(record.getMessage())}
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
         return json.dumps(entry)
+
+
+class OneLineFormatter(logging.Formatter):
+    """Text, one line an event: control characters escaped in the whole line (a member
+    name from Patroni, a file name, a traceback's newlines alike; escape.py)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return escape_controls(super().format(record))
 
 
 def setup_logging(level: str, log_format: str = "text") -> None:
@@ -42,9 +52,9 @@ def setup_logging(level: str, log_format: str = "text") -> None:
         handler.setFormatter(JsonFormatter())
     elif os.environ.get("JOURNAL_STREAM"):
         # Under systemd the journal stamps every line already: no second timestamp.
-        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(OneLineFormatter("%(levelname)s %(name)s: %(message)s"))
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(OneLineFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(getattr(logging, level.upper(), logging.INFO))
@@ -72,7 +82,7 @@ def _with_cluster_dir(config: Config) -> Config:
     merged, files = with_cluster_dir(config)
     for f in files:
         if f.error is not None:
-            print(f"{f.path}: {f.error} (run skips this file)", file=sys.stderr)
+            print(escape_controls(f"{f.path}: {f.error} (run skips this file)"), file=sys.stderr)
     return merged
 
 
@@ -85,7 +95,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     merged, files = with_cluster_dir(config)
     broken = [f for f in files if f.error is not None]
     for f in broken:
-        print(f"{f.path}: {f.error}", file=sys.stderr)
+        print(escape_controls(f"{f.path}: {f.error}"), file=sys.stderr)
     replicas = sum(len(c.replicas) for c in merged.clusters_with_nodes)
     discovered = f", {len(merged.patroni_clusters)} discovered through Patroni" if merged.patroni_clusters else ""
     in_dir = f", {len(files) - len(broken)} from {config.clusters_dir}" if config.clusters_dir is not None else ""

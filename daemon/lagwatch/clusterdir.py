@@ -12,6 +12,11 @@ name another file (or the main config) already uses is such an error too.
 
 ``scan`` stats the directory's files and re-reads only those that changed (inode, size,
 modification time), so it is cheap enough to run every cycle.
+
+Only files inside the directory are read. A symbolic link that resolves to a file outside
+it (``/etc/shadow``, with lagwatch running as root) is refused by its own name, its
+target never opened, and a dangling one is reported once; links within the directory
+(a Kubernetes ConfigMap's ``..data/``) are followed.
 """
 
 from __future__ import annotations
@@ -141,12 +146,18 @@ class ClusterDir:
                 try:
                     st = entry.stat()
                 except FileNotFoundError:
-                    continue  # removed between the listing and the stat
+                    try:  # a dangling link: reported (by _read), not skipped in silence
+                        st = entry.stat(follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue  # removed between the listing and the stat
                 found[entry.name] = (st.st_ino, st.st_size, st.st_mtime_ns)
         return found
 
     def _read(self, name: str, signature: tuple[int, int, int], entry: _Entry | None) -> _Entry:
         path = self.path / name
+        refusal = link_refusal(self.path, path)
+        if refusal is not None:
+            return _Entry(signature, entry.good if entry is not None else None, refusal)
         try:
             cluster = parse_cluster_file(path)
         except ConfigError as exc:
@@ -176,6 +187,20 @@ class ClusterDir:
             elif problem is None and before is not None and before.error is not None:
                 log.info("clusters_dir: %s is in force again", path)
         self._standing = standing
+
+
+def link_refusal(directory: Path, path: Path) -> str | None:
+    """Why ``path``, a symbolic link in ``directory``, is not read (None: it is not a link,
+    or one to a file inside the directory). Names neither the target nor what it holds."""
+    if not path.is_symlink():
+        return None
+    target = os.path.realpath(path)
+    if not os.path.exists(target):
+        return "a symbolic link to nothing: skipped"
+    root = os.path.realpath(directory)
+    if os.path.commonpath([root, target]) != root:
+        return "a symbolic link to a file outside clusters_dir: not read (only files inside the directory are)"
+    return None
 
 
 def _naming(cluster: AnyClusterConfig | None) -> str:

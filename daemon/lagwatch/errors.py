@@ -9,6 +9,8 @@ from collections.abc import Collection, Mapping, Sequence
 
 from pydantic import ValidationError
 
+from lagwatch.escape import escape_controls, excerpt
+
 
 class ConfigError(Exception):
     """A config file that cannot be used; ``problems`` lists every error with its path."""
@@ -19,8 +21,10 @@ class ConfigError(Exception):
         super().__init__(f"{source}: " + "; ".join(self.problems))
 
     def render(self) -> str:
-        lines = [f"{self.source}: {len(self.problems)} problem(s)"]
-        lines += [f"  {p}" for p in self.problems]
+        """One line for the source, one a problem: control characters in either (a file
+        name, a key read from the file) escaped, so that none can start a line of its own."""
+        lines = [f"{escape_controls(self.source)}: {len(self.problems)} problem(s)"]
+        lines += [f"  {escape_controls(p)}" for p in self.problems]
         return "\n".join(lines)
 
 
@@ -33,7 +37,7 @@ def flat_message(exc: BaseException) -> str:
 def one_line(text: str, limit: int = 500) -> str:
     """``text`` as one printable line of bounded length: a key or value from a hostile file
     must not start a new log line (or a fake one) or flood the terminal."""
-    out = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+    out = escape_controls(text)
     return out if len(out) <= limit else out[:limit] + f"... ({len(out) - limit} more characters)"
 
 
@@ -60,11 +64,17 @@ def _is_tag(tagged: Mapping[str, Collection[str]], key: int | str, part: int | s
 
 
 def key_path(loc: Sequence[int | str]) -> str:
-    """``("clusters", 0, "pooler", "backend")`` -> ``clusters[0].pooler.backend``."""
+    """``("clusters", 0, "pooler", "backend")`` -> ``clusters[0].pooler.backend``. A key
+    is the file's own text where it is unknown (a line of whatever a path led to), so each
+    is an excerpt: bounded, escaped."""
     out = ""
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
         else:
-            out += f".{part}" if out else part
+            key = excerpt(part, KEY_EXCERPT)
+            out += f".{key}" if out else key
     return out
+
+
+KEY_EXCERPT = 40  # characters of a key an error message shows

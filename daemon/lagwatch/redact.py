@@ -30,3 +30,20 @@ def redact_text(text: str, secrets: Iterable[str | None]) -> str:
         if secret:
             text = text.replace(secret, "***")
     return _PASSWORD_IN_URI.sub(r"\1***\3", _PASSWORD_IN_DSN.sub(r"\1***", text))
+
+
+def redact_url(url: str) -> str:
+    """``url`` with whatever stands before its last ``@`` past the scheme hidden but a
+    plain user name (``https://u:***@host``): for a URL lagwatch refuses and names in the
+    refusal. Cut at the last ``@`` of the whole URL, not of its authority: a password
+    holding ``/``, ``?``, ``#`` or ``@`` would end the authority early for a URL parser,
+    and its tail would show."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "", url
+    userinfo, at, after = rest.rpartition("@")
+    if not at:
+        return url
+    user = re.match(r"[A-Za-z0-9._~-]*", userinfo)
+    name = user.group() if user else ""
+    return f"{scheme}{sep}{name}{'' if name == userinfo else ':***'}@{after}"

@@ -20,6 +20,7 @@ from lagwatch.config.base import (
     _Strict,
 )
 from lagwatch.config.poolers import HAProxyPoolerConfig, PgBouncerPoolerConfig, PoolerConfig
+from lagwatch.redact import redact_url
 
 
 class PatroniDiscoveryConfig(_Strict):
@@ -34,6 +35,10 @@ class PatroniDiscoveryConfig(_Strict):
     key_file: Path | None = None
     verify: bool = True
     timeout: PositiveDuration | None = None  # per URL asked; default: the cycle's budget, at most 2 s
+    # An answer with more members is refused (the last good membership kept): each member
+    # is a node polled, a connection held and a log line written, and a Patroni cluster
+    # has a handful. Raise it for a bigger one.
+    max_members: int = Field(default=32, ge=1, le=1000)
 
     @field_validator("urls")
     @classmethod
@@ -45,11 +50,13 @@ class PatroniDiscoveryConfig(_Strict):
             except ValueError:
                 port = 0
             if port == 0:
-                raise ValueError(f"{url!r}: the port is not a number from 1 to 65535")
+                raise ValueError(f"{redact_url(url)!r}: the port is not a number from 1 to 65535")
             if (parts.scheme not in ("http", "https") or not parts.hostname or "@" in parts.netloc
                     or parts.path not in ("", "/") or parts.query or parts.fragment or re.search(r"\s", url)):
-                raise ValueError(f"{url!r} is not an http:// or https:// URL of a Patroni REST API "
-                                 "(scheme, host and port only)")
+                raise ValueError(f"{redact_url(url)!r} is not an http:// or https:// URL of a Patroni REST API "
+                                 "(scheme, host and port only"
+                                 + ("; credentials go in username and password_file" if "@" in parts.netloc else "")
+                                 + ")")
         return urls
 
     @model_validator(mode="after")
