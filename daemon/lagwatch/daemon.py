@@ -32,7 +32,7 @@ from lagwatch.clusterdir import ClusterDir
 from lagwatch.config import Config, load_config
 from lagwatch.cyclelog import log_cycle, status_line
 from lagwatch.cyclestats import CycleStats, watchdog_budget
-from lagwatch.discovery import Discovery
+from lagwatch.discovery import Discovery, room_for
 from lagwatch.durations import format_duration
 from lagwatch.errors import ConfigError
 from lagwatch.evidence import Evidence
@@ -131,7 +131,7 @@ class Daemon:
             # applies from the next one.
             if self._discovering is None and self._source.patroni_clusters and self.discover_every_cycle:
                 self._discovering = asyncio.ensure_future(
-                    self.discovery.refresh(self._source.patroni_clusters, budget))
+                    self.discovery.refresh(self._source.patroni_clusters, budget, room_for(self._source)))
             for writer in runtime.heartbeats.values():
                 writer.ensure_started()  # beats on its own schedule, between and beside the cycles
             # Leadership's round trips (one per primary server) run beside the polls.
@@ -192,7 +192,7 @@ class Daemon:
         """Ask for every discovered cluster's members and put them in force before the
         next cycle (for one-shot commands, which cannot wait for cycles to pass)."""
         async with self._lock:
-            if await self.discovery.refresh(self._source.patroni_clusters, timeout):
+            if await self.discovery.refresh(self._source.patroni_clusters, timeout, room_for(self._source)):
                 await self._members_changed()
 
     async def _take_discovery(self) -> None:

@@ -61,27 +61,49 @@ class Discovery:
                                        tuple((m.name, m.role, m.state) for m in members)))
         return tuple(out)
 
-    async def refresh(self, clusters: Sequence[PatroniClusterConfig], timeout: float) -> bool:
-        """Ask every cluster's Patroni; True when a membership in force changed."""
+    async def refresh(self, clusters: Sequence[PatroniClusterConfig], timeout: float, room: int | None = None) -> bool:
+        """Ask every cluster's Patroni; True when a membership in force changed. ``room``:
+        how many nodes the discovered clusters may have together (the daemon's max_nodes
+        less its static nodes); a membership that would take them past it is refused, the
+        last good one kept, as an answer that is no member list is."""
         for name in set(self._known) - {c.name for c in clusters}:
             del self._known[name]  # a cluster removed from the config by a reload
-        results = await asyncio.gather(*(self._refresh_one(c, timeout) for c in clusters))
-        return any(results)
+        fetched = await asyncio.gather(*(self._fetch(c, timeout) for c in clusters))
+        used = sum(len(k.membership.members) for k in self._known.values() if k.membership is not None)
+        changed = False
+        for cluster, answer in zip(clusters, fetched, strict=True):
+            known = self._known.setdefault(cluster.name, _Known(cluster.name))
+            held = len(known.membership.members) if known.membership is not None else 0
+            if isinstance(answer, Membership) and room is not None and used - held + len(answer.members) > room:
+                answer = (f"{answer.source}: {len(answer.members)} members, more than the {max(0, room - used + held)}"
+                          " nodes max_nodes leaves room for: refused")
+            changed = self._take(cluster, known, answer) or changed
+            used += (len(known.membership.members) if known.membership is not None else 0) - held
+        return changed
 
-    async def _refresh_one(self, cluster: PatroniClusterConfig, timeout: float) -> bool:
-        known = self._known.setdefault(cluster.name, _Known(cluster.name))
+    @staticmethod
+    async def _fetch(cluster: PatroniClusterConfig, timeout: float) -> Membership | str:
+        """The cluster's members, or why there are none."""
         per_url = cluster.discovery.timeout or min(2.0, timeout)
         try:
-            membership = await asyncio.to_thread(fetch_membership, cluster.discovery, per_url)
-            same = (known.membership is not None and known.config is not None and known.template == cluster
-                    and membership.addresses == known.membership.addresses)
-            config = known.config if same and known.config is not None else cluster_config(cluster, membership)
+            return await asyncio.to_thread(fetch_membership, cluster.discovery, per_url)
         except DiscoveryError as exc:
-            return self._failed(known, str(exc))
-        except ValidationError as exc:
-            return self._failed(known, "the members make no valid cluster: "
-                                       + "; ".join(validation_problems(exc)))
+            return str(exc)
         except Exception as exc:  # a case no rule foresaw: still only this cluster's discovery fails
+            log.debug("%s: discovery failed unexpectedly", cluster.name, exc_info=True)
+            return f"unexpected {type(exc).__name__}: {exc}"
+
+    def _take(self, cluster: PatroniClusterConfig, known: _Known, answer: Membership | str) -> bool:
+        if isinstance(answer, str):
+            return self._failed(known, answer)
+        membership = answer
+        same = (known.membership is not None and known.config is not None and known.template == cluster
+                and membership.addresses == known.membership.addresses)
+        try:
+            config = known.config if same and known.config is not None else cluster_config(cluster, membership)
+        except ValidationError as exc:
+            return self._failed(known, "the members make no valid cluster: " + "; ".join(validation_problems(exc)))
+        except Exception as exc:  # as in _fetch: only this cluster's discovery fails
             log.debug("%s: discovery failed unexpectedly", cluster.name, exc_info=True)
             return self._failed(known, f"unexpected {type(exc).__name__}: {exc}")
         changed = known.config is not config
@@ -107,6 +129,12 @@ class Discovery:
             log.warning("%s: member discovery failed, %s: %s", known.name, kept, error)
             known.said_down = True
         return False
+
+
+def room_for(config: Config) -> int:
+    """How many nodes the discovered clusters may have together: max_nodes less the nodes
+    the config and its cluster files name."""
+    return config.max_nodes - sum(1 + len(c.replicas) for c in config.clusters_with_nodes)
 
 
 def with_members_now(config: Config, timeout: float = 2.0) -> Config:

@@ -40,7 +40,9 @@ from lagwatch.config import (
     PatroniDiscoveryConfig,
     ReplicaConfig,
 )
+from lagwatch.escape import excerpt
 
+MAX_NAME_CHARS = 128  # a member's name (a host name, in practice)
 MAX_ANSWER_BYTES = 1 << 20  # a /cluster answer of 1 MiB would be ~5,000 members: not Patroni
 
 
@@ -86,20 +88,23 @@ def _flag(tags: Mapping[str, Any], name: str) -> bool:
     return value is True or (isinstance(value, str) and value.lower() in ("true", "on", "yes", "1"))
 
 
-def parse_cluster(payload: Any, source: str) -> Membership:
-    """A ``GET /cluster`` answer as a Membership; DiscoveryError if it is not one."""
+def parse_cluster(payload: Any, source: str, max_members: int = 32) -> Membership:
+    """A ``GET /cluster`` answer as a Membership; DiscoveryError if it is not one, or has
+    more than ``max_members`` members (checked before any is read)."""
     members = payload.get("members") if isinstance(payload, dict) else None
     if not isinstance(members, list):
         raise DiscoveryError(f"{source}: the answer has no members list")
+    if len(members) > max_members:
+        raise DiscoveryError(f"{source}: {len(members)} members, more than max_members ({max_members}): refused")
     out = []
     for entry in members:
         if not isinstance(entry, dict):
             raise DiscoveryError(f"{source}: a member is not an object")
         name, host, port = entry.get("name"), entry.get("host"), entry.get("port")
-        if not isinstance(name, str) or not name or name == "primary":
-            raise DiscoveryError(f"{source}: a member has no usable name ({name!r})")
+        if not isinstance(name, str) or not name or name == "primary" or len(name) > MAX_NAME_CHARS:
+            raise DiscoveryError(f"{source}: a member has no usable name ({excerpt(repr(name))})")
         if not isinstance(host, str) or not host or not isinstance(port, int) or not 0 < port < 65536:
-            raise DiscoveryError(f"{source}: member {name!r} has no host and port")
+            raise DiscoveryError(f"{source}: member {excerpt(repr(name))} has no host and port")
         tags = entry.get("tags")
         tags = tags if isinstance(tags, dict) else {}
         timeline = entry.get("timeline")
@@ -176,7 +181,7 @@ def fetch_membership(config: PatroniDiscoveryConfig, timeout: float) -> Membersh
         try:
             with opener.open(urllib.request.Request(url, headers=headers), timeout=timeout) as answer:
                 body = _read_within(answer, time.monotonic() + timeout, url)
-            return parse_cluster(json.loads(body), base)
+            return parse_cluster(json.loads(body), base, config.max_members)
         except urllib.error.HTTPError as exc:
             problems.append(f"{url}: HTTP {exc.code}")
         except urllib.error.URLError as exc:

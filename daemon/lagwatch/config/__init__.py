@@ -231,6 +231,9 @@ class Config(_Strict):
     query_timeout: Duration | None = None
     reconnect_backoff_max: Duration = 5.0
     state_dir: Path = Path("/var/lib/lagwatch")  # operator holds live here (holds.json)
+    # The nodes one daemon polls at most, static and discovered together: Patroni's answers
+    # that would take it past this are refused (each node is a connection, a poll a cycle).
+    max_nodes: int = Field(default=2000, ge=1, le=100_000)
     web_config_file: Path | None = None  # TLS and basic auth, Prometheus exporters' web config format
     http: HttpConfig = HttpConfig()
     shard: ShardConfig | None = None  # this instance's part of a fleet (unset: every cluster)
@@ -255,6 +258,18 @@ class Config(_Strict):
     def _a_directory(cls, value: Path | None) -> Path | None:
         if value is not None and not value.is_dir():
             raise ValueError(f"{str(value)!r} is not a directory")
+        return value
+
+    @field_validator("state_dir")
+    @classmethod
+    def _a_place_for_state(cls, value: Path) -> Path:
+        """A directory, or one lagwatch can make (it need not exist before the first hold):
+        no part of the path is a file."""
+        for path in (value, *value.parents):
+            if path.exists():
+                if not path.is_dir():
+                    raise ValueError(f"{str(path)!r} is not a directory (operator holds are kept in state_dir)")
+                break
         return value
 
     @field_validator("clusters")
