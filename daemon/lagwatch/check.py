@@ -71,6 +71,12 @@ def _not_read(snapshot: Snapshot, expected: tuple[str, ...]) -> list[tuple[int, 
 
 
 def _row(cluster: str, r: ReplicaState, sla: ReplicaSla | None, warning: float, critical: float) -> CheckRow:
+    ws = r.walsender
+    if not r.configured:
+        # Seen on the primary only: shown, not judged (the check is of what was asked for;
+        # lagwatch cannot ask it whether it streams, nor whether it is meant to).
+        return CheckRow(cluster, r.name, OK, r.staleness, ws.lag_bytes("replay") if ws else None,
+                        "not in the config (seen on the primary)")
     condition = replica_condition(r, sla)
     state, note = OK, CONDITION_TEXT[condition]
     if condition == "down":
@@ -84,7 +90,6 @@ def _row(cluster: str, r: ReplicaState, sla: ReplicaSla | None, warning: float, 
         state = CRITICAL
     elif lag is not None and lag >= warning:
         state = worse(state, WARNING)
-    ws = r.walsender
     return CheckRow(cluster, r.name, state, lag, ws.lag_bytes("replay") if ws else None, note)
 
 

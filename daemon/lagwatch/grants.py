@@ -2,15 +2,20 @@
 granted privilege is more than lagwatch needs.
 
 lagwatch needs pg_read_all_stats (LSNs in pg_stat_replication, pg_stat_wal_receiver's
-columns) and EXECUTE on pg_ls_waldir(); pg_walinspect's pg_get_wal_stats() is optional.
-pg_monitor is more: its pg_read_all_settings shows every replica's primary_conninfo,
-password included.
+columns) and EXECUTE on pg_ls_waldir(); pg_walinspect's functions are optional. Anything
+more is flagged, as a Nagios check would: superuser, and the roles that make one
+(pg_execute_server_program, pg_write_server_files), CRITICAL; the other attributes and
+roles that reach past monitoring (REPLICATION, CREATEROLE, CREATEDB, BYPASSRLS, reading
+server files or every table, signalling other sessions, owning objects) WARNING, and so
+pg_monitor's pg_read_all_settings, which shows every replica's primary_conninfo, password
+included.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TextIO
+from typing import Any, TextIO
 
 import psycopg
 import psycopg.rows
@@ -22,7 +27,35 @@ from lagwatch.patroni import DiscoveryError
 from lagwatch.redact import redact_text
 from lagwatch.views import probe
 
-OK, MISSING, UNREACHABLE = 0, 2, 3
+OK, WARNING, MISSING, UNREACHABLE = 0, 1, 2, 3
+CRITICAL = MISSING
+STATES = {WARNING: "WARNING", CRITICAL: "CRITICAL"}
+
+# Predefined roles beyond monitoring, by what they let a session do, and how bad that is.
+POWERS = {
+    "pg_execute_server_program": (CRITICAL, "runs programs on the server as the postgres user (COPY ... PROGRAM)"),
+    "pg_write_server_files": (CRITICAL, "writes files on the server as the postgres user"),
+    "pg_read_server_files": (WARNING, "reads any file the postgres user can (for pg_walinspect, grant EXECUTE on "
+                                      "its functions instead)"),
+    "pg_signal_backend": (WARNING, "cancels and terminates other sessions"),
+    "pg_read_all_data": (WARNING, "reads every table"),
+    "pg_write_all_data": (WARNING, "writes every table"),
+    "pg_create_subscription": (WARNING, "creates subscriptions: connections out of the server"),
+}
+ATTRIBUTES = {
+    "replication": "REPLICATION: streams the whole WAL (every row written) and makes slots that hold WAL back",
+    "createrole": "CREATEROLE: creates roles and grants the roles it administers",
+    "createdb": "CREATEDB: creates databases",
+    "bypassrls": "BYPASSRLS: row-level security does not apply to it",
+}
+_PRIVILEGES_SQL = """SELECT r.rolsuper AS superuser, r.rolreplication AS replication, r.rolcreaterole AS createrole,
+       r.rolcreatedb AS createdb, r.rolbypassrls AS bypassrls,
+       ARRAY(SELECT b.rolname::text FROM pg_roles b
+             WHERE b.rolname = ANY(%(powers)s) AND pg_has_role(r.oid, b.oid, 'MEMBER') ORDER BY 1) AS memberships,
+       (SELECT count(*) FROM pg_class WHERE relowner = r.oid) + (SELECT count(*) FROM pg_proc WHERE proowner = r.oid)
+       + (SELECT count(*) FROM pg_namespace WHERE nspowner = r.oid)
+       + (SELECT count(*) FROM pg_database WHERE datdba = r.oid) AS owned
+FROM pg_roles r WHERE r.rolname = current_user"""
 
 
 @dataclass(frozen=True)
@@ -31,7 +64,7 @@ class NodeGrants:
     user: str
     missing: dict[str, str]  # view -> the GRANT that gives it
     optional_missing: dict[str, str]
-    excess: list[str]
+    excess: list[tuple[int, str]]  # (WARNING or CRITICAL, what is more than lagwatch needs)
     error: str | None = None
 
 
@@ -59,12 +92,27 @@ def missing_grants(caps: probe.Capabilities, user: str) -> tuple[dict[str, str],
     return missing, optional, excess
 
 
+def excess_privileges(role: Mapping[str, Any]) -> list[tuple[int, str]]:
+    """What the role's attributes, memberships and ownership give beyond what lagwatch
+    needs, each with its severity (pure; ``role``: a row of _PRIVILEGES_SQL)."""
+    if role["superuser"]:
+        return [(CRITICAL, "superuser: every privilege there is (deploy/sql/lagwatch-role.sql makes the role "
+                           "lagwatch needs)")]
+    out = [(WARNING, text) for key, text in ATTRIBUTES.items() if role[key]]
+    out += [(POWERS[name][0], f"{name}: {POWERS[name][1]}") for name in role["memberships"] if name in POWERS]
+    if role["owned"]:
+        out.append((WARNING, f"owns {role['owned']} object(s) in this database (tables, functions, schemas or the "
+                             "database itself): full control of them"))
+    return out
+
+
 def _check_node(node_name: str, node: NodeConfig, timeout: float) -> NodeGrants:
     try:
         conninfo = build_conninfo(node, timeout, timeout)
         with psycopg.connect(conninfo, autocommit=True, row_factory=psycopg.rows.dict_row) as conn:
             rows = conn.execute(probe.SQL).fetchall()
             user = str(conn.execute("SELECT current_user AS u").fetchone()["u"])  # type: ignore[index]
+            role = conn.execute(_PRIVILEGES_SQL, {"powers": list(POWERS)}).fetchone()
     except (psycopg.Error, OSError, PasswordUnavailableError) as exc:
         secret = None
         try:
@@ -72,7 +120,10 @@ def _check_node(node_name: str, node: NodeConfig, timeout: float) -> NodeGrants:
         except PasswordUnavailableError:
             pass
         return NodeGrants(node_name, "?", {}, {}, [], redact_text(str(exc).strip().splitlines()[0], [secret]))
-    missing, optional, excess = missing_grants(probe.parse(rows), user)
+    missing, optional, settings = missing_grants(probe.parse(rows), user)
+    excess = excess_privileges(role) if role is not None else []
+    if not (role or {}).get("superuser"):  # a superuser's one line says it all
+        excess += [(WARNING, text) for text in settings]
     return NodeGrants(node_name, user, missing, optional, excess)
 
 
@@ -101,8 +152,9 @@ def run_grants_check(config: Config, out: TextIO) -> int:
                     print(f"{where}: MISSING for {view}: {grant}", file=out)
             for view, grant in sorted(result.optional_missing.items()):
                 print(f"{where}: optional, for {view}: {grant}", file=out)
-            for excess in result.excess:
-                print(f"{where}: more than needed: {excess}", file=out)
+            for state, excess in result.excess:
+                worst = max(worst, state)
+                print(f"{where}: {STATES[state]} more than needed: {excess}", file=out)
             if not result.missing:
                 print(f"{where}: ok as {result.user} (every view lagwatch reads each cycle)", file=out)
     return worst

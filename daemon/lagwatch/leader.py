@@ -17,7 +17,12 @@ to chance (``leader_lock_key`` makes it a secret; the default is derived from th
 name), and whoever holds a lock this instance wants is named: another lagwatch (normal
 for an HA pair) once at INFO; any other session is a WARNING, a metric
 (``lagwatch_leader_holder_info``) and an alert, because then no instance applies pool
-changes.
+changes. Another lagwatch is a session that calls itself ``lagwatch-leader`` *and* runs as
+the role this instance's own leader session logs in as: anyone may set an
+application_name. What is left: a lock key is visible in ``pg_locks`` once taken, so a
+role that can log in may take it first (after a restart of every instance) and hold it;
+lagwatch cannot prevent that, only name it and page (LagwatchPoolControlNotApplied, 2
+minutes). A session of lagwatch's own role is trusted: its password is the secret.
 
 The session's deadlines count lagwatch's attention (session.py): a late lagwatch never
 drops its lock session (which would hand every cluster to the other instance for
@@ -213,7 +218,9 @@ class _LockSession:
     async def _look_up_holders(self, conn: psycopg.AsyncConnection[Any],
                                others: list[tuple[str, tuple[int, int]]]) -> None:
         cursor = await conn.execute(HOLDERS_SQL, ([k[0] for _, k in others], [k[1] for _, k in others]))
-        by_key = {(int(r[0]), int(r[1])): LockHolder(int(r[2]), str(r[3]), str(r[4]), str(r[5]), False)
+        ours = self._me.user if self._me is not None else None
+        by_key = {(int(r[0]), int(r[1])): LockHolder(int(r[2]), str(r[3]), str(r[4]), str(r[5]), False,
+                                                     lagwatch_role=str(r[4]) == ours)
                   for r in await cursor.fetchall()}
         self.holders = {cluster: by_key[key] for cluster, key in others if key in by_key}
         self._holders_in = HOLDER_EVERY
@@ -326,9 +333,11 @@ class Leadership:
                     log.info("%s: the leader lock is held by another lagwatch instance (%s): it applies pool "
                              "changes", cluster, holder.describe())
                 else:
-                    log.warning("%s: the leader lock is held by a session that is not lagwatch (%s): no lagwatch "
+                    impostor = ("; it calls itself lagwatch-leader but does not run as lagwatch's role"
+                                if holder.application_name == LEADER_APPLICATION_NAME else "")
+                    log.warning("%s: the leader lock is held by a session that is not lagwatch (%s%s): no lagwatch "
                                 "instance applies pool changes for this cluster until it lets go; see the "
-                                "runbook of LagwatchPoolControlNotApplied", cluster, holder.describe())
+                                "runbook of LagwatchPoolControlNotApplied", cluster, holder.describe(), impostor)
         if became:
             log.info("%s: this instance is now the leader (applies pool changes)", _names(became))
         if ceased:

@@ -208,10 +208,13 @@ class LockHolder:
     user: str
     client_addr: str
     is_us: bool
+    # It runs as the role lagwatch's own leader session logs in as. Any session may call
+    # itself lagwatch-leader; only one of lagwatch's role is taken for another instance.
+    lagwatch_role: bool = True
 
     @property
     def is_lagwatch(self) -> bool:
-        return self.application_name == LEADER_APPLICATION_NAME
+        return self.application_name == LEADER_APPLICATION_NAME and self.lagwatch_role
 
     def describe(self) -> str:
         who = f"pid {self.pid}, application_name {self.application_name!r}, user {self.user!r}"
