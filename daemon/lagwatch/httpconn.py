@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
 import socket
 import ssl
+import struct
+import termios
 from typing import Any
 
 import h11
@@ -52,3 +55,12 @@ def one_line_exceptions(loop: asyncio.AbstractEventLoop, context: dict[str, Any]
     """asyncio's default handler prints a traceback per failed connection; one line instead."""
     exc = context.get("exception")
     log.info("http: %s%s", context.get("message", "error"), f": {reason(exc)}" if exc else "")
+
+
+def unacknowledged(fd: int) -> int:
+    """Bytes sent on a TCP socket its peer has not acknowledged yet (Linux's SIOCOUTQ;
+    0 where the ioctl is not there)."""
+    try:
+        return int(struct.unpack("i", fcntl.ioctl(fd, termios.TIOCOUTQ, b"\0\0\0\0"))[0])
+    except OSError:
+        return 0

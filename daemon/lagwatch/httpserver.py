@@ -40,7 +40,7 @@ import h11
 
 from lagwatch.config import HttpConfig
 from lagwatch.errors import one_line
-from lagwatch.httpconn import one_line_exceptions, partial_request, peer_name, reason, refuse
+from lagwatch.httpconn import one_line_exceptions, partial_request, peer_name, reason, refuse, unacknowledged
 from lagwatch.httpmessages import Handler, Request, Response
 
 log = logging.getLogger("lagwatch.http")
@@ -242,6 +242,8 @@ class HttpServer:
             response = await self._loop.run_in_executor(self._workers, self._answer, request)
             if not await self._send(http, writer, request, response):
                 return False
+            if not await self._taken(writer, connection):
+                return False
             if http.our_state is h11.MUST_CLOSE or http.their_state is h11.MUST_CLOSE:
                 return True
             try:
@@ -250,6 +252,29 @@ class HttpServer:
                 return True
             first = False
             connection.since = time.monotonic()
+
+    async def _taken(self, writer: asyncio.StreamWriter, connection: _Connection) -> bool:
+        """Wait, before the next request, until the client has taken the answer just sent
+        (its kernel has acknowledged every byte): True when it has; False when it has not
+        within the write deadline (counted a slow reader: cut the connection). A client that
+        reads is there by the time it asks again; one that pipelines requests and never
+        reads would otherwise have answer after answer rendered into buffers of
+        megabytes, each connection holding a slot. Meanwhile the connection may be evicted
+        for a newcomer, as one owing its request may."""
+        sock = writer.get_extra_info("socket")
+        if sock is None:
+            return True
+        deadline = self._loop.time() + self._limits().request_timeout
+        pause = 0.005
+        while writer.transport.get_write_buffer_size() or unacknowledged(sock.fileno()):
+            if self._loop.time() >= deadline:
+                self.closed["slow_reader"] += 1
+                return False
+            connection.waiting = connection.reading = True
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.1)
+        connection.reading = False
+        return True
 
     async def _finish(self, writer: asyncio.StreamWriter) -> None:
         """Close once what is still buffered has been sent, within the write deadline: a
@@ -299,6 +324,9 @@ class HttpServer:
                 http.receive_data(data)
                 continue
             if isinstance(event, h11.Request):
+                if event.http_version not in (b"1.0", b"1.1"):  # h11 takes any HTTP/x.y
+                    await self._send_raw(writer, 505, b"HTTP version not supported (1.0 and 1.1 are)\n")
+                    return None
                 request = event
                 continue
             if isinstance(event, h11.Data):
@@ -313,9 +341,9 @@ class HttpServer:
             return None  # ConnectionClosed, or PAUSED
 
     def _answer(self, request: Request) -> Response:
+        """The handler's answer, whatever the method: it says who may ask before it says
+        what may be asked (a 405 would tell an unauthenticated client what is served)."""
         try:
-            if request.method not in ("GET", "HEAD"):
-                return Response(405, b"method not allowed\n", headers={"Allow": "GET, HEAD"})
             return self._handle(request)
         except Exception as exc:  # one request's failure must not end the server
             log.error("%s %s: %s: %s", request.method, one_line(request.target), type(exc).__name__, exc)
@@ -343,7 +371,7 @@ class HttpServer:
         could not parse), then the connection is closed."""
         headers = self._headers(status, "text/plain; charset=utf-8", len(body), {"Connection": "close"})
         reason = {400: "Bad Request", 408: "Request Timeout", 413: "Content Too Large",
-                  431: "Request Header Fields Too Large"}.get(status, "Error")
+                  431: "Request Header Fields Too Large", 505: "HTTP Version Not Supported"}.get(status, "Error")
         head = f"HTTP/1.1 {status} {reason}\r\n" + "".join(f"{n}: {v}\r\n" for n, v in headers) + "\r\n"
         await self._write(writer, head.encode("latin-1") + body)
 
@@ -367,3 +395,4 @@ class HttpServer:
 
     def _at(self, monotonic_deadline: float) -> float:
         return self._loop.time() + (monotonic_deadline - time.monotonic())
+

@@ -141,6 +141,8 @@ class WebServer:
         settings = self.settings  # one web config for the whole request
         if not settings.auth.allows(request.headers.get("authorization")):
             return Response(401, b"", headers={"WWW-Authenticate": 'Basic realm="lagwatch"'})
+        if request.method not in ("GET", "HEAD"):  # after the credentials: see HttpServer._answer
+            return Response(405, b"method not allowed\n", headers={"Allow": "GET, HEAD"})
         path = request.path
         if path == "/metrics":
             body, content_type = self.metrics(request.headers.get("accept", ""))
