@@ -9,6 +9,7 @@ things that are not files (a FIFO, /dev/zero, a directory).
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -177,6 +178,66 @@ class Generator:
             return b"\n".join(lines), "indent"
         return raw + b"\n" + rng.choice([b"\t: x", b"? [a, b]\n: 1", b"!!python/object:os.system x",
                                          b"%YAML 9.9\n---", b"\xef\xbb\xbf"]), "yaml oddity"
+
+
+    # -- what the other doors let in: Patroni's answers, clusters_dir's files ---------------
+
+    def name(self) -> str:
+        """A member or file name as an attacker picks it."""
+        return self.rng.choice(["m1", "primary", "", "a\nERROR forged", "b\x1b[31m", "c\u2028d", "\u202eevil",
+                                "../../etc/passwd", "x" * self.rng.choice([128, 129, 5000]), "ü", "%s{0}",
+                                "\x00nul", "spaces in it", "a/b"])
+
+    def member(self) -> Any:
+        rng = self.rng
+        member: dict[str, Any] = {"name": self.name(), "role": rng.choice(["leader", "replica", "sync_standby", 7]),
+                                  "state": "running", "host": rng.choice(["127.0.0.1", "", "h\nx", None, 5]),
+                                  "port": rng.choice([5432, 0, 65536, -1, "5432", 2**70, None])}
+        for _ in range(rng.randint(0, 2)):
+            member[self.key()] = self.value()
+        if rng.random() < 0.2:
+            member["tags"] = rng.choice([{"noloadbalance": self.value()}, "tags", [1], {"nofailover": True}])
+        return member if rng.random() < 0.9 else self.value()
+
+    def patroni_answer(self) -> bytes:
+        """A ``GET /cluster`` answer: a member list bent out of shape, or not JSON at all."""
+        rng = self.rng
+        shape = rng.randrange(6)
+        if shape == 0:  # many members: past the cap, or just under it
+            count = rng.choice([33, 4000, 20_000])
+            body: Any = {"members": [{"name": f"m{i}", "host": "127.0.0.1", "port": 1 + i % 60000}
+                                     for i in range(count)]}
+        elif shape == 1:
+            body = rng.choice([[], {}, {"members": {}}, {"members": None}, "members", 1e309, {"members": [[]]}])
+        elif shape == 2:
+            return b'{"members": ' + b"[" * rng.choice([100, 5000]) + b"]" * 5000 + b"}"
+        elif shape == 3:
+            return rng.choice([b"\xff\xfe{", b'{"members": [{"name": "\xc3"}]}', b"", b"null", b"<html>"])
+        else:
+            body = {"members": [self.member() for _ in range(rng.randint(0, 5))]}
+        try:
+            return json.dumps(body).encode()
+        except (ValueError, TypeError):
+            return b"{}"
+
+    def cluster_file(self) -> tuple[str, bytes]:
+        """A clusters_dir file: its name and its bytes (a cluster's keys, bent as ``case``
+        bends the main config)."""
+        rng = self.rng
+        cluster: Any = {"primary": {"dsn": "host=127.0.0.1 port=1"},
+                        "replicas": [{"name": "r1", "dsn": "host=127.0.0.2 port=1"}]}
+        for _ in range(rng.randint(0, 3)):
+            container, _ = self._pick(cluster)
+            if isinstance(container, dict):
+                container[rng.choice(list(container) + [self.key()])] = self.value()
+        try:
+            raw = yaml.safe_dump(cluster, allow_unicode=True).encode("utf-8", errors="surrogatepass")
+        except (ValueError, yaml.YAMLError):
+            raw = b"{}\n"
+        if rng.random() < 0.3:
+            raw, _ = self._corrupt(raw)
+        name = self.name().replace("/", "_").replace("\x00", "_") or "empty"
+        return name[:200] + rng.choice([".yaml", ".yml"]), raw
 
 
 PROBLEMS = re.compile(r"^(?P<source>.+): (?P<count>\d+) problem\(s\)$")

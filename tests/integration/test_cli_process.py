@@ -134,6 +134,12 @@ def test_check_exit_codes(pg_cluster: ChaosCluster, tmp_path: Path) -> None:
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert ok.stdout.startswith("LAGWATCH OK") and "replica1" in ok.stdout and "replica2" in ok.stdout
 
+    # replica2 streams from the primary but is not in this config: nothing is wrong with it.
+    only_one = tmp_path / "one.yaml"
+    only_one.write_text(yaml.safe_dump(cluster_config(pg_cluster, free_port(["127.0.0.1"]), replicas=["replica1"])))
+    seen = run_cli("check", "-c", str(only_one))
+    assert seen.returncode == 0, seen.stdout + seen.stderr
+
     pg_cluster.replicas[1].stop()
     down = run_cli("check", "-c", str(config))
     assert down.returncode == 2, down.stdout

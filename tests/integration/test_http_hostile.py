@@ -115,3 +115,51 @@ def test_1100_slow_clients_do_not_starve_a_scraper(pg_cluster: ChaosCluster, tmp
         assert closed["deadline"] + closed["evicted"] >= 1000, closed
         assert lw.daemon_value("lagwatch_http_connection_cap") == 512
         assert "Traceback" not in lw.log_text()
+
+
+def test_600_pipelining_clients_that_never_read_do_not_hold_the_slots(pg_cluster: ChaosCluster, tmp_path: Path,
+                                                                      many_descriptors: None) -> None:
+    """600 clients each send 20 `GET /metrics` at once and never read an answer. The server
+    answers what the client's buffers take, then closes each connection whose client has
+    not read its answers within the write deadline (the slow-reader count), so fresh
+    scrapes keep answering (median within 1 s) while they try."""
+    config = cluster_config(pg_cluster, free_port(["127.0.0.1"]))
+    config["http"] = {"request_timeout": f"{REQUEST_TIMEOUT:g}s"}
+    request = b"GET /metrics HTTP/1.1\r\nHost: lagwatch\r\n\r\n" * 20
+    with Lagwatch(tmp_path, config, max_descriptors=1024) as lw:
+        lw.wait_ready()
+        scrapes: list[tuple[int, float] | str] = []
+        stop = threading.Event()
+
+        def scraper() -> None:
+            while not stop.is_set():
+                try:
+                    scrapes.append(scrape(lw.port, timeout=5.0))
+                except (OSError, http.client.HTTPException, AssertionError) as exc:
+                    scrapes.append(f"{type(exc).__name__}: {exc}")
+                time.sleep(0.2)
+
+        socks: list[socket.socket] = []
+        thread = threading.Thread(target=scraper)
+        thread.start()
+        try:
+            for _ in range(600):
+                sock = socket.create_connection(("127.0.0.1", lw.port), timeout=5)
+                sock.sendall(request)
+                socks.append(sock)
+            time.sleep(REQUEST_TIMEOUT + 3)  # the write deadline, and then some: the time under attack
+        finally:
+            stop.set()
+            thread.join()
+            for sock in socks:
+                sock.close()
+        times = sorted(s[1] for s in scrapes if not isinstance(s, str) and s[0] == 200)
+        failed = [s for s in scrapes if isinstance(s, str) or s[0] != 200]
+        print(f"{len(scrapes)} scrapes, {len(failed)} failed; median {times[len(times) // 2] if times else None}")
+        assert len(scrapes) >= 10 and len(times) >= 0.9 * len(scrapes), (len(scrapes), failed[:5])
+        assert times[len(times) // 2] < 1.0, times
+        lw.wait_cycles(2)  # the HTTP figures are rendered with each cycle's snapshot
+        closed = {dict(labels)["reason"]: value for (name, labels), value in lw.samples().items()
+                  if name == "lagwatch_http_connections_closed_total"}
+        assert closed.get("slow_reader", 0) >= 100, closed
+        assert "Traceback" not in lw.log_text()

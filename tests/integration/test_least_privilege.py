@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from chaoscluster import ChaosCluster, ChaosServer
 from harness import ROOT, Lagwatch, Writer, cluster_config, let_time_pass, run_cli
@@ -149,7 +150,49 @@ def test_a_role_without_grants_is_told_what_it_lacks(pg_cluster: ChaosCluster, t
         primary.execute("GRANT pg_monitor TO lagwatch")
         pg_cluster.wait_replayed()
         grants = run_cli("check", "--grants", "-c", str(config_path))
-        assert grants.returncode == 0, grants.stdout
-        assert grants.stdout.count("more than needed: pg_read_all_settings") == 3, grants.stdout
+        assert grants.returncode == 1, grants.stdout  # WARNING: more than it needs
+        assert grants.stdout.count("WARNING more than needed: pg_read_all_settings") == 3, grants.stdout
+    finally:
+        drop_role(primary)
+
+
+@pytest.mark.one_pg_version  # role attributes and predefined roles read alike on 15 and 18
+def test_check_grants_flags_every_privilege_beyond_what_lagwatch_needs(pg_cluster: ChaosCluster,
+                                                                       tmp_path: Path) -> None:
+    """A role with everything lagwatch needs and dangerous extras: each extra named, and
+    the Nagios exit code of the worst (CRITICAL for what makes a superuser)."""
+    primary = pg_cluster.primary
+    drop_role(primary)
+    primary.execute("CREATE ROLE lagwatch LOGIN REPLICATION CREATEROLE")
+    primary.execute("GRANT pg_read_all_stats, pg_signal_backend TO lagwatch")
+    primary.execute("GRANT EXECUTE ON FUNCTION pg_ls_waldir() TO lagwatch")
+    pg_cluster.wait_replayed()
+    config_path = tmp_path / "lagwatch.yaml"
+    config_path.write_text(yaml.safe_dump(config_as_lagwatch(pg_cluster)))
+    try:
+        grants = run_cli("check", "--grants", "-c", str(config_path))
+        assert grants.returncode == 1, grants.stdout + grants.stderr  # WARNING
+        lines = grants.stdout.splitlines()
+        for flagged in ("REPLICATION: streams the whole WAL", "CREATEROLE: creates roles",
+                        "pg_signal_backend: cancels and terminates other sessions"):
+            assert f"main/primary: WARNING more than needed: {flagged}" in grants.stdout, lines
+        primary.execute("GRANT pg_execute_server_program, pg_write_server_files TO lagwatch")
+        primary.execute("CREATE TABLE lagwatch_owned (i int)")
+        primary.execute("ALTER TABLE lagwatch_owned OWNER TO lagwatch")
+        pg_cluster.wait_replayed()
+        grants = run_cli("check", "--grants", "-c", str(config_path))
+        assert grants.returncode == 2, grants.stdout + grants.stderr  # CRITICAL
+        for flagged in ("CRITICAL more than needed: pg_execute_server_program: runs programs on the server",
+                        "CRITICAL more than needed: pg_write_server_files: writes files on the server",
+                        "WARNING more than needed: owns 1 object(s) in this database"):
+            assert f"main/primary: {flagged}" in grants.stdout, grants.stdout
+        # A superuser: one CRITICAL line says it all.
+        primary.execute("DROP TABLE lagwatch_owned")
+        primary.execute("ALTER ROLE lagwatch SUPERUSER")
+        pg_cluster.wait_replayed()
+        grants = run_cli("check", "--grants", "-c", str(config_path))
+        assert grants.returncode == 2, grants.stdout
+        assert "main/primary: CRITICAL more than needed: superuser: every privilege there is" in grants.stdout
+        assert grants.stdout.count("main/primary: ") == 2, grants.stdout  # that line and "ok as lagwatch"
     finally:
         drop_role(primary)

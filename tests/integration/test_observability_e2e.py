@@ -243,10 +243,12 @@ def test_paused_replica_pages_then_resolves_idle_cluster_stays_silent(stack: Sta
 
 
 def test_a_stranger_holding_the_leader_lock_is_named_and_alerted(stack: Stack) -> None:
-    """An ordinary login (no grants at all) takes cluster idle's leader lock the moment
-    lagwatch's lock session goes away: lagwatch says who holds it (metric, log, /status),
-    the shipped alert's expression holds on the real Prometheus, and decisions are logged
-    as not applied. When the stranger lets go, lagwatch leads again."""
+    """An ordinary login (no grants at all) that calls itself lagwatch-leader, as lagwatch's
+    own lock session does, takes cluster idle's leader lock the moment lagwatch's lock
+    session goes away: it is not taken for another lagwatch (it does not run as lagwatch's
+    role); lagwatch says who holds it (metric, log, /status), the shipped alert's
+    expression holds on the real Prometheus, and decisions are logged as not applied. When
+    the stranger lets go, lagwatch leads again."""
     import psycopg
     from lagwatch.leader import lock_key
 
@@ -255,13 +257,13 @@ def test_a_stranger_holding_the_leader_lock_is_named_and_alerted(stack: Stack) -
     wait("lagwatch leads idle", lambda: lw.value("lagwatch_leader", cluster="idle") == 1, timeout=20)
     primary.execute("DROP ROLE IF EXISTS mallory")
     primary.execute("CREATE ROLE mallory LOGIN")
-    stranger = psycopg.connect(primary.dsn(user="mallory") + " application_name=psql", autocommit=True)
+    stranger = psycopg.connect(primary.dsn(user="mallory") + " application_name=lagwatch-leader", autocommit=True)
     try:
         taken = False
         deadline = time.monotonic() + 15
         while not taken and time.monotonic() < deadline:
             primary.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                            "WHERE application_name = 'lagwatch-leader'")
+                            "WHERE application_name = 'lagwatch-leader' AND usename <> 'mallory'")
             for _ in range(200):  # before lagwatch's next cycle takes it back
                 row = stranger.execute("SELECT pg_try_advisory_lock(%s, %s)", lock_key("idle")).fetchone()
                 if row and row[0]:
@@ -270,7 +272,7 @@ def test_a_stranger_holding_the_leader_lock_is_named_and_alerted(stack: Stack) -
                 time.sleep(0.002)
         assert taken, "the stranger never got the lock"
         pid = stranger.info.backend_pid
-        holder = {"cluster": "idle", "pid": str(pid), "application_name": "psql", "user": "mallory",
+        holder = {"cluster": "idle", "pid": str(pid), "application_name": "lagwatch-leader", "user": "mallory",
                   "lagwatch": "false"}
         wait("lagwatch names the stranger", lambda: lw.value("lagwatch_leader_holder_info", **holder) == 1,
              timeout=20)
@@ -289,7 +291,7 @@ def test_a_stranger_holding_the_leader_lock_is_named_and_alerted(stack: Stack) -
     finally:
         stranger.close()
     wait("lagwatch leads idle again", lambda: lw.value("lagwatch_leader", cluster="idle") == 1, timeout=20)
-    assert lw.value("lagwatch_leader_holder_info", cluster="idle", pid=str(pid), application_name="psql",
+    assert lw.value("lagwatch_leader_holder_info", cluster="idle", pid=str(pid), application_name="lagwatch-leader",
                     user="mallory", lagwatch="false") is None
 
 

@@ -10,9 +10,11 @@ from lagwatch.snapshot import ClusterSnapshot, NodeHealth, ReplicaState, Snapsho
 from lagwatch.windows import LagHistogram
 
 
-def replica(name: str, staleness: float | None, *, up: bool = True, streaming: bool = True) -> ReplicaState:
-    return ReplicaState(name=name, configured=True, staleness=staleness, staleness_source="replica", window=None,
-                        histogram=LagHistogram().snapshot(), replay_lsn=1, streaming=streaming, node_up=up)
+def replica(name: str, staleness: float | None, *, up: bool | None = True, streaming: bool | None = True,
+            configured: bool = True) -> ReplicaState:
+    return ReplicaState(name=name, configured=configured, staleness=staleness, staleness_source="replica",
+                        window=None, histogram=LagHistogram().snapshot(), replay_lsn=1, streaming=streaming,
+                        node_up=up)
 
 
 def snapshot(*replicas: ReplicaState, primary_up: bool = True) -> Snapshot:
@@ -31,6 +33,9 @@ def snapshot(*replicas: ReplicaState, primary_up: bool = True) -> Snapshot:
     ((replica("r1", 0.0),), False, UNKNOWN),
     ((replica("r1", 0.0, up=False),), False, CRITICAL),  # critical outranks unknown
     ((replica("r1", 6.0), replica("r2", None)), True, UNKNOWN),
+    # Seen on the primary only (not in the config): shown, never judged, whatever it reads.
+    ((replica("r1", 0.0), replica("seen", None, streaming=False, up=None, configured=False)), True, OK),
+    ((replica("r1", 0.0), replica("seen", 60.0, streaming=None, configured=False)), True, OK),
 ])
 def test_check_verdicts(replicas: tuple[ReplicaState, ...], primary_up: bool, expected: int) -> None:
     code, rows, problems = evaluate(snapshot(*replicas, primary_up=primary_up), warning=5.0, critical=30.0)

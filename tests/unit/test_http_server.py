@@ -84,6 +84,21 @@ def test_head_and_a_lowercase_scheme_are_answered(plain: WebServer) -> None:
     assert status == 200 and body == b"starting\n"
 
 
+@pytest.mark.parametrize(("raw", "expected"), [
+    (b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n", 401),  # then 405
+    (b"DELETE / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 401),
+    (b"POST /metrics HTTP/1.1\r\nHost: x\r\n" + auth() + b"Content-Length: 0\r\nConnection: close\r\n\r\n", 405),
+    (b"GET /metrics HTTP/9.9\r\nHost: x\r\n" + auth() + b"Connection: close\r\n\r\n", 505),
+    (b"GET /metrics HTTP/1.0\r\n" + auth() + b"\r\n", 200),
+])
+def test_who_asks_is_checked_before_what_is_asked_and_only_http_1_is_spoken(plain: WebServer, raw: bytes,
+                                                                             expected: int) -> None:
+    status, headers, _ = head_of(exchange(plain.port, raw))
+    assert status == expected, headers
+    if expected == 405:
+        assert headers["allow"] == "GET, HEAD"
+
+
 @pytest.mark.parametrize("raw", [
     b"GET /nope HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",  # 401 before 404: auth first
     b"GET /nope HTTP/1.1\r\nHost: x\r\n" + auth() + b"Connection: close\r\n\r\n",  # 404

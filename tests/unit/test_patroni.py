@@ -164,3 +164,28 @@ def test_a_standby_cluster_is_reached_through_its_standby_leader() -> None:
                                        {**answer["members"][1], "role": "standby_leader"}]}, "u")
     assert moved.addresses != membership.addresses
     assert not cluster_config(cluster, parse_cluster(ANSWER, "u")).standby_cluster
+
+
+def test_members_past_the_daemons_max_nodes_are_refused_and_the_last_good_ones_kept(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    clusters = parse_config({"clusters": [{**CLUSTER, "name": name, "discovery": {
+        "kind": "patroni", "urls": [f"http://{name}:8008"]}} for name in ("a", "b")]}).patroni_clusters
+    sizes = {"http://a:8008": 3, "http://b:8008": 3}
+
+    def fetch(config: Any, timeout: float) -> Membership:
+        url = config.urls[0]
+        return parse_cluster({"members": [{"name": f"m{i}", "host": f"10.0.0.{i}", "port": 5432}
+                                          for i in range(sizes[url])]}, url)
+
+    monkeypatch.setattr(discovery_module, "fetch_membership", fetch)
+    d = Discovery()
+    assert asyncio.run(d.refresh(clusters, 1.0, room=7)) is True
+    assert [s.members for s in d.statuses(clusters)] == [3, 3]
+    sizes["http://b:8008"] = 5  # 3 + 5 > 7: b's new answer is refused, its 3 members stay
+    assert asyncio.run(d.refresh(clusters, 1.0, room=7)) is False
+    a, b = d.statuses(clusters)
+    assert (a.up, a.members, b.up, b.members) == (True, 3, False, 3)
+    assert b.error == "http://b:8008: 5 members, more than the 4 nodes max_nodes leaves room for: refused"
+    sizes["http://b:8008"] = 4
+    assert asyncio.run(d.refresh(clusters, 1.0, room=7)) is True
+    assert [s.members for s in d.statuses(clusters)] == [3, 4] and d.statuses(clusters)[1].up
