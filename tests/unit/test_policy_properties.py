@@ -69,7 +69,7 @@ def run(s: Scenario) -> list[Decision]:
     return out
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(scenarios())
 def test_never_below_min_replicas(s: Scenario) -> None:
     for cycle, holds, decision in zip(s.cycles, s.holds, run(s), strict=True):
@@ -85,7 +85,7 @@ def test_never_below_min_replicas(s: Scenario) -> None:
         assert (PRIMARY in decision.pool) >= s.rules.primary_in_read_pool
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(scenarios())
 def test_a_hold_always_wins(s: Scenario) -> None:
     for holds, decision in zip(s.holds, run(s), strict=True):
@@ -97,7 +97,7 @@ def test_a_hold_always_wins(s: Scenario) -> None:
                 assert decision.reasons[name] == f"held {hold} by operator"
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(scenarios(with_holds=False, with_min=False))
 def test_an_ejected_replica_is_not_back_before_readmit_after_good_cycles(s: Scenario) -> None:
     """Left to the policy alone (no hold, no min_replicas to keep one), a replica ejected at
@@ -118,7 +118,7 @@ def test_an_ejected_replica_is_not_back_before_readmit_after_good_cycles(s: Scen
                            and h.staleness is not None and h.staleness < sla.readmit_below for h in recent), recent
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(scenarios())
 def test_the_same_inputs_give_the_same_decision(s: Scenario) -> None:
     state = PolicyState.from_pool(s.start, s.names, now=0.0)
