@@ -156,15 +156,23 @@ def _opener(config: PatroniDiscoveryConfig) -> urllib.request.OpenerDirector:
     return urllib.request.build_opener(*handlers)
 
 
-def _read_within(answer: http.client.HTTPResponse, deadline: float, url: str) -> bytes:
+def answer_limit(max_members: int) -> int:
+    """The most bytes a ``/cluster`` answer of ``max_members`` members may take: a member
+    is a few hundred bytes (name, role, state, host, port, API URL, timeline, lag, tags),
+    allowed 2 kB, and the answer is refused unread past that, never parsed into objects."""
+    return min(MAX_ANSWER_BYTES, 16384 + 2048 * max_members)
+
+
+def _read_within(answer: http.client.HTTPResponse, deadline: float, url: str, max_members: int) -> bytes:
     """The body, read one socket receive at a time so that a server trickling bytes
     cannot hold the worker past ``deadline`` (urllib's timeout bounds each receive only)."""
-    chunks, size = [], 0
+    chunks, size, limit = [], 0, answer_limit(max_members)
     while chunk := answer.read1(65536):
         chunks.append(chunk)
         size += len(chunk)
-        if size > MAX_ANSWER_BYTES:
-            raise DiscoveryError(f"{url}: answer larger than {MAX_ANSWER_BYTES} bytes")
+        if size > limit:
+            raise DiscoveryError(f"{url}: answer larger than {limit} bytes, more than max_members ({max_members}) "
+                                 "members take: refused")
         if time.monotonic() > deadline:
             raise DiscoveryError(f"{url}: answer not complete in time")
     return b"".join(chunks)
@@ -180,7 +188,7 @@ def fetch_membership(config: PatroniDiscoveryConfig, timeout: float) -> Membersh
         url = base.rstrip("/") + "/cluster"
         try:
             with opener.open(urllib.request.Request(url, headers=headers), timeout=timeout) as answer:
-                body = _read_within(answer, time.monotonic() + timeout, url)
+                body = _read_within(answer, time.monotonic() + timeout, url, config.max_members)
             return parse_cluster(json.loads(body), base, config.max_members)
         except urllib.error.HTTPError as exc:
             problems.append(f"{url}: HTTP {exc.code}")
