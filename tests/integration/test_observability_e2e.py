@@ -282,6 +282,14 @@ def test_a_stranger_holding_the_leader_lock_is_named_and_alerted(stack: Stack) -
              lambda: ("idle", "LagwatchPoolControlNotApplied", "", "pending") in states.of("idle")
              or ("idle", "LagwatchPoolControlNotApplied", "", "firing") in states.of("idle"),
              timeout=30, meanwhile=states.sample)
+
+        def paged() -> list[dict[str, Any]]:
+            return [a for n in stack.webhook.notifications("/pager") if n["status"] == "firing"
+                    for a in n["alerts"] if a["labels"].get("alertname") == "LagwatchPoolControlNotApplied"
+                    and a["labels"].get("cluster") == "idle"]
+
+        wait("the page for it, through Alertmanager", paged, timeout=60)
+        assert "held by a session that is not lagwatch: pid" in paged()[0]["annotations"]["description"], paged()
         pool = next(c for c in lw.status()["clusters"] if c["name"] == "idle")["pool"]
         assert pool["leader_holder"]["pid"] == pid and pool["leader_holder"]["lagwatch"] is False, pool
         page = lw.get("/status")[1]
