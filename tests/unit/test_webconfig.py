@@ -229,8 +229,9 @@ def test_inconsistent_tls_settings(pki: Pki, tls: dict[str, Any], needle: str) -
 
 
 def test_plain_password_and_broken_hash_are_rejected(pki: Pki) -> None:
-    got = problems(pki, {"basic_auth_users": {"a": "plaintext", "b": "$2y$10$tooshort"}})
+    got = problems(pki, {"basic_auth_users": {"a": "plaintext-Secret-7", "b": "$2y$10$tooshort"}})
     assert any("basic_auth_users" in p and "bcrypt" in p for p in got), got
+    assert not any("Secret-7" in p or "tooshort" in p for p in got), got  # a password is never repeated
 
 
 # -- basic auth -----------------------------------------------------------------------------
