@@ -395,4 +395,3 @@ class HttpServer:
 
     def _at(self, monotonic_deadline: float) -> float:
         return self._loop.time() + (monotonic_deadline - time.monotonic())
-

@@ -12,6 +12,7 @@ from __future__ import annotations
 import http.server
 import json
 import os
+import signal
 import ssl
 import threading
 from collections.abc import Iterator
@@ -150,8 +151,6 @@ def test_a_patroni_url_with_a_password_is_refused_without_repeating_it(
         bad["listen"] = f"127.0.0.1:{lw.port}"
         bad["clusters"][0]["discovery"]["urls"] = ["https://lagwatch:UrlSecret-41@127.0.0.1:47360"]
         lw.write_config(bad)
-        import signal
-
         lw.signal(signal.SIGHUP)
         lw.wait_logged("clusters[0].discovery.urls")
         lw.wait_cycles(2)  # the old config runs on
