@@ -51,25 +51,42 @@ def scrape(port: int, timeout: float) -> tuple[int, float]:
         conn.close()
 
 
+class Scrapes:
+    """Fresh scrapes from a thread, one every ``every`` seconds from ``start`` to
+    ``stop``: ``done`` holds each one's (status, seconds), or what went wrong."""
+
+    def __init__(self, port: int, timeout: float, every: float) -> None:
+        self.port, self.timeout, self.every = port, timeout, every
+        self.done: list[tuple[int, float] | str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.done.append(scrape(self.port, timeout=self.timeout))
+            except (OSError, http.client.HTTPException, AssertionError) as exc:
+                self.done.append(f"{type(exc).__name__}: {exc}")
+            time.sleep(self.every)
+
+    def start(self) -> Scrapes:
+        self._thread.start()
+        return self
+
+    def stop(self) -> list[tuple[int, float] | str]:
+        self._stop.set()
+        self._thread.join()
+        return self.done
+
+
 def test_1100_slow_clients_do_not_starve_a_scraper(pg_cluster: ChaosCluster, tmp_path: Path,
                                                    many_descriptors: None) -> None:
     config = cluster_config(pg_cluster, free_port(["127.0.0.1"]))
     config["http"] = {"request_timeout": f"{REQUEST_TIMEOUT:g}s"}
     with Lagwatch(tmp_path, config, max_descriptors=1024) as lw:
         lw.wait_ready()
-        scrapes: list[tuple[int, float] | str] = []
-        stop = threading.Event()
+        scraper = Scrapes(lw.port, timeout=1.0, every=0.1).start()
 
-        def scraper() -> None:
-            while not stop.is_set():
-                try:
-                    scrapes.append(scrape(lw.port, timeout=1.0))
-                except (OSError, http.client.HTTPException, AssertionError) as exc:
-                    scrapes.append(f"{type(exc).__name__}: {exc}")
-                time.sleep(0.1)
-
-        thread = threading.Thread(target=scraper)
-        thread.start()
         slow: dict[socket.socket, float] = {}
         try:
             for _ in range(1100):  # each says half a request and then nothing (slowloris)
@@ -103,8 +120,7 @@ def test_1100_slow_clients_do_not_starve_a_scraper(pg_cluster: ChaosCluster, tmp
             assert not open_socks, f"{len(open_socks)} slow connections still open"
             assert max(lived) < REQUEST_TIMEOUT + 2.0, max(lived)
         finally:
-            stop.set()
-            thread.join()
+            scrapes = scraper.stop()
             for sock in slow:
                 sock.close()
         failed = [s for s in scrapes if isinstance(s, str) or s[0] != 200 or s[1] >= 1.0]
@@ -128,20 +144,9 @@ def test_600_pipelining_clients_that_never_read_do_not_hold_the_slots(pg_cluster
     request = b"GET /metrics HTTP/1.1\r\nHost: lagwatch\r\n\r\n" * 20
     with Lagwatch(tmp_path, config, max_descriptors=1024) as lw:
         lw.wait_ready()
-        scrapes: list[tuple[int, float] | str] = []
-        stop = threading.Event()
-
-        def scraper() -> None:
-            while not stop.is_set():
-                try:
-                    scrapes.append(scrape(lw.port, timeout=5.0))
-                except (OSError, http.client.HTTPException, AssertionError) as exc:
-                    scrapes.append(f"{type(exc).__name__}: {exc}")
-                time.sleep(0.2)
+        scraper = Scrapes(lw.port, timeout=5.0, every=0.2).start()
 
         socks: list[socket.socket] = []
-        thread = threading.Thread(target=scraper)
-        thread.start()
         try:
             for _ in range(600):
                 sock = socket.create_connection(("127.0.0.1", lw.port), timeout=5)
@@ -149,8 +154,7 @@ def test_600_pipelining_clients_that_never_read_do_not_hold_the_slots(pg_cluster
                 socks.append(sock)
             time.sleep(REQUEST_TIMEOUT + 3)  # the write deadline, and then some: the time under attack
         finally:
-            stop.set()
-            thread.join()
+            scrapes = scraper.stop()
             for sock in socks:
                 sock.close()
         times = sorted(s[1] for s in scrapes if not isinstance(s, str) and s[0] == 200)

@@ -1,18 +1,17 @@
 """Hostile input, round two, in pure logic and the one-shot CLI: the escaping rule for
-text lagwatch does not own, credentials in a Patroni URL, symbolic links in clusters_dir,
-keys read from a file in error messages, and Patroni answers bounded in size. (A running
+text lagwatch does not own (its log formats: test_logging.py), credentials in a Patroni
+URL, symbolic links in clusters_dir, keys read from a file in error messages, and Patroni
+answers bounded in size. (A running
 daemon meets the same doors in tests/integration/test_hostile_doors.py.)"""
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
-from lagwatch.cli import main, setup_logging
+from lagwatch.cli import main
 from lagwatch.clusterdir import ClusterDir
 from lagwatch.errors import key_path, validation_problems
 from lagwatch.escape import escape_controls, excerpt
@@ -20,15 +19,6 @@ from lagwatch.patroni import DiscoveryError, parse_cluster
 from lagwatch.redact import redact_url
 
 SHADOW = "root:$6$SecretSalt$secrethash:19000:0:99999:7:::\nlagwatch:!secret:19000:0:99999:7:::\n"
-
-
-@pytest.fixture(autouse=True)
-def _restore_root_logger() -> Iterator[None]:
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield None
-    root.handlers[:] = handlers
-    root.setLevel(level)
 
 
 @pytest.mark.parametrize(("text", "escaped"), [
@@ -45,24 +35,6 @@ def test_one_rule_escapes_what_does_not_print(text: str, escaped: str) -> None:
 def test_an_excerpt_is_bounded_and_escaped() -> None:
     assert excerpt("x" * 100, 10) == "x" * 10 + "…"
     assert excerpt("a\nb", 10) == "a\\nb"
-
-
-@pytest.mark.parametrize("log_format", ["text", "json"])
-def test_a_log_event_is_one_line_in_either_format(capsys: pytest.CaptureFixture[str], log_format: str) -> None:
-    setup_logging("info", log_format)
-    log = logging.getLogger("lagwatch.test")
-    log.info("members from %s: %s", "https://p:8008", "a, b\n2026-01-01 ERROR forged, c\x1b[2K")
-    try:
-        raise ValueError("boom\nsecond line")
-    except ValueError:
-        log.exception("unexpected")
-    lines = capsys.readouterr().err.splitlines()
-    assert len(lines) == 2, lines
-    assert "\x1b" not in "".join(lines)
-    message = lines[0] if log_format == "text" else json.loads(lines[0])["msg"]
-    assert message.endswith("members from https://p:8008: a, b\\n2026-01-01 ERROR forged, c\\x1b[2K")
-    if log_format == "text":
-        assert "Traceback" in lines[1] and "boom\\nsecond line" in lines[1]
 
 
 @pytest.mark.parametrize(("url", "shown"), [

@@ -105,3 +105,21 @@ def test_run_with_log_format_after_the_subcommand(tmp_path: Path) -> None:
             proc.kill()
             proc.communicate()
     assert proc.returncode == 0
+
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_a_log_event_is_one_line_in_either_format(capsys: pytest.CaptureFixture[str], log_format: str) -> None:
+    setup_logging("info", log_format)
+    log = logging.getLogger("lagwatch.test")
+    log.info("members from %s: %s", "https://p:8008", "a, b\n2026-01-01 ERROR forged, c\x1b[2K")
+    try:
+        raise ValueError("boom\nsecond line")
+    except ValueError:
+        log.exception("unexpected")
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2, lines
+    assert "\x1b" not in "".join(lines)
+    message = lines[0] if log_format == "text" else json.loads(lines[0])["msg"]
+    assert message.endswith("members from https://p:8008: a, b\\n2026-01-01 ERROR forged, c\\x1b[2K")
+    if log_format == "text":
+        assert "Traceback" in lines[1] and "boom\\nsecond line" in lines[1]
