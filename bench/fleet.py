@@ -190,11 +190,17 @@ class Neighbours:
             proc.wait()
 
 
+# --lag-from-wal: each cluster's primary reads commit times from the WAL (auto, the default
+# where pg_walinspect is permitted) or not (off): its cost at fleet scale.
+LAG_FROM_WAL = "auto"
+
+
 def fleet_config(cluster: LocalCluster, clusters: int, port: int, workdir: Path, pool: bool) -> dict[str, Any]:
     def one(i: int) -> dict[str, Any]:
         name = f"c{i:03d}"
         entry: dict[str, Any] = {"name": name, "primary": {"dsn": cluster.primary.dsn()},
-                                 "replicas": [{"name": r.name, "dsn": r.dsn()} for r in cluster.replicas]}
+                                 "replicas": [{"name": r.name, "dsn": r.dsn()} for r in cluster.replicas],
+                                 "lag_from_wal": LAG_FROM_WAL}
         if pool:
             entry["sla"] = {"max_lag": "10s", "eject_after": 3, "readmit_after": 5, "min_replicas": 1}
             entry["pooler"] = {"kind": "command", "template": "{members}\n",
@@ -390,6 +396,14 @@ def _measure_running(lw: Lagwatch, cluster: LocalCluster, clusters: int, arm: st
         renders.append(_first_scrape_after_a_cycle(lw))
     if soak:
         print(f"  RSS every minute: {', '.join(f'{v:.0f}' for v in rss_seen)} MB", flush=True)
+    # What must never happen under stress: every replica here is healthy (max_lag 10 s) and
+    # every node up, so any eject since the start, or a node read down, is a wrong act.
+    ejects = sum(float(line.rsplit(" ", 1)[1]) for line in after.splitlines()
+                 if line.startswith("lagwatch_pool_changes_total{") and 'action="eject"' in line)
+    down = sum(1 for line in after.splitlines()
+               if line.startswith("lagwatch_up{") and float(line.rsplit(" ", 1)[1]) == 0)
+    print(f"  {clusters} x 3 {arm}: healthy replicas ejected since start {ejects:.0f}, nodes read down now {down}",
+          flush=True)
     return Row(clusters, arm, pass_no, converged, 100 * cpu / wall, 1000 * cpu / max(1, cycles * clusters * 3),
                1000 * bucket_quantile(0.5, buckets_before, buckets_after),
                1000 * bucket_quantile(0.99, buckets_before, buckets_after),
@@ -467,9 +481,13 @@ def main() -> int:
                         help="passes; every other one with the sizes and the arms in reverse order")
     parser.add_argument("--busy", type=int, default=0,
                         help="CPU-bound neighbour processes running through each run (from before lagwatch starts)")
+    parser.add_argument("--lag-from-wal", choices=("auto", "off"), default="auto",
+                        help="every cluster's lag_from_wal (the WAL dating's cost at fleet scale)")
     parser.add_argument("--soak", action="store_true", help="print RSS every minute (use with a long --seconds)")
     parser.add_argument("--pg-major", type=int, default=None)
     args = parser.parse_args()
+    global LAG_FROM_WAL
+    LAG_FROM_WAL = args.lag_from_wal
     sizes = [int(n) for n in args.clusters.split(",")]
     arms = [a.strip() for a in args.arms.split(",")]
     if not arms or any(a not in ARMS for a in arms) or len(set(arms)) != len(arms):
