@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from lagwatch import families as f
+from lagwatch.diagnosis import CAUSES
+from lagwatch.diagnosis import STAGES as DIAGNOSIS_STAGES
 from lagwatch.exposition import Family, Gauge, collecting, to_prometheus
 from lagwatch.snapshot import OBSERVED_ROLES, ClusterSnapshot, Snapshot
 from lagwatch.views.replication import STAGES
@@ -106,6 +108,7 @@ def _cluster_metrics(c: ClusterSnapshot) -> None:
     _node_metrics(c)
     _role_metrics(c)
     _replica_metrics(c)
+    _diagnosis_metrics(c)
     _forecast_and_sla_metrics(c)
     _slot_metrics(c)
     _wal_metrics(c)
@@ -167,6 +170,29 @@ def _replica_metrics(c: ClusterSnapshot) -> None:
             ws_lag.add_metrics(key, _present((stage, ws.lag_seconds(stage)) for stage in STAGES[1:]))
         info.add_metric(key + [ws.state or "" if ws else "", ws.sync_state or "" if ws else "",
                                r.wal_receiver_status or "", r.staleness_source or "", r.staleness_evidence or ""])
+
+
+def _diagnosis_metrics(c: ClusterSnapshot) -> None:
+    """Why each replica lags (diagnosis.py), how busy its replay is, its conflicts."""
+    for r in c.replicas:
+        key = [c.name, r.name]
+        d = r.diagnosis
+        if d is not None:
+            f.LAG_CAUSE.make().add_metrics(key, ((cause, float(cause == d.cause)) for cause in CAUSES))
+            f.LAG_STAGE.make().add_metrics(key, zip(DIAGNOSIS_STAGES, d.stage_seconds, strict=True))
+            f.LAG_STAGE_BYTES.make().add_metrics(key, _present(zip(DIAGNOSIS_STAGES, d.stage_bytes, strict=True)))
+        if r.replay_load is not None and r.replay_load.busy_ratio is not None:
+            _one(f.REPLAY_BUSY, key, r.replay_load.busy_ratio)
+        rec = r.recovery
+        if rec is None:
+            continue
+        if rec.startup_reads is not None:
+            f.STARTUP_READS.make().add_metric(key, rec.startup_reads)
+        f.CONFLICTS.make().add_metrics(key, sorted(rec.conflicts.items()))
+        _one(f.CONFLICT_HOLDERS, key, len(rec.holders))
+        ages = [h.xact_age for h in rec.holders if h.xact_age is not None]
+        if ages:
+            _one(f.CONFLICT_OLDEST, key, max(ages))
 
 
 def _flag(value: bool | None) -> float | None:

@@ -188,6 +188,30 @@ SLA_MAX_LAG = gauge("lagwatch_replica_sla_max_lag_seconds", "The replica's SLA m
 SLA_P95 = gauge("lagwatch_replica_sla_p95_seconds", "The replica's SLA p95 from the config (absent if unset)", C, R)
 MIN_REPLICAS = gauge("lagwatch_pool_min_replicas", "The cluster's SLA min_replicas from the config", C)
 
+# -- why replicas lag ----------------------------------------------------------------------
+_section = "why replicas lag"
+LAG_CAUSE = gauge("lagwatch_replica_lag_cause", "1 for what holds the replica's staleness back now (the cause of "
+                  "its largest part: caught_up, apply_delay, replay_paused, recovery_conflict, replay_busy, "
+                  "not_streaming, network, sender, unknown), 0 for the others", C, R, "cause")
+LAG_STAGE = gauge("lagwatch_replica_lag_stage_seconds", "The staleness split by where the oldest missing change "
+                  "sits: send (not yet sent), write (sent, not written by the replica), flush (written, not "
+                  "flushed), replay (flushed, not replayed); the stages add up to lagwatch_replica_lag_seconds",
+                  C, R, "stage")
+LAG_STAGE_BYTES = gauge("lagwatch_replica_lag_stage_bytes", "WAL at each stage (send, write, flush, replay) "
+                        "between the primary's position and the replica's replay position", C, R, "stage")
+REPLAY_BUSY = gauge("lagwatch_replica_replay_busy_ratio", "Share of the window's samples (one a cycle) that found "
+                    "the replica's startup process replaying rather than waiting (for WAL, an apply delay, a "
+                    "pause or a conflict): near 1, replay is at its limit", C, R)
+STARTUP_READS = counter("lagwatch_replica_startup_reads", "Blocks of relation data the replica's startup process "
+                        "has read (pg_stat_io, PostgreSQL 16+), since its statistics were reset", C, R)
+CONFLICTS = counter("lagwatch_replica_recovery_conflicts", "Queries on the replica cancelled by hot-standby "
+                    "conflicts, by type (pg_stat_database_conflicts summed over databases), since its statistics "
+                    "were reset", C, R, "type")
+CONFLICT_HOLDERS = gauge("lagwatch_replica_recovery_conflict_sessions", "Sessions on the replica that hold replay "
+                         "back while it waits on a conflict (0 when it does not wait)", C, R)
+CONFLICT_OLDEST = gauge("lagwatch_replica_recovery_conflict_oldest_xact_seconds", "Age of the oldest transaction "
+                        "among the sessions that hold replay back (absent when replay does not wait on one)", C, R)
+
 # -- slots --------------------------------------------------------------------------------
 _section = "slots"
 SLOT_RETAINED = gauge("lagwatch_slot_retained_bytes", "WAL the slot holds back: pg_current_wal_lsn() - restart_lsn",

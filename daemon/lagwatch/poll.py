@@ -35,6 +35,7 @@ from lagwatch.snapshot import ErrorKind, NodeObservation, Role
 from lagwatch.viewreader import ViewReader, for_role
 from lagwatch.views import heartbeat, probe
 from lagwatch.views.probe import Capabilities
+from lagwatch.views.recovery import Recovery
 from lagwatch.views.replication import WalSender
 from lagwatch.views.server import ServerPosition
 from lagwatch.views.slots import Slot
@@ -68,6 +69,7 @@ class Answer:
     wal_dates: dict[str, WalDates] = field(default_factory=dict)  # the primary's: see NodeObservation.wal_dates
     heartbeat_seq: int | None = None  # a replica's: the beat it has replayed (heartbeat.py)
     answered_at: float | None = None  # when its views answered, before the extra reads (monotonic)
+    recovery: Recovery | None = None  # a replica's startup process (views/recovery.py)
 
 
 class NodeError(Exception):
@@ -179,7 +181,7 @@ class NodePoller:
                                position=answer.position, walsenders=answer.walsenders, receiver=answer.receiver,
                                slots=answer.slots, wal=answer.wal, wal_dir=answer.wal_dir,
                                walinspect=answer.walinspect, wal_dates=answer.wal_dates,
-                               heartbeat_seq=answer.heartbeat_seq, views=answer.views,
+                               heartbeat_seq=answer.heartbeat_seq, views=answer.views, recovery=answer.recovery,
                                wal_dating_read_bytes=self._scanner.read_bytes if self._scanner.state is not None
                                else None,
                                view_errors_total=dict(self._reader.view_errors), connects_total=self._connects)
@@ -303,7 +305,8 @@ class NodePoller:
         return Answer(capabilities=caps, position=position, walsenders=walsenders,
                       receiver=results.get("wal_receiver"), slots=results.get("slots", ()), wal=results.get("wal"),
                       wal_dir=results.get("wal_dir"), walinspect=inspection, wal_dates=wal_dates,
-                      heartbeat_seq=results.get("heartbeat"), views=health, answered_at=answered_at)
+                      heartbeat_seq=results.get("heartbeat"), views=health, answered_at=answered_at,
+                      recovery=results.get("recovery"))
 
     async def _replicas_own(self, board: ReplayBoard | None, walsenders: Sequence[WalSender]) -> dict[str, int]:
         """Where the configured replicas the primary streams to say they have replayed up

@@ -12,11 +12,14 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from lagwatch.config import ReplicaSla
+from lagwatch.diagnosis import Diagnosis
 from lagwatch.fastinit import fast_init
 from lagwatch.lag import WalDates
 from lagwatch.rates import CatchUp
+from lagwatch.replayload import ReplayLoad
 from lagwatch.syncrep import SyncReplication
 from lagwatch.views.probe import Capabilities
+from lagwatch.views.recovery import Recovery
 from lagwatch.views.replication import WalSender
 from lagwatch.views.server import ServerPosition
 from lagwatch.views.slots import Slot
@@ -67,6 +70,7 @@ class NodeObservation:
     # (by application_name), where lagwatch may read them (commitscan.py).
     wal_dates: Mapping[str, WalDates] = field(default_factory=dict)
     heartbeat_seq: int | None = None  # a replica's: the heartbeat it has replayed (heartbeat.py)
+    recovery: Recovery | None = None  # a replica's startup process and conflicts (views/recovery.py)
     wal_dating_read_bytes: int | None = None  # the primary's: WAL read to date staleness, since start
     # Per view: whether it was read this cycle (False: it failed, rests after a failure, or
     # the role may not read it). Views that do not apply to the node's role are absent.
@@ -128,6 +132,9 @@ class ReplicaState:
     # or its WAL receiver is on the primary's timeline. None: cannot tell (no primary).
     follows_primary: bool | None = None
     catch_up: CatchUp | None = None  # replay rate, backlog and ETA (None: no replay position)
+    diagnosis: Diagnosis | None = None  # where its staleness sits and why (diagnosis.py)
+    replay_load: ReplayLoad | None = None  # how busy its startup process is (replayload.py)
+    recovery: Recovery | None = None  # its startup process, conflicts by type (views/recovery.py)
 
     @property
     def replay_paused(self) -> bool | None:

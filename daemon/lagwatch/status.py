@@ -11,6 +11,7 @@ from typing import Any
 
 from lagwatch.alerting import conditions
 from lagwatch.config import ReplicaSla
+from lagwatch.diagnosis import STAGES as DIAGNOSIS_STAGES
 from lagwatch.lsn import format_lsn
 from lagwatch.rates import describe
 from lagwatch.snapshot import ClusterSnapshot, PoolStatus, ReplicaState, Snapshot, replica_condition
@@ -55,6 +56,7 @@ def replica_status(r: ReplicaState, sla: ReplicaSla | None = None) -> dict[str, 
         "replay_pause_state": r.replay_pause_state,
         "wal_receiver_status": r.wal_receiver_status,
         "last_replay_timestamp_age_seconds": r.last_replay_age_seconds,
+        "why": why(r),
         "walsender": None if ws is None else {
             "state": ws.state,
             "sync_state": ws.sync_state,
@@ -63,6 +65,32 @@ def replica_status(r: ReplicaState, sla: ReplicaSla | None = None) -> dict[str, 
             "lag_bytes": {s: ws.lag_bytes(s) for s in ("sent", "write", "flush", "replay")},
             "lag_seconds": {s: ws.lag_seconds(s) for s in ("write", "flush", "replay")},
         },
+    }
+
+
+def why(r: ReplicaState) -> dict[str, Any] | None:
+    """Where the replica's staleness sits and what holds it (diagnosis.py), its replay's
+    load and its conflicts; None before a reading."""
+    d, load, rec = r.diagnosis, r.replay_load, r.recovery
+    if d is None and load is None and rec is None:
+        return None
+    return {
+        "cause": d.cause if d else None,
+        "detail": d.detail if d else None,
+        # Every cause holding part of the staleness, largest first (the first is ``cause``).
+        "causes": [{"cause": c, "seconds": s} for c, s in d.causes] if d else [],
+        "stages_seconds": dict(zip(DIAGNOSIS_STAGES, d.stage_seconds, strict=True)) if d else None,
+        "stages_bytes": dict(zip(DIAGNOSIS_STAGES, d.stage_bytes, strict=True)) if d else None,
+        "conflict": d.conflict if d else None,
+        "holders": [{"pid": h.pid, "user": h.user, "state": h.state, "xact_age_seconds": h.xact_age,
+                     "holds_the_lock": h.exact} for h in (rec.holders if rec else ())],
+        "startup_process": None if rec is None or rec.startup_pid is None else {
+            "pid": rec.startup_pid, "activity": rec.activity, "wait_event_type": rec.wait_event_type,
+            "wait_event": rec.wait_event},
+        "replay_busy_ratio": load.busy_ratio if load else None,
+        "replay_busy_samples": load.samples if load else 0,
+        "startup_read_blocks_per_second": load.read_rate if load else None,
+        "recovery_conflicts_total": dict(rec.conflicts) if rec else None,
     }
 
 

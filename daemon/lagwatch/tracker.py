@@ -17,11 +17,13 @@ from dataclasses import dataclass
 
 from lagwatch.beats import Beats
 from lagwatch.config import ClusterConfig
+from lagwatch.diagnosis import Diagnosis, Positions, Signals, diagnose
 from lagwatch.fastinit import fast_init
 from lagwatch.history import LagHistory, LagReading, ReplayPosition
 from lagwatch.lag import Commits, LsnClock, WalDates
 from lagwatch.nodehealth import NodeHealthTracker
 from lagwatch.rates import CatchUp, Forecaster
+from lagwatch.replayload import ReplayLoadTracker
 from lagwatch.roles import RoleChange, RoleTracker, RoleView
 from lagwatch.snapshot import ClusterSnapshot, NodeObservation, ReplicaState
 from lagwatch.syncrep import SyncReplication, assess
@@ -89,6 +91,7 @@ class ClusterTracker:
         self.nodes = NodeHealthTracker(cluster.name)
         self.walinspect = WalInspectTally()
         self.roles = RoleTracker(cluster.name, cluster.standby_cluster)
+        self.replay_load = ReplayLoadTracker(window)
         self._sync_error: str | None = None  # the last synchronous_standby_names parse error said
         # The cluster's heartbeat writer's beats (heartbeat.py), where it has one: set when
         # the runtime is put in force.
@@ -175,6 +178,7 @@ class ClusterTracker:
             replicas.append(self._unconfigured_replica(label, primary.senders[name], primary, now))
         for name in self.history.forget_vanished({r.name for r in replicas}, now):
             self.forecast.forget_replica(name)
+            self.replay_load.forget([name])
         return replicas
 
     def _commits(self, by_node: dict[str, NodeObservation], primary: _PrimaryView) -> dict[str, Commits]:
@@ -196,38 +200,66 @@ class ClusterTracker:
         own = answered.position if answered is not None else None
         replay = _own_replay(answered, primary, walsender_name, commits, beats) or self._replay_from_sender(
             name, sender, primary.senders_at, primary.wal_dates.get(walsender_name))
+        before = self.history.last_known(name, now)
         follows = _follows_primary(sender, obs, roles)
         self.roles.note_follows(name, follows)
         if replay is not None and (capped := self.roles.replayed_of_current(name, replay.lsn)) != replay.lsn:
             # Left on the old timeline after a promotion: it lacks everything since the fork.
             replay = ReplayPosition(capped, replay.at, replay.source)
         receiver = answered.receiver if answered is not None else None
+        streaming = _streaming(answered, sender)
+        recovery = answered.recovery if answered is not None else None
+        reading = self._reading(name, replay, sender, now, primary.lsn)
+        signals = _signals(answered, streaming, None if before is None or replay is None else replay.lsn > before.lsn)
         return ReplicaState(
             name=name,
             configured=True,
             node_up=obs.ok if obs is not None else False,
             walsender=sender,
-            streaming=_streaming(answered, sender),
+            streaming=streaming,
             receive_lsn=own.receive_lsn if own else None,
             receive_replay_bytes=own.receive_replay_bytes if own else None,
             replay_pause_state=own.replay_pause_state if own else None,
             last_replay_age_seconds=own.last_replay_age_seconds if own else None,
             wal_receiver_status=receiver.status if receiver else None,
             follows_primary=follows,
-            **self._reading(name, replay, sender, now, primary.lsn),
+            diagnosis=self._diagnose(reading, sender, primary.lsn, own.receive_lsn if own else None, signals),
+            replay_load=self.replay_load.note(name, answered.asked_at or answered.observed_at if answered else now,
+                                              recovery),
+            recovery=recovery,
+            **reading,
         )
 
     def _unconfigured_replica(self, name: str, sender: WalSender, primary: _PrimaryView, now: float) -> ReplicaState:
+        reading = self._reading(name, self._replay_from_sender(name, sender, primary.senders_at,
+                                                               primary.wal_dates.get(sender.application_name)),
+                                sender, now, primary.lsn)
+        streaming = sender.state == "streaming"
         return ReplicaState(
             name=name,
             configured=False,
             node_up=None,
             walsender=sender,
-            streaming=sender.state == "streaming",
-            **self._reading(name, self._replay_from_sender(name, sender, primary.senders_at,
-                                                           primary.wal_dates.get(sender.application_name)),
-                            sender, now, primary.lsn),
+            streaming=streaming,
+            diagnosis=self._diagnose(reading, sender, primary.lsn, None, Signals(streaming=streaming)),
+            **reading,
         )
+
+    def _diagnose(self, reading: _Reading, sender: WalSender | None, current: int | None, received: int | None,
+                  signals: Signals) -> Diagnosis | None:
+        """Where the reading's staleness sits and why (diagnosis.py), each stage's boundary
+        dated by the LSN clock at the reading's instant."""
+        staleness, at = reading["staleness"], reading["staleness_at"]
+        if staleness is None or at is None:
+            return None
+
+        def dated(lsn: int) -> float | None:
+            estimate = self.clock.estimate(lsn, at)
+            return estimate.seconds if estimate is not None else None
+
+        positions = Positions(current, sender.sent_lsn if sender else None, sender.write_lsn if sender else None,
+                              sender.flush_lsn if sender else None, received, reading["replay_lsn"])
+        return diagnose(staleness, positions, dated, signals)
 
     def _replay_from_sender(self, name: str, sender: WalSender | None, at: float,
                             wal: WalDates | None = None) -> ReplayPosition | None:
@@ -281,6 +313,15 @@ def _own_replay(answered: NodeObservation | None, primary: _PrimaryView, walsend
         else None
     return ReplayPosition(own.replay_lsn, at, "replica", commits, primary.wal_dates.get(walsender_name), beat,
                           own.last_replay_epoch if not primary.standby else None)
+
+
+def _signals(answered: NodeObservation | None, streaming: bool | None, advanced: bool | None) -> Signals:
+    """What a replica's own answer says about its replay, for the diagnosis."""
+    own = answered.position if answered is not None else None
+    receiver = answered.receiver if answered is not None else None
+    return Signals(answered.recovery if answered is not None else None, own.replay_pause_state if own else None,
+                   own.apply_delay_seconds if own else None, streaming, receiver.status if receiver else None,
+                   receiver.last_msg_age if receiver else None, advanced)
 
 
 def _last_commit_at(obs: NodeObservation | None, primary_clock: _PrimaryClock | None) -> float | None:

@@ -46,6 +46,7 @@ GRANT_HINTS = {
     "wal_receiver": ": pg_stat_wal_receiver shows its columns only to GRANT pg_read_all_stats TO ROLE",
     "wal_dating": ": staleness dated from the WAL needs GRANT EXECUTE ON FUNCTION "
                   "pg_get_wal_records_info(pg_lsn, pg_lsn) TO ROLE",
+    "recovery": ": the startup process's wait is shown to GRANT pg_read_all_stats TO ROLE",
     "heartbeat": ": the heartbeat table needs GRANT SELECT ON it TO ROLE (deploy/sql/lagwatch-heartbeat.sql)",
 }
 
@@ -114,12 +115,14 @@ class ViewReader:
 
     def _views(self, caps: Capabilities) -> Sequence[View[Any]]:
         views = self._role_views["replica" if caps.in_recovery else "primary"]
-        if caps.can_ls_waldir and not self.resting:
+        if caps.can_ls_waldir and caps.can_read_all_stats and not self.resting:
             return views  # every cycle but in the cases below: the same tuple, nothing to filter
-        # Without pg_read_all_stats the replication view still answers (LSNs are NULL);
-        # pg_ls_waldir() would fail outright, so it is left out.
+        # Without pg_read_all_stats the replication view still answers (LSNs are NULL), but
+        # the startup process's wait would read as "working" (it is hidden): left out, as
+        # pg_ls_waldir() is without its grant (it would fail outright).
         now = time.monotonic()
         return [v for v in views if not (v.name == "wal_dir" and not caps.can_ls_waldir)
+                and not (v.name == "recovery" and not caps.can_read_all_stats)
                 and self.resting.get(v.name, 0.0) <= now]
 
     async def _read_views(self, conn: psycopg.AsyncConnection[Any], caps: Capabilities,

@@ -6,13 +6,14 @@ The per-cycle views are listed in ``CYCLE_VIEWS``; ``probe`` runs once per conne
 
 from typing import Any
 
-from lagwatch.views import replication, server, slots, wal, wal_dir, wal_receiver
+from lagwatch.views import recovery, replication, server, slots, wal, wal_dir, wal_receiver
 from lagwatch.views.base import View
 
 CYCLE_VIEWS: tuple[View[Any], ...] = (
     server.VIEW,
     replication.VIEW,
     wal_receiver.VIEW,
+    recovery.VIEW,
     slots.VIEW,
     wal.VIEW,
     wal_dir.VIEW,

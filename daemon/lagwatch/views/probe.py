@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from lagwatch.views.base import Row
+from lagwatch.views.recovery import PROBE_COLUMN as STARTUP_PID
 
 _STATS_FN = "to_regprocedure('pg_get_wal_stats(pg_lsn,pg_lsn,boolean)')"
 _BLOCKS_FN = "to_regprocedure('pg_get_wal_block_info(pg_lsn,pg_lsn,boolean)')"  # 16+
@@ -21,6 +22,7 @@ GRANTS = {
     "walinspect_blocks": "GRANT EXECUTE ON FUNCTION pg_get_wal_block_info(pg_lsn, pg_lsn, boolean) TO ROLE "
                          "(optional)",
     "wal_dating": "GRANT EXECUTE ON FUNCTION pg_get_wal_records_info(pg_lsn, pg_lsn) TO ROLE (optional)",
+    "recovery": "GRANT pg_read_all_stats TO ROLE",
 }
 
 SQL = f"""SELECT current_setting('server_version_num')::int AS version_num,
@@ -34,7 +36,9 @@ SQL = f"""SELECT current_setting('server_version_num')::int AS version_num,
     coalesce({_RECORDS_FN} IS NOT NULL AND has_function_privilege({_RECORDS_FN}, 'EXECUTE'), false)
         AS can_walinspect_records,
     pg_has_role('pg_read_all_stats', 'USAGE') AS can_read_all_stats,
-    pg_has_role('pg_read_all_settings', 'USAGE') AS can_read_all_settings"""
+    pg_has_role('pg_read_all_settings', 'USAGE') AS can_read_all_settings,
+    -- (a replica's startup process, kept in the session for the recovery view)
+    {STARTUP_PID}"""
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,9 @@ class Capabilities:
             out["wal_dir"] = f"no EXECUTE on pg_ls_waldir() ({GRANTS['wal_dir']})"
         if not self.can_read_all_stats:
             out["replication"] = f"not a member of pg_read_all_stats: LSN columns are hidden ({GRANTS['replication']})"
+            if self.in_recovery:
+                out["recovery"] = ("not a member of pg_read_all_stats: what holds replay back is not read "
+                                   f"({GRANTS['recovery']})")
         if self.has_walinspect and not self.can_walinspect and not self.in_recovery:  # used on the primary only
             out["walinspect"] = f"no EXECUTE on pg_get_wal_stats ({GRANTS['walinspect']})"
         elif self.has_walinspect and not self.can_walinspect_blocks and not self.in_recovery and self.major >= 16:
