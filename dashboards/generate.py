@@ -478,6 +478,63 @@ def _sync_row() -> list[Panel]:
     ]
 
 
+# The diagnosis' causes (lagwatch.diagnosis.CAUSES), each shown as an index in the state timeline.
+CAUSES = ("caught_up", "apply_delay", "replay_paused", "recovery_conflict", "replay_busy", "not_streaming",
+          "network", "sender", "unknown")
+CAUSE_COLOURS = {"caught_up": "green", "apply_delay": "blue", "replay_paused": "orange",
+                 "recovery_conflict": "red", "replay_busy": "purple", "not_streaming": "dark-red",
+                 "network": "yellow", "sender": "light-orange", "unknown": "text"}
+CAUSE = _mapping({str(i): (cause, CAUSE_COLOURS[cause]) for i, cause in enumerate(CAUSES, 1)})
+
+
+def _why_row() -> list[Panel]:
+    by_replica = "{{cluster}}/{{replica}}"
+    # A state set: the current cause's series is 1, the others 0; each times its index, the max is the index.
+    cause_index = " or ".join(f'lagwatch_replica_lag_cause{{{CR}, cause="{cause}"}} * {i}'
+                              for i, cause in enumerate(CAUSES, 1))
+    return [
+        Panel(
+            "What holds each replica back", "state-timeline",
+            "The cause of the largest part of each replica's staleness, every cycle: caught_up; apply_delay "
+            "(recovery_min_apply_delay); replay_paused; recovery_conflict (replay waits on a query on the "
+            "replica: /status and lagwatch check name the session); replay_busy (the startup process is "
+            "replaying flat out: replay is the bottleneck); not_streaming (no WAL receiver: cut off, or "
+            "replaying from the archive); network (sent, not yet written by the replica); sender (the "
+            "primary has not sent it); unknown (the startup process is hidden from lagwatch's role).",
+            [Query(f"max by (cluster, replica) ({cause_index})", by_replica)],
+            WIDTH, 6, _state([CAUSE]), STATE_OPTIONS),
+        Panel(
+            "Where the lag sits", "timeseries",
+            "The staleness split by where the oldest missing change is: send (the primary has not sent it), "
+            "write (sent, not yet written by the replica), flush (written, not flushed), replay (on the "
+            "replica's disk, not replayed). Stacked, the stages add up to the headline staleness.",
+            [Query(f"max by (cluster, replica, stage) (lagwatch_replica_lag_stage_seconds{{{CR}}})",
+                   "{{replica}} {{stage}}")],
+            12, 8, _timeseries("s", stack=True), TIMESERIES_OPTIONS),
+        Panel(
+            "Replay busy ratio", "timeseries",
+            "Share of lagwatch's window (one sample a cycle) that found the replica's startup process replaying "
+            "rather than waiting for WAL: how close replay is to its limit. Near 1 (dashed red at 0.9), a "
+            "replica that keeps up now falls behind at the next write spike: the replica's I/O, io_method and "
+            "recovery prefetch are where to look.",
+            [Query(f"max by (cluster, replica) (lagwatch_replica_replay_busy_ratio{{{CR}}})", by_replica),
+             Query(f"max by (cluster, replica) (lagwatch_replica_replay_busy_ratio{{{CR}}}) * 0 + 0.9",
+                   f"{by_replica} limit")],
+            6, 8, _timeseries("percentunit", max_=1, overrides=[
+                _override("B", ("custom.lineStyle", DASHED), ("custom.fillOpacity", 0), ("color", _fixed("red")))]),
+            TIMESERIES_OPTIONS),
+        Panel(
+            "Queries cancelled by recovery conflicts", "timeseries",
+            "Queries on each replica cancelled because replay needed what they held, by conflict type "
+            "(pg_stat_database_conflicts: snapshot, lock, bufferpin, tablespace, deadlock, active_logicalslot). "
+            "Each is an error for the application reading from the pool, even at zero lag: "
+            "hot_standby_feedback and max_standby_streaming_delay trade them against lag.",
+            [Query(f"max by (cluster, replica, type) (increase(lagwatch_replica_recovery_conflicts_total{{{CR}}}"
+                   f"[{RATE}]))", "{{replica}} {{type}}")],
+            6, 8, _timeseries("short", stack=True), TIMESERIES_OPTIONS),
+    ]
+
+
 def _lagwatch_row() -> list[Panel]:
     this_cluster = f"on (instance) lagwatch_up{{{C}}}"  # daemon-wide series of instances watching $cluster
     by_node = "{{cluster}}/{{node}} ({{instance}})"
@@ -581,6 +638,7 @@ def _lagwatch_row() -> list[Panel]:
 
 ROWS: tuple[tuple[str, Callable[[], list[Panel]]], ...] = (
     ("Lag", _lag_row),
+    ("Why replicas lag", _why_row),
     ("Fleet", _fleet_row),
     ("Synchronous replication", _sync_row),
     ("Slots & WAL", _slots_wal_row),

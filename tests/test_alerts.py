@@ -104,6 +104,8 @@ def test_one_group_and_the_alerts_we_promise() -> None:
         "LagwatchSyncCommitsStalled": "page", "LagwatchSyncOneLossFromStall": "warning",
         "LagwatchSyncCommitWaitHigh": "warning", "LagwatchSlotWalLossImminent": "page",
         "LagwatchReplicaNotCatchingUp": "warning", "LagwatchOverloaded": "page",
+        "LagwatchReplicaRecoveryConflicts": "warning", "LagwatchReplicaReplayAtLimit": "warning",
+        "LagwatchReplicaReplayBlockedByQuery": "warning",
     }
     got = {rule["alert"]: rule["labels"]["severity"] for rule in alert_rules()}
     assert got == expected

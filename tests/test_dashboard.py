@@ -159,7 +159,7 @@ def test_most_urgent_first(dashboard: dict[str, Any]) -> None:
     top = dashboard["panels"]
     assert top[0]["type"] == "row" and top[0]["title"] == "Lag"
     rows = [p["title"] for p in top if p["type"] == "row"]
-    assert rows == ["Lag", "Fleet", "Synchronous replication", "Slots & WAL", "lagwatch itself"]
+    assert rows == ["Lag", "Why replicas lag", "Fleet", "Synchronous replication", "Slots & WAL", "lagwatch itself"]
     assert top[1]["type"] == "stat" and "lagwatch_replica_lag_seconds" in top[1]["targets"][0]["expr"]
 
 
@@ -238,3 +238,10 @@ def test_queries_are_promql(tmp_path: Path, cluster: str | list[str], replica: s
 def test_promtool_check_catches_a_bad_query(tmp_path: Path) -> None:
     result = _promtool_check([("broken", 'rate(lagwatch_up{cluster=~"main"})')], tmp_path)
     assert result.returncode != 0 and "broken" in result.stdout + result.stderr, result.stdout + result.stderr
+
+
+def test_the_cause_timeline_knows_every_cause() -> None:
+    """The state timeline's causes are the daemon's (generate.py imports nothing of lagwatch)."""
+    from lagwatch.diagnosis import CAUSES
+
+    assert generate.CAUSES == CAUSES

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from lagwatch.durations import format_duration
-from lagwatch.snapshot import ClusterSnapshot
+from lagwatch.snapshot import ClusterSnapshot, ReplicaState
 
 Severity = Literal["page", "warning", "info"]
 
@@ -29,11 +29,14 @@ RULES: dict[str, tuple[Severity, float]] = {
     "LagwatchReplicaNotStreaming": ("warning", 300),
     "LagwatchReplicaReplayPaused": ("warning", 900),
     "LagwatchReplicaEjected": ("warning", 300),
+    "LagwatchReplicaReplayAtLimit": ("warning", 900),
+    "LagwatchReplicaReplayBlockedByQuery": ("warning", 60),
     "LagwatchSyncCommitsStalled": ("page", 30),
     "LagwatchSyncOneLossFromStall": ("warning", 300),
 }
 ROLE_CHANGE_RECENT_SECONDS = 600  # LagwatchRoleChanged looks back 10 minutes
 NOT_FOLLOWING_AFTER_CHANGE_SECONDS = 3600  # LagwatchReplicaNotFollowingPrimary: a change in the last hour
+REPLAY_AT_LIMIT = 0.9  # LagwatchReplicaReplayAtLimit: the busy ratio above which replay has no headroom
 
 
 @dataclass(frozen=True)
@@ -90,12 +93,22 @@ def _replica_conditions(c: ClusterSnapshot) -> Iterator[AlertCondition]:
             yield _make("LagwatchReplicaNotStreaming", r.name, f"{r.name}'s WAL receiver is not streaming")
         if r.replay_paused:
             yield _make("LagwatchReplicaReplayPaused", r.name, f"replay is paused on {r.name}")
+        yield from _replay_conditions(r)
     if pool is None or members is None:
         return
     for r in c.replicas:
         if r.configured and r.name not in members and pool.holds.get(r.name) != "out":
             yield _make("LagwatchReplicaEjected", r.name,
                         f"{r.name} is out of the read pool: {pool.reasons.get(r.name, '?')}")
+
+
+def _replay_conditions(r: ReplicaState) -> Iterator[AlertCondition]:
+    """What holds a replica's replay (diagnosis.py) and how busy it is (replayload.py)."""
+    if r.diagnosis is not None and r.diagnosis.cause == "recovery_conflict":
+        yield _make("LagwatchReplicaReplayBlockedByQuery", r.name, r.diagnosis.detail)
+    busy = r.replay_load.busy_ratio if r.replay_load is not None else None
+    if busy is not None and busy > REPLAY_AT_LIMIT:
+        yield _make("LagwatchReplicaReplayAtLimit", r.name, f"{r.name}'s replay is busy {busy:.0%} of the time")
 
 
 def _sync_conditions(c: ClusterSnapshot) -> Iterator[AlertCondition]:

@@ -33,6 +33,7 @@ class CheckRow:
     lag: float | None
     replay_bytes: int | None
     note: str
+    cause: str = ""  # what holds its staleness back (diagnosis.py), "" before a reading
 
 
 def evaluate(snapshot: Snapshot, warning: float, critical: float,
@@ -76,7 +77,7 @@ def _row(cluster: str, r: ReplicaState, sla: ReplicaSla | None, warning: float, 
         # Seen on the primary only: shown, not judged (the check is of what was asked for;
         # lagwatch cannot ask it whether it streams, nor whether it is meant to).
         return CheckRow(cluster, r.name, OK, r.staleness, ws.lag_bytes("replay") if ws else None,
-                        "not in the config (seen on the primary)")
+                        "not in the config (seen on the primary)", _cause(r))
     condition = replica_condition(r, sla)
     state, note = OK, CONDITION_TEXT[condition]
     if condition == "down":
@@ -90,14 +91,21 @@ def _row(cluster: str, r: ReplicaState, sla: ReplicaSla | None, warning: float, 
         state = CRITICAL
     elif lag is not None and lag >= warning:
         state = worse(state, WARNING)
-    return CheckRow(cluster, r.name, state, lag, ws.lag_bytes("replay") if ws else None, note)
+    if state != OK and r.diagnosis is not None and r.diagnosis.cause != "caught_up":
+        note = f"{note}: {r.diagnosis.detail}"  # why, on the line the on-call engineer reads
+    return CheckRow(cluster, r.name, state, lag, ws.lag_bytes("replay") if ws else None, note, _cause(r))
+
+
+def _cause(r: ReplicaState) -> str:
+    return r.diagnosis.cause if r.diagnosis is not None else ""
 
 
 def render(rows: list[CheckRow]) -> str:
-    header = ("CLUSTER", "REPLICA", "STATE", "LAG", "REPLAY BYTES", "NOTE")
+    header = ("CLUSTER", "REPLICA", "STATE", "LAG", "REPLAY BYTES", "CAUSE", "NOTE")
     table = [header] + [(r.cluster, r.replica, STATE_NAMES[r.state],
                          "?" if r.lag is None else format_duration(r.lag),
-                         "?" if r.replay_bytes is None else str(r.replay_bytes), r.note) for r in rows]
+                         "?" if r.replay_bytes is None else str(r.replay_bytes), r.cause or "?", r.note)
+                        for r in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in table)
 

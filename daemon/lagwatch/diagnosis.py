@@ -84,7 +84,7 @@ def diagnose(staleness: float, positions: Positions, dated: Callable[[int], floa
     causes: dict[Cause, float] = {}
     for stage, part in zip(STAGES, seconds, strict=True):
         if part > 0:
-            holding = _stage_cause(stage, signals)
+            holding = _stage_cause(stage, signals, part)
             causes[holding] = causes.get(holding, 0.0) + part
     ranked = tuple(sorted(causes.items(), key=lambda c: (-c[1], STAGES_BY_CAUSE.get(c[0], 0))))
     if staleness <= 0 or not ranked:
@@ -127,22 +127,25 @@ def _latest(*lsns: int | None) -> int | None:
     return max(known) if known else None
 
 
-def _stage_cause(stage: str, s: Signals) -> Cause:
+def _stage_cause(stage: str, s: Signals, part: float) -> Cause:
     if stage == "send":
         return "not_streaming" if s.streaming is False else "sender"
     if stage in ("write", "flush"):
         return "network"
-    return replay_cause(s)
+    return replay_cause(s, part)
 
 
-def replay_cause(s: Signals) -> Cause:
-    """Why what the replica has on disk is not replayed yet."""
+def replay_cause(s: Signals, held: float) -> Cause:
+    """Why what the replica has on disk (``held`` seconds of it) is not replayed yet."""
     activity = s.recovery.activity if s.recovery is not None else None
     if activity == "paused" or (s.pause_state is not None and s.pause_state != "not paused"):
         return "replay_paused"
     if activity == "conflict":
         return "recovery_conflict"
-    if activity == "delayed" or (s.apply_delay and activity != "working"):
+    # Under an apply delay the startup process sleeps until each commit is old enough, then
+    # replays up to the next one: a sample that finds it working is still held by the
+    # delay, unless replay lags much further behind than the delay explains.
+    if activity == "delayed" or (s.apply_delay and (activity != "working" or held <= 1.5 * s.apply_delay + 0.05)):
         return "apply_delay"
     if activity == "working":
         return "replay_busy"

@@ -190,9 +190,8 @@ def _diagnosis_metrics(c: ClusterSnapshot) -> None:
             f.STARTUP_READS.make().add_metric(key, rec.startup_reads)
         f.CONFLICTS.make().add_metrics(key, sorted(rec.conflicts.items()))
         _one(f.CONFLICT_HOLDERS, key, len(rec.holders))
-        ages = [h.xact_age for h in rec.holders if h.xact_age is not None]
-        if ages:
-            _one(f.CONFLICT_OLDEST, key, max(ages))
+        for h in rec.holders:
+            _one(f.CONFLICT_HOLDER, key + [str(h.pid), h.user or "", rec.conflict or ""], h.xact_age or 0.0)
 
 
 def _flag(value: bool | None) -> float | None:

@@ -209,8 +209,10 @@ CONFLICTS = counter("lagwatch_replica_recovery_conflicts", "Queries on the repli
                     "were reset", C, R, "type")
 CONFLICT_HOLDERS = gauge("lagwatch_replica_recovery_conflict_sessions", "Sessions on the replica that hold replay "
                          "back while it waits on a conflict (0 when it does not wait)", C, R)
-CONFLICT_OLDEST = gauge("lagwatch_replica_recovery_conflict_oldest_xact_seconds", "Age of the oldest transaction "
-                        "among the sessions that hold replay back (absent when replay does not wait on one)", C, R)
+CONFLICT_HOLDER = gauge("lagwatch_replica_recovery_conflict_holder_xact_seconds", "While replay waits on a "
+                        "conflict: each session on the replica that holds it (a lock's holders; for a snapshot, a "
+                        "buffer pin or a tablespace, the oldest sessions holding a snapshot, at most 5), with the age "
+                        "of its transaction; absent otherwise", C, R, "pid", "user", "conflict")
 
 # -- slots --------------------------------------------------------------------------------
 _section = "slots"

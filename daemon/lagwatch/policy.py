@@ -55,6 +55,7 @@ class ReplicaHealth:
     samples: Sequence[tuple[float, float]] = ()  # (monotonic time, staleness) over the window (lag.LagSamples)
     promoted: bool = False  # it accepts writes now: a primary, not a replica to read from
     follows_primary: bool | None = None  # None: cannot tell this cycle (no primary answered)
+    why: str = ""  # what holds its staleness back ("apply_delay: ..."; diagnosis.py), for the reasons given
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,10 @@ def _problem(health: ReplicaHealth) -> str:
     return ""
 
 
+def _why(health: ReplicaHealth) -> str:
+    return f" ({health.why})" if health.why else ""
+
+
 def _judge(health: ReplicaHealth, sla: ReplicaSla, prev: ReplicaPolicyState, now: float) -> ReplicaPolicyState:
     if health.promoted:
         # Out at once, not after eject_after cycles: it is no replica now. Should it be
@@ -141,7 +146,7 @@ def _judge_member(health: ReplicaHealth, sla: ReplicaSla, prev: ReplicaPolicySta
         if sla.p95 is not None and p95 is not None and p95 > sla.p95:
             return replace(prev, eligible=False, bad_streak=0, good_streak=0, reason=f"p95 {_d(p95)} > {_d(sla.p95)}")
         if health.staleness is not None and health.staleness > sla.max_lag:
-            problem = f"staleness {_d(health.staleness)} > max_lag {_d(sla.max_lag)}"
+            problem = f"staleness {_d(health.staleness)} > max_lag {_d(sla.max_lag)}{_why(health)}"
     if not problem:
         return replace(prev, bad_streak=0, good_streak=0, reason="")
     streak = prev.bad_streak + 1
@@ -155,9 +160,9 @@ def _judge_outsider(health: ReplicaHealth, sla: ReplicaSla, prev: ReplicaPolicyS
     """Out of the pool: only a clean run of good cycles brings it back."""
     staleness = health.staleness
     if not problem and staleness is not None and staleness >= sla.readmit_below:
-        problem = f"staleness {_d(staleness)} >= readmit_below {_d(sla.readmit_below)}"
+        problem = f"staleness {_d(staleness)} >= readmit_below {_d(sla.readmit_below)}{_why(health)}"
     if not problem and staleness is not None and sla.p95 is not None and staleness > sla.p95:
-        problem = f"staleness {_d(staleness)} > p95 SLA {_d(sla.p95)}"
+        problem = f"staleness {_d(staleness)} > p95 SLA {_d(sla.p95)}{_why(health)}"
     if problem:
         return replace(prev, good_streak=0, reason=problem)
     streak = prev.good_streak + 1

@@ -271,8 +271,9 @@ class PoolController:
             elif r is None:
                 out.append(ReplicaHealth(name, None, False, False))
             else:
+                why = f"{r.diagnosis.cause}: {r.diagnosis.detail}" if r.diagnosis is not None else ""
                 out.append(ReplicaHealth(name, r.staleness, bool(r.node_up), r.streaming is not False, r.samples,
-                                         follows_primary=r.follows_primary))
+                                         follows_primary=r.follows_primary, why=why))
         return out
 
     def _record(self, decision: Decision, snapshot: ClusterSnapshot, is_leader: bool) -> None:

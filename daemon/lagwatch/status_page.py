@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from lagwatch.alerting import conditions
 from lagwatch.config import ReplicaSla
+from lagwatch.diagnosis import STAGES as DIAGNOSIS_STAGES
 from lagwatch.durations import format_duration
 from lagwatch.rates import describe
 from lagwatch.snapshot import CONDITION_TEXT, ClusterSnapshot, Condition, ReplicaState, Snapshot, replica_condition
@@ -123,7 +124,7 @@ def _replica_row(c: ClusterSnapshot, r: ReplicaState) -> str:
     # data-label: on a phone each row becomes a card of "label  value" lines.
     return (
         f'<tr data-replica="{_e(r.name)}"><td data-label="replica">{_e(r.name)}{unconfigured}</td>'
-        f'<td data-label="state" class="{css}">{_e(state)}{_catch_up(r)}</td>'
+        f'<td data-label="state" class="{css}">{_e(state)}{_catch_up(r)}{_why(r)}</td>'
         f'<td data-label="pool"><span class="pill {member_css}" title="{_e(reason)}">{_e(member)}</span></td>'
         f'<td data-label="staleness" class="num">{_e(_dur(r.staleness))}</td>'
         f'<td data-label="p95" class="num">{_e(_dur(p95))}</td>'
@@ -131,6 +132,20 @@ def _replica_row(c: ClusterSnapshot, r: ReplicaState) -> str:
         f'<span>{_e(sla_state)} <span class="muted">{_e(sla_rules)}</span></span></td>'
         f'<td data-label="window">{sparkline(r.samples, max_lag)}</td></tr>'
     )
+
+
+def _why(r: ReplicaState) -> str:
+    """What holds the replica back and where its staleness sits (diagnosis.py); how busy its
+    replay is when that is its limit."""
+    d, load = r.diagnosis, r.replay_load
+    busy = "" if load is None or load.busy_ratio is None or load.busy_ratio < 0.5 else \
+        f' <span class="muted">replay busy {load.busy_ratio:.0%}</span>'
+    if d is None or d.cause == "caught_up":
+        return f"<br>{busy}" if busy else ""
+    stages = ", ".join(f"{name} {_dur(seconds)}" for name, seconds in zip(DIAGNOSIS_STAGES, d.stage_seconds,
+                                                                          strict=True) if seconds > 0)
+    return (f'<br><span class="why" data-cause="{_e(d.cause)}" title="{_e(stages)}"><b>{_e(d.cause)}</b>: '
+            f'{_e(d.detail)}</span>{busy}')
 
 
 def _catch_up(r: ReplicaState) -> str:

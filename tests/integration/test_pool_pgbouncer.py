@@ -183,6 +183,8 @@ def test_millisecond_sla_ejects_and_readmits(pg_cluster: ChaosCluster, pgbouncer
         assert not lw.value("lagwatch_pool_changes_total", replica="replica2", action="eject")
         event = lw.status()["clusters"][0]["pool"]["events"][-1]
         assert event["action"] == "eject" and "max_lag 50ms" in event["reason"], event
+        # The reason says why it was behind (diagnosis.py): the delay, not replay's capacity.
+        assert "(apply_delay: recovery_min_apply_delay holds replay" in event["reason"], event
 
 
 def test_a_rejected_reload_changes_nothing(pg_cluster: ChaosCluster, pgbouncer: PgBouncerServer,

@@ -67,6 +67,8 @@ def test_the_cause_of_the_largest_part_wins_and_the_others_are_listed() -> None:
     (startup("Timeout", "RecoveryApplyDelay"), {"apply_delay": 0.04}, "apply_delay"),
     # Sampled between two waits of the delay: still the delay, unless it was seen working.
     (startup("Activity", "RecoveryWalStream"), {"apply_delay": 0.04}, "apply_delay"),
+    (startup(None, None), {"apply_delay": 3.0}, "apply_delay"),  # working on what the delay let through
+    (startup(None, None), {"apply_delay": 0.04}, "replay_busy"),  # 4 s behind: far more than the delay
     (startup("Lock", "relation"), {}, "recovery_conflict"),
     (startup("BufferPin", "BufferPin"), {}, "recovery_conflict"),
     (startup(None, None), {}, "replay_busy"),
