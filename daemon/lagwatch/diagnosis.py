@@ -192,9 +192,12 @@ def _conflict_line(r: Recovery) -> str:
 def _not_streaming_line(s: Signals) -> str:
     if s.streaming is None:
         return "the WAL is not reaching the replica (its WAL receiver is hidden from this role)"
-    archive = s.recovery is not None and s.recovery.restore_command_set and s.replay_advanced
-    if archive:
-        return "no WAL receiver: replaying from the archive (restore_command); check primary_conninfo and the slot"
+    if s.recovery is not None and s.recovery.restore_command_set:
+        # With restore_command set, a replica that does not stream replays what the archive
+        # holds: it catches up only as far as the archive goes, never to the primary.
+        advancing = ", replay advancing" if s.replay_advanced else ""
+        return (f"no WAL receiver: in archive recovery (restore_command{advancing}); check primary_conninfo, "
+                "the slot, the primary's reachability")
     heard = "" if s.last_msg_age is None else f", last heard from the primary {format_duration(s.last_msg_age)} ago"
     status = s.receiver_status or "no WAL receiver"
     return f"not streaming ({status}{heard}): check primary_conninfo, the slot, the primary's reachability"

@@ -41,10 +41,13 @@ _MAJOR_PARAMS = [pytest.param(m, id=f"pg{m}") for m in _MAJORS]
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Every PostgreSQL version for each test that needs a cluster; modules marked
     ``one_pg_version`` (what they test does not depend on it: the pooler, systemd, TLS)
-    take the first version only."""
+    take the first version only, tests marked ``newest_pg_version`` (what they test exists
+    only in the newer servers, pg_stat_io) the last."""
     if "pg_major" in metafunc.fixturenames:
         one = metafunc.definition.get_closest_marker("one_pg_version") is not None
-        metafunc.parametrize("pg_major", _MAJOR_PARAMS[:1] if one else _MAJOR_PARAMS, indirect=True, scope="module")
+        newest = metafunc.definition.get_closest_marker("newest_pg_version") is not None
+        params = _MAJOR_PARAMS[-1:] if newest else _MAJOR_PARAMS[:1] if one else _MAJOR_PARAMS
+        metafunc.parametrize("pg_major", params, indirect=True, scope="module")
 
 
 @pytest.fixture(scope="module")

@@ -139,7 +139,7 @@ class ReplayBursts:
         self._thread.join(10)
 
 
-_SPIN = "import sys, time\nend = time.monotonic() + float(sys.argv[1])\nwhile time.monotonic() < end:\n    pass\n"
+SPIN = "import sys, time\nend = time.monotonic() + float(sys.argv[1])\nwhile time.monotonic() < end:\n    pass\n"
 
 
 class BusyHost:
@@ -152,7 +152,7 @@ class BusyHost:
         self._procs: list[subprocess.Popen[bytes]] = []
 
     def __enter__(self) -> BusyHost:
-        self._procs = [subprocess.Popen([sys.executable, "-c", _SPIN, str(self.seconds)]) for _ in range(self.count)]
+        self._procs = [subprocess.Popen([sys.executable, "-c", SPIN, str(self.seconds)]) for _ in range(self.count)]
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -21,8 +21,10 @@ from typing import Any
 import yaml
 from lagwatch.demo.ports import free_port
 
+ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS = "/usr/bin/prometheus"
 ALERTMANAGER = "/usr/bin/prometheus-alertmanager"
+AM_EXAMPLE = ROOT / "alerts" / "alertmanager.example.yml"
 
 
 def _get_json(url: str, timeout: float = 5) -> Any:
@@ -181,3 +183,15 @@ class WebhookReceiver:
     def __exit__(self, *exc: object) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def alertmanager_config(webhook: WebhookReceiver) -> str:
+    """The shipped example, with its receivers pointed at this test's webhook and its
+    grouping waits shorter (as the rules' for:s are here): the routes, receivers and
+    inhibitions are the example's."""
+    config: dict[str, Any] = yaml.safe_load(AM_EXAMPLE.read_text())
+    config["route"].update(group_wait="2s", group_interval="5s")
+    for receiver in config["receivers"]:
+        for hook in receiver.get("webhook_configs", []):
+            hook["url"] = webhook.url(f"/{receiver['name']}")
+    return yaml.safe_dump(config)

@@ -20,17 +20,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from chaoscluster import ChaosCluster
 from harness import ROOT, Lagwatch, Writer, chromium, cluster_config
 from lagwatch.demo.binaries import find_binaries
 from lagwatch.demo.ports import free_port
 from pgbouncer_server import PgBouncerServer, readable_by_servers
-from prom_stack import Alertmanager, Prometheus, WebhookReceiver, rules_with_shorter_for
+from prom_stack import Alertmanager, Prometheus, WebhookReceiver, alertmanager_config, rules_with_shorter_for
 
 ARTIFACTS = ROOT / "test-artifacts"
 RULES = ROOT / "alerts" / "lagwatch.rules.yml"
-AM_EXAMPLE = ROOT / "alerts" / "alertmanager.example.yml"
 FOR_FACTOR = 8  # the shipped for:s, 8 times shorter (prom_stack.rules_with_shorter_for)
 SLA = {"max_lag": "1s", "eject_after": 2, "readmit_below": "500ms", "readmit_after": 3, "min_replicas": 1}
 
@@ -46,18 +44,6 @@ class Stack:
     prometheus: Prometheus
     alertmanager: Alertmanager
     webhook: WebhookReceiver
-
-
-def alertmanager_config(webhook: WebhookReceiver) -> str:
-    """The shipped example, with its receivers pointed at this test's webhook and its
-    grouping waits shorter (as the rules' for:s are here): the routes, receivers and
-    inhibitions are the example's."""
-    config: dict[str, Any] = yaml.safe_load(AM_EXAMPLE.read_text())
-    config["route"].update(group_wait="2s", group_interval="5s")
-    for receiver in config["receivers"]:
-        for hook in receiver.get("webhook_configs", []):
-            hook["url"] = webhook.url(f"/{receiver['name']}")
-    return yaml.safe_dump(config)
 
 
 def pooled_cluster(name: str, cluster: ChaosCluster, pgbouncer: PgBouncerServer) -> dict[str, Any]:
