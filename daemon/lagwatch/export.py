@@ -181,13 +181,14 @@ def _diagnosis_metrics(c: ClusterSnapshot) -> None:
             f.LAG_CAUSE.make().add_metrics(key, ((cause, float(cause == d.cause)) for cause in CAUSES))
             f.LAG_STAGE.make().add_metrics(key, zip(DIAGNOSIS_STAGES, d.stage_seconds, strict=True))
             f.LAG_STAGE_BYTES.make().add_metrics(key, _present(zip(DIAGNOSIS_STAGES, d.stage_bytes, strict=True)))
-        if r.replay_load is not None and r.replay_load.busy_ratio is not None:
-            _one(f.REPLAY_BUSY, key, r.replay_load.busy_ratio)
+        load = r.replay_load
+        if load is not None and load.busy_ratio is not None:
+            _one(f.REPLAY_BUSY, key, load.busy_ratio)
+        if load is not None and load.startup_reads is not None:
+            f.STARTUP_READS.make().add_metric(key, load.startup_reads)
         rec = r.recovery
         if rec is None:
             continue
-        if rec.startup_reads is not None:
-            f.STARTUP_READS.make().add_metric(key, rec.startup_reads)
         f.CONFLICTS.make().add_metrics(key, sorted(rec.conflicts.items()))
         _one(f.CONFLICT_HOLDERS, key, len(rec.holders))
         for h in rec.holders:

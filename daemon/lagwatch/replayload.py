@@ -23,6 +23,7 @@ class ReplayLoad:
     busy_ratio: float | None  # share of samples that found the startup process working (None: none yet)
     samples: int
     read_rate: float | None = None  # blocks a second the startup process read over the window (16+)
+    startup_reads: int | None = None  # the last count read (pg_stat_io: one poll in ten, views/recovery.py)
 
 
 class ReplayLoadTracker:
@@ -49,9 +50,13 @@ class ReplayLoadTracker:
     @staticmethod
     def _load(samples: deque[tuple[float, bool, int | None]]) -> ReplayLoad:
         busy = sum(1 for _, working, _ in samples if working)
-        (t0, _, r0), (t1, _, r1) = samples[0], samples[-1]
-        rate = (r1 - r0) / (t1 - t0) if r0 is not None and r1 is not None and r1 >= r0 and t1 > t0 else None
-        return ReplayLoad(busy / len(samples), len(samples), rate)
+        # The read counts come on some polls only: the rate is between the first and the
+        # last that have one (a reset, the count going back, gives none).
+        counted = [(t, reads) for t, _, reads in samples if reads is not None]
+        rate = None
+        if len(counted) >= 2 and counted[-1][1] >= counted[0][1] and counted[-1][0] > counted[0][0]:
+            rate = (counted[-1][1] - counted[0][1]) / (counted[-1][0] - counted[0][0])
+        return ReplayLoad(busy / len(samples), len(samples), rate, counted[-1][1] if counted else None)
 
     def forget(self, replicas: list[str]) -> None:
         for name in replicas:

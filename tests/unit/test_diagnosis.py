@@ -135,7 +135,8 @@ def test_replay_load_counts_working_samples_over_the_window() -> None:
     assert load is not None
     assert load.samples == 11
     assert load.busy_ratio == pytest.approx(5 / 11)
-    assert load.read_rate is None  # the oldest sample in the window has no read count
+    assert load.read_rate == pytest.approx(100.0)  # from the samples that carry a count
+    assert load.startup_reads == 400
     assert loads.note("r1", 19.0, working) == load  # the same answer again adds nothing
     assert loads.note("r2", 1.0, None) is None  # never seen
 

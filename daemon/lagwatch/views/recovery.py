@@ -55,11 +55,23 @@ _LOCK_HOLDERS = """SELECT h.pid FROM pg_locks w JOIN pg_locks h ON h.granted AND
                 WHERE w.pid = s.pid AND NOT w.granted"""
 
 
+# pg_stat_io builds every backend type's rows from a statistics snapshot: ~150 µs of the
+# replica's CPU a read (bench/replicacost.py), more than the rest of the poll. The startup
+# process's reads are a rate over the window, so they are read on one poll in READS_EVERY
+# on each connection (the first, then every tenth), counted in the session.
+READS_EVERY = 10
+_TICK_SETTING = "lagwatch.io_tick"
+
+
 def _sql(version: int) -> str:
     # pg_stat_io (16+): the startup process's reads of relation data (its I/O while replaying).
-    reads = ("(SELECT sum(reads)::int8 FROM pg_stat_io WHERE backend_type = 'startup' AND object = 'relation')"
+    reads = ("""CASE WHEN (SELECT n FROM tick) = 1 THEN
+        (SELECT sum(reads)::int8 FROM pg_stat_io WHERE backend_type = 'startup' AND object = 'relation') END"""
              if version >= 160000 else "NULL::int8")
-    return f"""WITH startup AS MATERIALIZED (
+    return f"""WITH tick AS MATERIALIZED (
+    SELECT set_config('{_TICK_SETTING}', ((coalesce(nullif(current_setting('{_TICK_SETTING}', true), ''), '0')::int
+        % {READS_EVERY}) + 1)::text, false)::int AS n),
+startup AS MATERIALIZED (
     SELECT pid, wait_event_type, wait_event
     FROM pg_stat_get_activity(nullif(current_setting('{STARTUP_PID_SETTING}', true), '')::int)
     WHERE backend_type = 'startup')
@@ -109,7 +121,7 @@ class Recovery:
     wait_event: str | None
     holders: tuple[Holder, ...] = ()
     conflicts: Mapping[str, int] = field(default_factory=dict)  # cancelled queries by type, since stats reset
-    startup_reads: int | None = None  # blocks the startup process has read (pg_stat_io, 16+)
+    startup_reads: int | None = None  # blocks the startup process has read (pg_stat_io, 16+; one poll in 10)
     max_streaming_delay: float | None = None  # max_standby_streaming_delay, seconds (-1: wait forever)
     restore_command_set: bool | None = None  # None: hidden from this role
 

@@ -1,0 +1,100 @@
+"""Benchmark: what a cycle costs a replica, with and without reading why it is behind.
+
+Starts a primary with one streaming replica (and ``--sessions`` idle sessions on the
+replica, as a read pool keeps), then runs a replica's per-cycle statement on one connection,
+as lagwatch does (prepared, one round trip), in three arms rotated every round so drift
+falls on each alike:
+
+- ``before``: the views a replica read before views/recovery.py (server, wal_receiver);
+- ``after``: with the recovery view: the startup process read by its pid (the probe keeps
+  it in the session), the conflicts by type, pg_stat_io on 16+;
+- ``scan``: the same, the startup process found by listing every session (what reading
+  pg_stat_activity costs: the recovery view's fallback without the probe's setting).
+
+Per arm it prints the replica backend's CPU per poll (from /proc) and the wall time per
+poll, the median over rounds with the spread; ``before`` is the same-run reference. Round
+trips: one a cycle in every arm (the views are one statement). It prints; it asserts nothing.
+
+    python3 bench/replicacost.py [--pg-major 18] [--sessions 200] [--polls 2000] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "daemon"))
+
+import psycopg  # noqa: E402
+from lagwatch.demo.binaries import find_binaries  # noqa: E402
+from lagwatch.demo.cluster import LocalCluster  # noqa: E402
+from lagwatch.views import probe, recovery, server, wal_receiver  # noqa: E402
+from lagwatch.views.combined import combined_sql  # noqa: E402
+
+TICKS = os.sysconf("SC_CLK_TCK")
+ARMS = ("before", "after", "scan")
+
+
+def backend_cpu(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def measure(conn: psycopg.Connection, sql: bytes, polls: int) -> tuple[float, float]:
+    """(backend CPU µs, wall µs) per poll of ``sql``, prepared as lagwatch prepares it."""
+    pid = conn.info.backend_pid
+    for _ in range(20):
+        conn.execute(sql, prepare=True)  # warm: prepared, caches filled
+    cpu0, t0 = backend_cpu(pid), time.perf_counter()
+    for _ in range(polls):
+        conn.execute(sql, prepare=True)
+    wall = time.perf_counter() - t0
+    return (backend_cpu(pid) - cpu0) / polls * 1e6, wall / polls * 1e6
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pg-major", type=int, default=None)
+    parser.add_argument("--sessions", type=int, default=200)
+    parser.add_argument("--polls", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    binaries = find_binaries(args.pg_major)
+    with LocalCluster(binaries, replicas=1) as cluster:
+        replica = cluster.replicas[0]
+        replica.alter_system("max_connections", str(max(100, args.sessions + 20)))  # a standby needs the primary's
+        replica.stop()
+        replica.start()
+        idle = [psycopg.connect(replica.dsn(), autocommit=True) for _ in range(args.sessions)]
+        conns = {arm: psycopg.connect(replica.dsn(), autocommit=True) for arm in ARMS}
+        for arm in ("before", "after"):
+            conns[arm].execute(probe.SQL)  # keeps the startup pid in the session (the scan arm has none)
+        version = conns["after"].info.server_version
+        before = combined_sql([server.VIEW, wal_receiver.VIEW], version)
+        after = combined_sql([server.VIEW, wal_receiver.VIEW, recovery.VIEW], version)
+        sqls = {"before": before, "after": after, "scan": after}
+        results: dict[str, list[tuple[float, float]]] = {arm: [] for arm in ARMS}
+        for r in range(args.rounds):
+            order = ARMS[r % len(ARMS):] + ARMS[:r % len(ARMS)]
+            for arm in order:
+                results[arm].append(measure(conns[arm], sqls[arm], args.polls))
+        print(f"PostgreSQL {binaries.major}, a replica with {args.sessions} idle sessions; {args.rounds} rounds of "
+              f"{args.polls} polls per arm, rotated; one round trip a cycle in every arm")
+        print(f"{'arm':<8} {'server CPU/poll (median, min-max)':>36} {'wall/poll':>22}")
+        for arm in ARMS:
+            cpu = [c for c, _ in results[arm]]
+            wall = [w for _, w in results[arm]]
+            print(f"{arm:<8} {statistics.median(cpu):>12.1f} µs ({min(cpu):6.1f}-{max(cpu):6.1f}) "
+                  f"{statistics.median(wall):>12.1f} µs ({min(wall):6.1f}-{max(wall):6.1f})")
+        for conn in [*idle, *conns.values()]:
+            conn.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
