@@ -33,7 +33,7 @@ from lagwatch.replayboard import ReplayBoard
 from lagwatch.session import Outlasting, Session, SessionContext, reconnect_delay
 from lagwatch.snapshot import ErrorKind, NodeObservation, Role
 from lagwatch.viewreader import ViewReader, for_role
-from lagwatch.views import heartbeat, probe
+from lagwatch.views import heartbeat, probe, recovery
 from lagwatch.views.probe import Capabilities
 from lagwatch.views.recovery import Recovery
 from lagwatch.views.replication import WalSender
@@ -51,6 +51,7 @@ MIN_VERSION_NUM = 130000
 # Bytes, as the combined statement (views/combined.py): psycopg keeps every statement it
 # has run in the connection's prepare counts, and would encode a str into a copy of its own.
 _PROBE_SQL = probe.SQL.encode()
+_SHOW_QUERIES_SQL = f"SELECT set_config('{recovery.QUERY_TEXT_SETTING}', 'on', false)".encode()
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,7 @@ class NodePoller:
         self.interval = config.interval
         self.connect_timeout = config.effective_connect_timeout
         self.query_timeout = config.effective_query_timeout
+        self.conflict_query_text = config.conflict_query_text
         self.backoff_max = config.reconnect_backoff_max
         self._session = Session(context or SessionContext())
         self._caps: Capabilities | None = None
@@ -256,11 +258,22 @@ class NodePoller:
             await self._disconnect()
             raise NodeError("connect", f"PostgreSQL {caps.version_num} is not supported (13 or later)")
         self._caps = caps
+        if caps.in_recovery and self.conflict_query_text:
+            await self._show_conflict_queries(self._conn)
         # A new session, or the server's role changed: its WAL may not be the one read
         # before (a failover forks it), so the commits listed are forgotten.
         self._scanner.forget()
         self._say_skipped(caps)
         return self._conn
+
+    async def _show_conflict_queries(self, conn: psycopg.AsyncConnection[dict[str, Any]]) -> None:
+        """Turn on, for this session, the query text of the sessions holding replay
+        (views/recovery.py): conflict_query_text, off unless the operator says so."""
+        try:
+            await self._session.ask(conn.execute(_SHOW_QUERIES_SQL), self.query_timeout)
+        except (TimeoutError, psycopg.Error) as exc:
+            await self._disconnect()
+            raise NodeError("connect", f"setting up the session failed: {flat_message(exc) or 'timeout'}") from None
 
     @staticmethod
     async def _probe(conn: psycopg.AsyncConnection[dict[str, Any]]) -> Capabilities:

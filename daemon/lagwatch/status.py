@@ -83,7 +83,8 @@ def why(r: ReplicaState) -> dict[str, Any] | None:
         "stages_bytes": dict(zip(DIAGNOSIS_STAGES, d.stage_bytes, strict=True)) if d else None,
         "conflict": d.conflict if d else None,
         "holders": [{"pid": h.pid, "user": h.user, "state": h.state, "xact_age_seconds": h.xact_age,
-                     "holds_the_lock": h.exact} for h in (rec.holders if rec else ())],
+                     "holds_the_lock": h.exact, **({"query": h.query} if h.query is not None else {})}
+                    for h in (rec.holders if rec else ())],
         "startup_process": None if rec is None or rec.startup_pid is None else {
             "pid": rec.startup_pid, "activity": rec.activity, "wait_event_type": rec.wait_event_type,
             "wait_event": rec.wait_event},

@@ -39,6 +39,7 @@ import pytest
 from chaoscluster import ChaosCluster
 from harness import ROOT, Lagwatch, Writer, cluster_config, let_time_pass
 from lagwatch.demo.ports import free_port
+from lagwatch.views import probe, recovery
 from prom_stack import Alertmanager, Prometheus, WebhookReceiver, alertmanager_config, rules_with_shorter_for
 from throttled_link import ThrottledLink
 
@@ -224,6 +225,16 @@ def test_a_lock_conflict_names_the_session_holding_the_lock(pg_cluster: ChaosClu
         # The lock's holder exactly (pg_locks), not the older session that holds nothing replay needs.
         assert [h["pid"] for h in w["holders"]] == [holder.info.backend_pid], w
         assert w["holders"][0]["holds_the_lock"], w
+        assert "query" not in w["holders"][0]  # conflict_query_text is off by default
+        # With conflict_query_text on, the session says so (poll.py) and the view shows the text.
+        with psycopg.connect(r1.dsn(), autocommit=True) as conn:
+            conn.execute(probe.SQL)
+            conn.execute(f"SELECT set_config('{recovery.QUERY_TEXT_SETTING}', 'on', false)")
+            (value,) = conn.execute(recovery.VIEW.sql_for(conn.info.server_version)).fetchall()
+            cols = [d.name for d in conn.execute(recovery.VIEW.sql_for(conn.info.server_version)).description or ()]
+        seen = recovery.parse([dict(zip(cols, value, strict=True))])
+        assert [(h.pid, h.query) for h in seen.holders] == [(holder.info.backend_pid,
+                                                             "SELECT count(*) FROM lw_locked")], seen
         first = r["staleness_seconds"]
         let_time_pass(1.0)
         assert replica_status(lw)[0]["staleness_seconds"] >= first + 0.5  # grows while replay waits

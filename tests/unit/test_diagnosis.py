@@ -160,3 +160,23 @@ def test_recovery_view_parses_holders_and_conflicts() -> None:
     assert rec.conflicts == {"snapshot": 1, "lock": 2, "bufferpin": 0, "tablespace": 0, "deadlock": 0}
     assert parse_recovery([]).activity is None
     assert STAGES == ("send", "write", "flush", "replay")
+
+
+def test_query_text_shows_only_where_read() -> None:
+    from lagwatch.config import Config
+    from lagwatch.snapshot import ReplicaState
+    from lagwatch.status import why
+    from lagwatch.windows import HistogramCounts
+
+    cluster = {"name": "main", "primary": {"dsn": "host=p"}, "replicas": [{"name": "r1", "dsn": "host=r"}]}
+    assert Config.model_validate({"clusters": [cluster]}).conflict_query_text is False
+    assert Config.model_validate({"clusters": [cluster], "conflict_query_text": True}).conflict_query_text is True
+
+    def holders(*hs: Holder) -> list[dict]:
+        r = ReplicaState(name="r1", configured=True, staleness=1.0, staleness_source="replica", window=None,
+                         histogram=HistogramCounts((), (), 0.0, 0), replay_lsn=1, streaming=True, node_up=True,
+                         recovery=startup("Lock", "relation", holders=hs))
+        return why(r)["holders"]
+
+    assert "query" not in holders(Holder(1, "a", "active", 1.0, True))[0]
+    assert holders(Holder(1, "a", "active", 1.0, True, "SELECT 1"))[0]["query"] == "SELECT 1"

@@ -234,6 +234,10 @@ class Config(_Strict):
     # The nodes one daemon polls at most, static and discovered together: Patroni's answers
     # that would take it past this are refused (each node is a connection, a poll a cycle).
     max_nodes: int = Field(default=2000, ge=1, le=100_000)
+    # Show the query text (its first 200 characters) of the sessions on a replica that hold
+    # replay back, in /api/status only: off, as queries may carry data the monitor's readers
+    # should not see. Takes effect on each replica's next connection.
+    conflict_query_text: bool = False
     web_config_file: Path | None = None  # TLS and basic auth, Prometheus exporters' web config format
     http: HttpConfig = HttpConfig()
     shard: ShardConfig | None = None  # this instance's part of a fleet (unset: every cluster)

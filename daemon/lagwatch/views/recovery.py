@@ -7,7 +7,8 @@ once per connection by the probe (views/probe.py), which keeps it in the session
 ``lagwatch.startup_pid``, so a cycle does not build a row for every session on the replica
 (``pg_stat_activity`` does). Without the setting (a pooler in between dropped it) the
 function lists every session and the startup one is picked out: right, only dearer. The
-sessions are listed only while replay waits on a conflict; never their query text.
+sessions are listed only while replay waits on a conflict; their query text only where the
+operator turns ``conflict_query_text`` on.
 
 Read with pg_read_all_stats only: without it the startup process's wait event is hidden
 (NULL), which would read as "working".
@@ -22,6 +23,8 @@ from lagwatch.fastinit import fast_init
 from lagwatch.views.base import Row, View, opt_float, opt_int
 
 STARTUP_PID_SETTING = "lagwatch.startup_pid"
+# Set to 'on' in the session when the operator turns conflict_query_text on (poll.py).
+QUERY_TEXT_SETTING = "lagwatch.conflict_queries"
 
 # The probe's column that keeps the startup pid in the session (a replica's; NULL on a primary).
 PROBE_COLUMN = f"""CASE WHEN pg_is_in_recovery() THEN set_config('{STARTUP_PID_SETTING}',
@@ -81,7 +84,8 @@ SELECT s.pid AS startup_pid, s.wait_event_type, s.wait_event,
     CASE WHEN s.wait_event_type = 'Lock' OR s.wait_event IN ({", ".join(f"'{w}'" for w in CONFLICT_WAITS)}) THEN
         (SELECT coalesce(json_agg(h), '[]'::json) FROM (
             SELECT a.pid, a.usename AS "user", a.state,
-                extract(epoch FROM clock_timestamp() - a.xact_start)::float8 AS xact_age
+                extract(epoch FROM clock_timestamp() - a.xact_start)::float8 AS xact_age,
+                CASE WHEN current_setting('{QUERY_TEXT_SETTING}', true) = 'on' THEN left(a.query, 200) END AS query
             FROM pg_stat_activity a
             WHERE a.backend_type = 'client backend' AND a.xact_start IS NOT NULL
               AND CASE WHEN s.wait_event_type = 'Lock' THEN a.pid IN ({_LOCK_HOLDERS})
@@ -111,6 +115,7 @@ class Holder:
     state: str | None
     xact_age: float | None  # seconds its transaction has been open
     exact: bool  # it holds the lock replay waits for (else: it holds a snapshot, a candidate)
+    query: str | None = None  # its first 200 characters, only with conflict_query_text on
 
 
 @fast_init
@@ -162,8 +167,8 @@ def parse(rows: Sequence[Row]) -> Recovery:
         return Recovery(None, None, None)
     row = rows[0]
     exact = row.get("wait_event_type") == "Lock"
-    holders = tuple(Holder(int(h["pid"]), h.get("user"), h.get("state"), opt_float(h.get("xact_age")), exact)
-                    for h in row.get("holders") or ())
+    holders = tuple(Holder(int(h["pid"]), h.get("user"), h.get("state"), opt_float(h.get("xact_age")), exact,
+                           h.get("query")) for h in row.get("holders") or ())
     conflicts = {t: int(row[f"confl_{t}"] or 0) for t in CONFLICT_TYPES if f"confl_{t}" in row}
     return Recovery(
         startup_pid=opt_int(row.get("startup_pid")), wait_event_type=row.get("wait_event_type"),
