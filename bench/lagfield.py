@@ -64,9 +64,16 @@ def summary(readings: Readings, replica: str, log: OracleLog, start: float, end:
     over = sum(1 for r, t in zip(seen, truths, strict=True) if r.seconds - t.high > tolerance(t.high, 0.005, 0.10))
     p95_read = nearest_rank([r.seconds for r in seen], 0.95) * 1000
     p95_true = nearest_rank([t.mid for t in truths], 0.95) * 1000
+    # Which evidence the under-reads came from: where the estimator still errs low.
+    low: dict[str, int] = {}
+    for r, t in zip(seen, truths, strict=True):
+        if t.low - r.seconds > tolerance(t.low, 0.010, 0.20):
+            low[r.evidence] = low.get(r.evidence, 0) + 1
+    by = " ".join(f"{e}:{n}" for e, n in sorted(low.items(), key=lambda kv: -kv[1]))
     return (f"n={len(seen):4d}  error median {statistics.median(errors):+7.1f}  p5 {nearest_rank(errors, 0.05):+7.1f}  "
             f"p95 {nearest_rank(errors, 0.95):+7.1f} ms  p95 {p95_read:6.1f} vs {p95_true:6.1f} ms  "
-            f"under {100 * under / len(seen):5.1f}%  over {100 * over / len(seen):4.1f}%")
+            f"under {100 * under / len(seen):5.1f}%  over {100 * over / len(seen):4.1f}%" + (f"  (under: {by})" if by
+                                                                                            else ""))
 
 
 def run_case(case: str, cluster: ChaosCluster, watchers: dict[tuple[str, str], Lagwatch], folder: Path,

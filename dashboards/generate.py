@@ -515,8 +515,8 @@ def _why_row() -> list[Panel]:
             "Replay busy ratio", "timeseries",
             "Share of lagwatch's window (one sample a cycle) that found the replica's startup process replaying "
             "rather than waiting for WAL: how close replay is to its limit. Near 1 (dashed red at 0.9), a "
-            "replica that keeps up now falls behind at the next write spike: the replica's I/O, io_method and "
-            "recovery prefetch are where to look.",
+            "replica that keeps up now falls behind at the next write spike: the replica's I/O, "
+            "recovery_prefetch and maintenance_io_concurrency are where to look.",
             [Query(f"max by (cluster, replica) (lagwatch_replica_replay_busy_ratio{{{CR}}})", by_replica),
              Query(f"max by (cluster, replica) (lagwatch_replica_replay_busy_ratio{{{CR}}}) * 0 + 0.9",
                    f"{by_replica} limit")],

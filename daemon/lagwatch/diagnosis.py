@@ -61,6 +61,8 @@ class Signals:
     receiver_status: str | None = None
     last_msg_age: float | None = None  # seconds since its WAL receiver last heard from the primary
     replay_advanced: bool | None = None  # its replay moved since the last cycle
+    walsender: bool = True  # the primary has a walsender for it (its row, if not its columns)
+    answered: bool = True  # the replica answered its own poll this cycle
 
 
 @fast_init
@@ -87,7 +89,7 @@ def diagnose(staleness: float, positions: Positions, dated: Callable[[int], floa
             holding = _stage_cause(stage, signals, part)
             causes[holding] = causes.get(holding, 0.0) + part
     ranked = tuple(sorted(causes.items(), key=lambda c: (-c[1], STAGES_BY_CAUSE.get(c[0], 0))))
-    if staleness <= 0 or not ranked:
+    if staleness < CAUGHT_UP_BELOW or not ranked:
         cause: Cause = "caught_up"
     else:
         cause = ranked[0][0]
@@ -95,6 +97,10 @@ def diagnose(staleness: float, positions: Positions, dated: Callable[[int], floa
     holders = recovery.holders if recovery is not None and conflict is not None else ()
     return Diagnosis(cause, describe(cause, signals), seconds, nbytes, ranked, conflict, holders)
 
+
+# Below this the replica is caught up whatever the stage a few milliseconds sit in: on a busy
+# primary they move from send to write to replay every cycle, which says nothing.
+CAUGHT_UP_BELOW = 0.010
 
 # Where two causes hold the same time, the one nearer replay (the more specific) wins.
 STAGES_BY_CAUSE: dict[Cause, int] = {"replay_paused": -4, "recovery_conflict": -4, "apply_delay": -4,
@@ -105,7 +111,9 @@ def split(staleness: float, positions: Positions,
           dated: Callable[[int], float | None]) -> tuple[tuple[float, ...], tuple[int | None, ...]]:
     """The staleness by stage, in seconds (adding up to it) and bytes."""
     p = positions
-    flushed = _latest(p.flush, p.received)
+    # Nothing says it has more than it replayed (no walsender, no answer of its own): what it
+    # lacks is not on its way, and counts as not sent.
+    flushed = _latest(p.flush, p.received, p.replay if p.flush is None and p.received is None else None)
     written = _latest(p.write, flushed)
     sent = _latest(p.sent, written)
     # Each boundary's age, held within the headline and never younger than the one after
@@ -129,7 +137,7 @@ def _latest(*lsns: int | None) -> int | None:
 
 def _stage_cause(stage: str, s: Signals, part: float) -> Cause:
     if stage == "send":
-        return "not_streaming" if s.streaming is False else "sender"
+        return "not_streaming" if s.streaming is False or not s.walsender else "sender"
     if stage in ("write", "flush"):
         return "network"
     return replay_cause(s, part)
@@ -143,16 +151,16 @@ def replay_cause(s: Signals, held: float) -> Cause:
     if activity == "conflict":
         return "recovery_conflict"
     # Under an apply delay the startup process sleeps until each commit is old enough, then
-    # replays up to the next one: a sample that finds it working is still held by the
+    # replays up to the next one: a sample that finds it elsewhere is still held by the
     # delay, unless replay lags much further behind than the delay explains.
-    if activity == "delayed" or (s.apply_delay and (activity != "working" or held <= 1.5 * s.apply_delay + 0.05)):
+    if activity == "delayed" or (s.apply_delay and activity is not None and held <= 1.5 * s.apply_delay + 0.05):
         return "apply_delay"
     if activity == "working":
         return "replay_busy"
     if activity == "waiting_for_wal":
         # Replay has caught up with what arrived: the part is WAL just landing.
         return "not_streaming" if s.streaming is False else "network"
-    return "unknown"  # the startup process was not seen (no pg_read_all_stats)
+    return "unknown"  # not seen (no answer, no pg_read_all_stats), or in a wait not known to be work
 
 
 def describe(cause: Cause, s: Signals) -> str:
@@ -165,7 +173,7 @@ def describe(cause: Cause, s: Signals) -> str:
     if cause == "replay_paused":
         return f"replay is paused ({s.pause_state or 'paused'}): pg_wal_replay_resume() on the replica"
     if cause == "recovery_conflict" and r is not None:
-        return _conflict_line(r)
+        return _conflict_line(r, archive=s.streaming is False)
     if cause == "replay_busy":
         on = r.working_on if r is not None else None
         return f"the startup process is busy replaying ({on or 'working'}): replay is at its limit"
@@ -175,17 +183,24 @@ def describe(cause: Cause, s: Signals) -> str:
         return "sent by the primary, not yet written and flushed by the replica (network or the replica's disk)"
     if cause == "sender":
         return "not yet sent by the primary's walsender"
+    if not s.answered:
+        return "the replica does not answer: where its lag sits and why is not known"
+    if r is not None and r.activity == "other_wait":
+        return f"the lag sits in replay; the startup process waits on {r.wait_event_type}/{r.wait_event}"
     return "the lag sits in replay; what holds it is not known (the startup process is hidden from this role)"
 
 
-def _conflict_line(r: Recovery) -> str:
+def _conflict_line(r: Recovery, archive: bool) -> str:
     kind = r.conflict or "unknown"
     who = ", ".join(f"pid {h.pid} ({h.user or '?'}, transaction open {format_duration(h.xact_age or 0.0)})"
                     for h in r.holders[:3]) or "no session seen"
     held = "held by" if r.holders and r.holders[0].exact else "sessions with a snapshot:"
-    limit = "" if r.max_streaming_delay is None else (
-        "; max_standby_streaming_delay -1 (waits forever)" if r.max_streaming_delay < 0
-        else f"; queries cancelled after max_standby_streaming_delay {format_duration(r.max_streaming_delay)}")
+    # WAL from the archive waits max_standby_archive_delay; both count from when it arrived.
+    name, delay = ("max_standby_archive_delay", r.max_archive_delay) if archive else \
+        ("max_standby_streaming_delay", r.max_streaming_delay)
+    limit = "" if delay is None else (
+        f"; {name} -1 (waits forever)" if delay < 0
+        else f"; queries cancelled after {name} {format_duration(delay)} (counted from the WAL's arrival)")
     return f"replay waits on a {kind} conflict, {held} {who}{limit}"
 
 

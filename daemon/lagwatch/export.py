@@ -189,9 +189,10 @@ def _diagnosis_metrics(c: ClusterSnapshot) -> None:
         rec = r.recovery
         if rec is None:
             continue
-        f.CONFLICTS.make().add_metrics(key, sorted(rec.conflicts.items()))
+        f.CONFLICTS.make().add_metrics(key, sorted(r.conflicts_total.items()))
         _one(f.CONFLICT_HOLDERS, key, len(rec.holders))
-        for h in rec.holders:
+        if rec.holders:  # oldest first (views/recovery.py)
+            h = rec.holders[0]
             _one(f.CONFLICT_HOLDER, key + [str(h.pid), h.user or "", rec.conflict or ""], h.xact_age or 0.0)
 
 

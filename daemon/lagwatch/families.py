@@ -207,12 +207,14 @@ STARTUP_READS = counter("lagwatch_replica_startup_reads", "Blocks of relation da
 CONFLICTS = counter("lagwatch_replica_recovery_conflicts", "Queries on the replica cancelled by hot-standby "
                     "conflicts, by type (pg_stat_database_conflicts summed over databases), since its statistics "
                     "were reset", C, R, "type")
-CONFLICT_HOLDERS = gauge("lagwatch_replica_recovery_conflict_sessions", "Sessions on the replica that hold replay "
-                         "back while it waits on a conflict (0 when it does not wait)", C, R)
+CONFLICT_HOLDERS = gauge("lagwatch_replica_recovery_conflict_sessions", "While replay waits on a conflict, the "
+                         "sessions on the replica named as holding it: a lock's holders; for a snapshot, a buffer pin "
+                         "or a tablespace, the sessions holding a snapshot, candidates (at most 5; 0 when replay does "
+                         "not wait)", C, R)
 CONFLICT_HOLDER = gauge("lagwatch_replica_recovery_conflict_holder_xact_seconds", "While replay waits on a "
-                        "conflict: each session on the replica that holds it (a lock's holders; for a snapshot, a "
-                        "buffer pin or a tablespace, the oldest sessions holding a snapshot, at most 5), with the age "
-                        "of its transaction; absent otherwise", C, R, "pid", "user", "conflict")
+                        "conflict: the oldest session named as holding it, with the age of its transaction (one "
+                        "series per replica, absent otherwise: a new pid is a new series only once per conflict)",
+                        C, R, "pid", "user", "conflict")
 
 # -- slots --------------------------------------------------------------------------------
 _section = "slots"

@@ -271,9 +271,13 @@ class NodePoller:
         (views/recovery.py): conflict_query_text, off unless the operator says so."""
         try:
             await self._session.ask(conn.execute(_SHOW_QUERIES_SQL), self.query_timeout)
-        except (TimeoutError, psycopg.Error) as exc:
-            await self._disconnect()
+        except (TimeoutError, psycopg.OperationalError) as exc:
+            await self._disconnect()  # the session is gone or busy, as after a failed probe
             raise NodeError("connect", f"setting up the session failed: {flat_message(exc) or 'timeout'}") from None
+        except psycopg.Error as exc:
+            # An option, not the node's health: the node stays up without the query text.
+            log.warning("%s/%s: conflict_query_text is not in force on this session (%s)", self.cluster.name,
+                        self.node, flat_message(exc))
 
     @staticmethod
     async def _probe(conn: psycopg.AsyncConnection[dict[str, Any]]) -> Capabilities:

@@ -5,12 +5,14 @@ Sampled once a cycle (views/recovery.py), so the share is a count of samples ove
 window: at ``interval: 1s`` and a 60 s window, 60 samples (a share's standard error up
 to ±6.5 points); at 100 ms, 600 (±2). Waiting for WAL, for recovery_min_apply_delay, on a
 pause or on a query's conflict count as not working: a replica held back by any of those
-is not short of replay capacity. Pure and bounded: samples older than the window go.
+is not short of replay capacity. Pure and bounded: samples older than the window go. ``ConflictTotals`` keeps the
+conflicts' counters monotonic.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from lagwatch.fastinit import fast_init
@@ -61,3 +63,31 @@ class ReplayLoadTracker:
     def forget(self, replicas: list[str]) -> None:
         for name in replicas:
             self._samples.pop(name, None)
+
+
+class ConflictTotals:
+    """Each replica's cancelled queries by conflict type as counters that never go back.
+    pg_stat_database_conflicts is summed over databases, and the sum falls when a database
+    is dropped (the drop replays on the replica) or one's statistics are reset: exported as
+    it is, Prometheus would take the fall for a counter reset and count the whole remaining
+    total again. Only rises are added; a fall moves the baseline."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, dict[str, int]] = {}  # replica -> type -> last sum read
+        self._totals: dict[str, dict[str, int]] = {}
+
+    def note(self, replica: str, counts: Mapping[str, int] | None) -> Mapping[str, int]:
+        totals = self._totals.setdefault(replica, {})
+        if counts is None:
+            return dict(totals)
+        seen = self._seen.setdefault(replica, {})
+        for kind, count in counts.items():
+            before = seen.get(kind)
+            totals[kind] = totals.get(kind, 0) + (count if before is None else max(0, count - before))
+            seen[kind] = count
+        return dict(totals)
+
+    def forget(self, replicas: list[str]) -> None:
+        for name in replicas:
+            self._seen.pop(name, None)
+            self._totals.pop(name, None)

@@ -135,6 +135,7 @@ class ReplicaState:
     diagnosis: Diagnosis | None = None  # where its staleness sits and why (diagnosis.py)
     replay_load: ReplayLoad | None = None  # how busy its startup process is (replayload.py)
     recovery: Recovery | None = None  # its startup process, conflicts by type (views/recovery.py)
+    conflicts_total: Mapping[str, int] = field(default_factory=dict)  # cancelled queries by type, never falling
 
     @property
     def replay_paused(self) -> bool | None:

@@ -91,7 +91,7 @@ def why(r: ReplicaState) -> dict[str, Any] | None:
         "replay_busy_ratio": load.busy_ratio if load else None,
         "replay_busy_samples": load.samples if load else 0,
         "startup_read_blocks_per_second": load.read_rate if load else None,
-        "recovery_conflicts_total": dict(rec.conflicts) if rec else None,
+        "recovery_conflicts_total": dict(r.conflicts_total) if rec else None,
     }
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from lagwatch.beats import Beats
 from lagwatch.config import ClusterConfig
@@ -23,7 +24,7 @@ from lagwatch.history import LagHistory, LagReading, ReplayPosition
 from lagwatch.lag import Commits, LsnClock, WalDates
 from lagwatch.nodehealth import NodeHealthTracker
 from lagwatch.rates import CatchUp, Forecaster
-from lagwatch.replayload import ReplayLoadTracker
+from lagwatch.replayload import ConflictTotals, ReplayLoadTracker
 from lagwatch.roles import RoleChange, RoleTracker, RoleView
 from lagwatch.snapshot import ClusterSnapshot, NodeObservation, ReplicaState
 from lagwatch.syncrep import SyncReplication, assess
@@ -92,6 +93,7 @@ class ClusterTracker:
         self.walinspect = WalInspectTally()
         self.roles = RoleTracker(cluster.name, cluster.standby_cluster)
         self.replay_load = ReplayLoadTracker(window)
+        self.conflicts = ConflictTotals()
         self._sync_error: str | None = None  # the last synchronous_standby_names parse error said
         # The cluster's heartbeat writer's beats (heartbeat.py), where it has one: set when
         # the runtime is put in force.
@@ -179,6 +181,7 @@ class ClusterTracker:
         for name in self.history.forget_vanished({r.name for r in replicas}, now):
             self.forecast.forget_replica(name)
             self.replay_load.forget([name])
+            self.conflicts.forget([name])
         return replicas
 
     def _commits(self, by_node: dict[str, NodeObservation], primary: _PrimaryView) -> dict[str, Commits]:
@@ -208,9 +211,9 @@ class ClusterTracker:
             replay = ReplayPosition(capped, replay.at, replay.source)
         receiver = answered.receiver if answered is not None else None
         streaming = _streaming(answered, sender)
-        recovery = answered.recovery if answered is not None else None
         reading = self._reading(name, replay, sender, now, primary.lsn)
-        signals = _signals(answered, streaming, None if before is None or replay is None else replay.lsn > before.lsn)
+        signals = _signals(answered, streaming, None if before is None or replay is None else replay.lsn > before.lsn,
+                           sender is not None)
         return ReplicaState(
             name=name,
             configured=True,
@@ -224,11 +227,16 @@ class ClusterTracker:
             wal_receiver_status=receiver.status if receiver else None,
             follows_primary=follows,
             diagnosis=self._diagnose(reading, sender, primary.lsn, own.receive_lsn if own else None, signals),
-            replay_load=self.replay_load.note(name, answered.asked_at or answered.observed_at if answered else now,
-                                              recovery),
-            recovery=recovery,
+            **self._replay_side(name, answered, now),
             **reading,
         )
+
+    def _replay_side(self, name: str, answered: NodeObservation | None, now: float) -> dict[str, Any]:
+        """The replica's startup process as it answered, its replay load, its conflicts."""
+        recovery = answered.recovery if answered is not None else None
+        at = (answered.asked_at or answered.observed_at) if answered is not None else now
+        return {"recovery": recovery, "replay_load": self.replay_load.note(name, at, recovery),
+                "conflicts_total": self.conflicts.note(name, recovery.conflicts if recovery is not None else None)}
 
     def _unconfigured_replica(self, name: str, sender: WalSender, primary: _PrimaryView, now: float) -> ReplicaState:
         reading = self._reading(name, self._replay_from_sender(name, sender, primary.senders_at,
@@ -315,13 +323,14 @@ def _own_replay(answered: NodeObservation | None, primary: _PrimaryView, walsend
                           own.last_replay_epoch if not primary.standby else None)
 
 
-def _signals(answered: NodeObservation | None, streaming: bool | None, advanced: bool | None) -> Signals:
+def _signals(answered: NodeObservation | None, streaming: bool | None, advanced: bool | None,
+             walsender: bool) -> Signals:
     """What a replica's own answer says about its replay, for the diagnosis."""
     own = answered.position if answered is not None else None
     receiver = answered.receiver if answered is not None else None
     return Signals(answered.recovery if answered is not None else None, own.replay_pause_state if own else None,
                    own.apply_delay_seconds if own else None, streaming, receiver.status if receiver else None,
-                   receiver.last_msg_age if receiver else None, advanced)
+                   receiver.last_msg_age if receiver else None, advanced, walsender, answered is not None)
 
 
 def _last_commit_at(obs: NodeObservation | None, primary_clock: _PrimaryClock | None) -> float | None:

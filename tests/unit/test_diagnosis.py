@@ -65,10 +65,13 @@ def test_the_cause_of_the_largest_part_wins_and_the_others_are_listed() -> None:
 
 @pytest.mark.parametrize(("recovery", "signals", "cause"), [
     (startup("Timeout", "RecoveryApplyDelay"), {"apply_delay": 0.04}, "apply_delay"),
-    # Sampled between two waits of the delay: still the delay, unless it was seen working.
-    (startup("Activity", "RecoveryWalStream"), {"apply_delay": 0.04}, "apply_delay"),
+    # Sampled between two waits of the delay: still the delay, as long as it explains the lag.
+    (startup("Activity", "RecoveryWalStream"), {"apply_delay": 3.0}, "apply_delay"),
     (startup(None, None), {"apply_delay": 3.0}, "apply_delay"),  # working on what the delay let through
     (startup(None, None), {"apply_delay": 0.04}, "replay_busy"),  # 4 s behind: far more than the delay
+    (startup("Activity", "RecoveryWalStream"), {"apply_delay": 0.04}, "network"),
+    (None, {"apply_delay": 0.04}, "unknown"),  # not seen: a 40 ms delay does not explain 4 s
+    (startup("IPC", "SomethingElse"), {}, "unknown"),  # a wait not known to be replay's work
     (startup("Lock", "relation"), {}, "recovery_conflict"),
     (startup("BufferPin", "BufferPin"), {}, "recovery_conflict"),
     (startup(None, None), {}, "replay_busy"),
@@ -180,3 +183,49 @@ def test_query_text_shows_only_where_read() -> None:
 
     assert "query" not in holders(Holder(1, "a", "active", 1.0, True))[0]
     assert holders(Holder(1, "a", "active", 1.0, True, "SELECT 1"))[0]["query"] == "SELECT 1"
+
+
+def test_a_replica_nothing_is_known_of_is_not_streaming_not_a_missing_grant() -> None:
+    # Down: no answer of its own, no walsender; nothing says it has more than it replayed.
+    p = Positions(current=10 * MB, replay=4 * MB)
+    d = diagnose(6.0, p, clock(MB, 10 * MB), Signals(None, streaming=False, walsender=False, answered=False))
+    assert d.cause == "not_streaming" and d.stage_seconds == pytest.approx((6.0, 0, 0, 0)), d
+    # Its receiver hidden from the role (streaming unknown) and no walsender: not the sender.
+    d = diagnose(6.0, p, clock(MB, 10 * MB), Signals(None, streaming=None, walsender=False))
+    assert d.cause == "not_streaming", d
+
+
+def test_a_few_milliseconds_behind_is_caught_up() -> None:
+    p = Positions(current=10 * MB, sent=10 * MB - 5000, write=10 * MB - 5000, flush=10 * MB - 5000, replay=9 * MB)
+    d = diagnose(0.008, p, clock(MB, 10 * MB), Signals(startup(None, None), streaming=True))
+    assert d.cause == "caught_up"
+    assert sum(d.stage_seconds) == pytest.approx(0.008)  # the stages still say where
+
+
+def test_waits_that_are_not_replays_work_are_not_busy() -> None:
+    loads = ReplayLoadTracker(window=100.0)
+    for i, (t, e) in enumerate([("IPC", "RestoreCommand"), ("IPC", "SomethingElse"), ("IO", "DataFileRead"),
+                                ("LWLock", "BufferContent")]):
+        load = loads.note("r1", float(i), startup(t, e))
+    assert load is not None and load.busy_ratio == 0.5
+    assert startup("IPC", "ReplicationSlotDrop").conflict == "active_logicalslot"
+
+
+def test_a_conflict_in_archive_recovery_names_the_archive_delay() -> None:
+    rec = startup("Lock", "relation", holders=(Holder(7, "u", "idle", 1.0, True),), max_streaming_delay=30.0,
+                  max_archive_delay=60.0)
+    p = Positions(current=2 * MB, received=2 * MB, replay=MB)
+    d = diagnose(1.0, p, clock(MB, 2 * MB), Signals(rec, streaming=False, walsender=False))
+    assert "max_standby_archive_delay 1m" in d.detail or "max_standby_archive_delay 60s" in d.detail, d.detail
+
+
+def test_conflict_counters_never_go_back() -> None:
+    from lagwatch.replayload import ConflictTotals
+
+    totals = ConflictTotals()
+    assert totals.note("r1", {"lock": 3, "snapshot": 1}) == {"lock": 3, "snapshot": 1}
+    assert totals.note("r1", {"lock": 5, "snapshot": 1}) == {"lock": 5, "snapshot": 1}
+    # A database dropped (its counts gone from the sum), then one more conflict.
+    assert totals.note("r1", {"lock": 1, "snapshot": 0}) == {"lock": 5, "snapshot": 1}
+    assert totals.note("r1", {"lock": 2, "snapshot": 0}) == {"lock": 6, "snapshot": 1}
+    assert totals.note("r1", None) == {"lock": 6, "snapshot": 1}  # not read this cycle: kept

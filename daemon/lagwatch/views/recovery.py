@@ -39,9 +39,12 @@ CONFLICT_TYPES: dict[str, int] = {"snapshot": 130000, "lock": 130000, "bufferpin
 # conflict), by the conflict type pg_stat_database_conflicts counts it under when the
 # query is cancelled. A wait of type Lock (any lock) is a lock conflict.
 CONFLICT_WAITS = {"RecoveryConflictSnapshot": "snapshot", "RecoveryConflictTablespace": "tablespace",
-                  "BufferPin": "bufferpin"}
-# Waits for more WAL to replay: replay has nothing to do.
-WAL_WAITS = frozenset({"RecoveryWalStream", "RecoveryWalAll", "RecoveryRetrieveRetryInterval"})
+                  "BufferPin": "bufferpin", "ReplicationSlotDrop": "active_logicalslot"}
+# Waits for more WAL to replay: replay has nothing to do (RestoreCommand: the archive's
+# restore_command fetching the next file, which can take seconds).
+WAL_WAITS = frozenset({"RecoveryWalStream", "RecoveryWalAll", "RecoveryRetrieveRetryInterval", "RestoreCommand"})
+# Waits that are replay's own work: reading and writing data and WAL, a buffer's lock.
+WORK_WAIT_TYPES = frozenset({"IO", "LWLock"})
 
 
 def _conflicts_sql(version: int) -> str:
@@ -87,7 +90,7 @@ SELECT s.pid AS startup_pid, s.wait_event_type, s.wait_event,
                 extract(epoch FROM clock_timestamp() - a.xact_start)::float8 AS xact_age,
                 CASE WHEN current_setting('{QUERY_TEXT_SETTING}', true) = 'on' THEN left(a.query, 200) END AS query
             FROM pg_stat_activity a
-            WHERE a.backend_type = 'client backend' AND a.xact_start IS NOT NULL
+            WHERE a.backend_type = 'client backend' AND a.xact_start IS NOT NULL AND a.pid <> pg_backend_pid()
               AND CASE WHEN s.wait_event_type = 'Lock' THEN a.pid IN ({_LOCK_HOLDERS})
                        ELSE a.backend_xmin IS NOT NULL END
             ORDER BY a.xact_start LIMIT 5) h)
@@ -95,6 +98,7 @@ SELECT s.pid AS startup_pid, s.wait_event_type, s.wait_event,
     c.*,
     {reads} AS startup_reads,
     extract(epoch FROM current_setting('max_standby_streaming_delay')::interval)::float8 AS max_streaming_delay,
+    extract(epoch FROM current_setting('max_standby_archive_delay')::interval)::float8 AS max_archive_delay,
     -- restore_command is shown to pg_read_all_settings only (it may hold credentials).
     CASE WHEN pg_has_role('pg_read_all_settings', 'USAGE') THEN current_setting('restore_command') <> '' END
         AS restore_command_set
@@ -128,6 +132,7 @@ class Recovery:
     conflicts: Mapping[str, int] = field(default_factory=dict)  # cancelled queries by type, since stats reset
     startup_reads: int | None = None  # blocks the startup process has read (pg_stat_io, 16+; one poll in 10)
     max_streaming_delay: float | None = None  # max_standby_streaming_delay, seconds (-1: wait forever)
+    max_archive_delay: float | None = None  # max_standby_archive_delay (WAL from the archive)
     restore_command_set: bool | None = None  # None: hidden from this role
 
     @property
@@ -141,7 +146,7 @@ class Recovery:
     def activity(self) -> str | None:
         """What the startup process does: ``working`` (replaying: on CPU, or in I/O),
         ``waiting_for_wal`` (nothing to replay), ``delayed`` (recovery_min_apply_delay),
-        ``paused``, ``conflict``; None when it was not seen."""
+        ``paused``, ``conflict``, ``other_wait``; None when it was not seen."""
         if self.startup_pid is None:
             return None
         if self.wait_event in WAL_WAITS:
@@ -152,7 +157,9 @@ class Recovery:
             return "paused"
         if self.conflict is not None:
             return "conflict"
-        return "working"  # no wait (on CPU), or I/O, a buffer's lock, restoring a WAL file
+        if self.wait_event is None or self.wait_event_type in WORK_WAIT_TYPES:
+            return "working"  # on a CPU, or in its own I/O or a buffer's lock
+        return "other_wait"  # a wait not known to be replay's work: not counted as busy
 
     @property
     def working_on(self) -> str | None:
@@ -174,7 +181,7 @@ def parse(rows: Sequence[Row]) -> Recovery:
         startup_pid=opt_int(row.get("startup_pid")), wait_event_type=row.get("wait_event_type"),
         wait_event=row.get("wait_event"), holders=holders, conflicts=conflicts,
         startup_reads=opt_int(row.get("startup_reads")), max_streaming_delay=opt_float(row.get("max_streaming_delay")),
-        restore_command_set=row.get("restore_command_set"))
+        max_archive_delay=opt_float(row.get("max_archive_delay")), restore_command_set=row.get("restore_command_set"))
 
 
 VIEW = View("recovery", frozenset({"replica"}), QUERIES, parse)
