@@ -77,3 +77,18 @@ def test_check_never_controls_the_pool() -> None:
     assert [c.pooler for c in checked.clusters] == [None]
     assert checked.clusters[0].replicas == config.clusters[0].replicas
     assert Daemon(checked)._runtime.controllers == {}
+
+
+def test_the_check_names_the_cause_and_a_bad_row_says_why() -> None:
+    from lagwatch.check import _row, render
+    from lagwatch.diagnosis import Diagnosis
+    from lagwatch.windows import LagHistogram
+
+    why = Diagnosis("apply_delay", "recovery_min_apply_delay holds replay 5s behind", (0.0, 0.0, 0.0, 6.0),
+                    (0, 0, 0, 10), (("apply_delay", 6.0),))
+    r = ReplicaState(name="r1", configured=True, staleness=6.0, staleness_source="replica", window=None,
+                     histogram=LagHistogram().snapshot(), replay_lsn=1, streaming=True, node_up=True, diagnosis=why)
+    row = _row("main", r, None, warning=1.0, critical=5.0)
+    assert row.cause == "apply_delay" and row.note.endswith(": recovery_min_apply_delay holds replay 5s behind")
+    table = render([row])
+    assert "CAUSE" in table.splitlines()[0] and "apply_delay" in table.splitlines()[1]

@@ -184,3 +184,17 @@ def test_a_fleet_logs_one_line_per_cycle_naming_only_what_is_wrong() -> None:
     many = [replace(base.clusters[0], name=f"c{i:02d}") for i in range(FLEET_LINE_NAMES + 3)]
     assert line != (crowded := fleet_line(replace(base, clusters=tuple(many))))
     assert crowded.endswith("and 3 more")
+
+
+def test_the_row_says_why_it_is_behind_escaped() -> None:
+    from lagwatch.diagnosis import Diagnosis
+    from lagwatch.replayload import ReplayLoad
+
+    why = Diagnosis("recovery_conflict", "replay waits on a lock conflict, held by pid 7 (<evil>, ...)",
+                    (0.0, 0.0, 0.0, 9.0), (0, 0, 0, 100), (("recovery_conflict", 9.0),), "lock")
+    page = render(Snapshot(1.0e9, 0.004, 5, 0, (ClusterSnapshot(
+        "main", 100, None, (replica("replica1", 9.0, diagnosis=why, replay_load=ReplayLoad(0.95, 60)),), (), None, None,
+        None, (), slas={"replica1": SLA}, min_replicas=1),)))
+    r1 = row(page, "replica1")
+    assert 'data-cause="recovery_conflict"' in r1 and "held by pid 7 (&lt;evil&gt;" in r1
+    assert 'title="replay 9s"' in r1 and "replay busy 95%" in r1
