@@ -105,7 +105,7 @@ def test_one_group_and_the_alerts_we_promise() -> None:
         "LagwatchSyncCommitWaitHigh": "warning", "LagwatchSlotWalLossImminent": "page",
         "LagwatchReplicaNotCatchingUp": "warning", "LagwatchOverloaded": "page",
         "LagwatchReplicaRecoveryConflicts": "warning", "LagwatchReplicaReplayAtLimit": "warning",
-        "LagwatchReplicaReplayBlockedByQuery": "warning",
+        "LagwatchReplicaReplayBlockedByQuery": "warning", "LagwatchReplicationHoldsHorizon": "warning",
     }
     got = {rule["alert"]: rule["labels"]["severity"] for rule in alert_rules()}
     assert got == expected

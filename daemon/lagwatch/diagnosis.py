@@ -167,7 +167,7 @@ def describe(cause: Cause, s: Signals) -> str:
     """One line for a human: what holds the replica and where to look."""
     r = s.recovery
     if cause == "caught_up":
-        return "replayed everything the primary had written"
+        return f"caught up: less than {format_duration(CAUGHT_UP_BELOW)} behind the primary"
     if cause == "apply_delay":
         return f"recovery_min_apply_delay holds replay {format_duration(s.apply_delay or 0.0)} behind"
     if cause == "replay_paused":

@@ -240,6 +240,13 @@ def _slot_metrics(c: ClusterSnapshot) -> None:
                                    s.invalidation_reason or ""])
     for name, seconds in sorted(c.slot_runways.items()):
         _one(f.SLOT_RUNWAY, [c.name, name], seconds)
+    for s in c.slots:
+        if s.idle_timeout_left is not None:
+            _one(f.SLOT_IDLE_LEFT, [c.name, s.name], s.idle_timeout_left)
+    for holder, xids in sorted(c.horizon.items()):
+        _one(f.HORIZON_HELD, [c.name, holder], xids)
+    if c.horizon_alert_xids is not None:
+        _one(f.HORIZON_ALERT, [c.name], c.horizon_alert_xids)
     _wal_dir_shares(c)
 
 

@@ -218,6 +218,15 @@ CONFLICT_HOLDER = gauge("lagwatch_replica_recovery_conflict_holder_xact_seconds"
 
 # -- slots --------------------------------------------------------------------------------
 _section = "slots"
+HORIZON_HELD = gauge("lagwatch_horizon_held_xids", "Transactions the primary's vacuum horizon is held back by "
+                     "each holder: slot/NAME (its xmin or catalog_xmin), replica/APPLICATION_NAME "
+                     "(hot_standby_feedback through a walsender without a slot), sessions (the primary's oldest), "
+                     "prepared (the oldest prepared transaction); read on one poll in ten but the slots", C, "holder")
+HORIZON_ALERT = gauge("lagwatch_horizon_alert_xids", "The cluster's horizon_alert_xids from the config: above it, "
+                      "replication holding the horizon alerts", C)
+SLOT_IDLE_LEFT = gauge("lagwatch_slot_idle_timeout_left_seconds", "Seconds until idle_replication_slot_timeout "
+                       "may invalidate the inactive slot, at the next checkpoint (PostgreSQL 18+; absent when off)",
+                       C, S)
 SLOT_RETAINED = gauge("lagwatch_slot_retained_bytes", "WAL the slot holds back: pg_current_wal_lsn() - restart_lsn",
                       C, S)
 SLOT_ACTIVE = gauge("lagwatch_slot_active", "1 if a consumer is connected to the slot", C, S)

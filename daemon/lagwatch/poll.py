@@ -34,6 +34,7 @@ from lagwatch.session import Outlasting, Session, SessionContext, reconnect_dela
 from lagwatch.snapshot import ErrorKind, NodeObservation, Role
 from lagwatch.viewreader import ViewReader, for_role
 from lagwatch.views import heartbeat, probe, recovery
+from lagwatch.views.horizon import Horizon
 from lagwatch.views.probe import Capabilities
 from lagwatch.views.recovery import Recovery
 from lagwatch.views.replication import WalSender
@@ -71,6 +72,7 @@ class Answer:
     heartbeat_seq: int | None = None  # a replica's: the beat it has replayed (heartbeat.py)
     answered_at: float | None = None  # when its views answered, before the extra reads (monotonic)
     recovery: Recovery | None = None  # a replica's startup process (views/recovery.py)
+    horizon: Horizon | None = None  # the primary's: who holds the vacuum horizon (one poll in ten)
 
 
 class NodeError(Exception):
@@ -184,6 +186,7 @@ class NodePoller:
                                slots=answer.slots, wal=answer.wal, wal_dir=answer.wal_dir,
                                walinspect=answer.walinspect, wal_dates=answer.wal_dates,
                                heartbeat_seq=answer.heartbeat_seq, views=answer.views, recovery=answer.recovery,
+                               horizon=answer.horizon,
                                wal_dating_read_bytes=self._scanner.read_bytes if self._scanner.state is not None
                                else None,
                                view_errors_total=dict(self._reader.view_errors), connects_total=self._connects)
@@ -323,7 +326,7 @@ class NodePoller:
                       receiver=results.get("wal_receiver"), slots=results.get("slots", ()), wal=results.get("wal"),
                       wal_dir=results.get("wal_dir"), walinspect=inspection, wal_dates=wal_dates,
                       heartbeat_seq=results.get("heartbeat"), views=health, answered_at=answered_at,
-                      recovery=results.get("recovery"))
+                      recovery=results.get("recovery"), horizon=results.get("horizon"))
 
     async def _replicas_own(self, board: ReplayBoard | None, walsenders: Sequence[WalSender]) -> dict[str, int]:
         """Where the configured replicas the primary streams to say they have replayed up

@@ -18,6 +18,7 @@ from lagwatch.lag import WalDates
 from lagwatch.rates import CatchUp
 from lagwatch.replayload import ReplayLoad
 from lagwatch.syncrep import SyncReplication
+from lagwatch.views.horizon import Horizon
 from lagwatch.views.probe import Capabilities
 from lagwatch.views.recovery import Recovery
 from lagwatch.views.replication import WalSender
@@ -71,6 +72,7 @@ class NodeObservation:
     wal_dates: Mapping[str, WalDates] = field(default_factory=dict)
     heartbeat_seq: int | None = None  # a replica's: the heartbeat it has replayed (heartbeat.py)
     recovery: Recovery | None = None  # a replica's startup process and conflicts (views/recovery.py)
+    horizon: Horizon | None = None  # the primary's vacuum horizon holders, one poll in ten (views/horizon.py)
     wal_dating_read_bytes: int | None = None  # the primary's: WAL read to date staleness, since start
     # Per view: whether it was read this cycle (False: it failed, rests after a failure, or
     # the role may not read it). Views that do not apply to the node's role are absent.
@@ -278,6 +280,10 @@ class ClusterSnapshot:
     carried_cycles: int = 0
     wal_dating_read_bytes: int | None = None  # WAL read to date staleness from commits, since start
     heartbeat: tuple[int, int] | None = None  # the heartbeat's (beats written, failed attempts); None: off
+    # Who holds the primary's vacuum horizon back, in transactions: "slot/NAME",
+    # "replica/APPLICATION_NAME" (hot_standby_feedback without a slot), "sessions", "prepared".
+    horizon: Mapping[str, int] = field(default_factory=dict)
+    horizon_alert_xids: int | None = None  # the cluster's horizon_alert_xids
 
 
 @dataclass(frozen=True)

@@ -112,6 +112,8 @@ def cluster_status(c: ClusterSnapshot) -> dict[str, Any]:
         "wal_rate_bytes_per_second": c.wal_rate_bytes_per_second,
         "replicas": [replica_status(r, c.slas.get(r.name)) for r in c.replicas],
         "slots": [{**asdict(s), **_runway(c.slot_runways.get(s.name))} for s in c.slots],
+        # Who holds the primary's vacuum horizon back, in transactions (vacuumhorizon.py).
+        "vacuum_horizon_held_xids": dict(c.horizon),
         "wal": None if c.wal is None else asdict(c.wal),
         "wal_dir": None if c.wal_dir is None else asdict(c.wal_dir),
         "walinspect": None if c.walinspect is None else asdict(c.walinspect),

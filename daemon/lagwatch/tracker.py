@@ -28,6 +28,7 @@ from lagwatch.replayload import ConflictTotals, ReplayLoadTracker
 from lagwatch.roles import RoleChange, RoleTracker, RoleView
 from lagwatch.snapshot import ClusterSnapshot, NodeObservation, ReplicaState
 from lagwatch.syncrep import SyncReplication, assess
+from lagwatch.vacuumhorizon import HorizonHolders
 from lagwatch.views.replication import WalSender
 from lagwatch.views.server import ServerPosition
 from lagwatch.views.walinspect import WalInspectTally
@@ -93,6 +94,7 @@ class ClusterTracker:
         self.walinspect = WalInspectTally()
         self.roles = RoleTracker(cluster.name, cluster.standby_cluster)
         self.replay_load = ReplayLoadTracker(window)
+        self.vacuum_horizon = HorizonHolders()
         self.conflicts = ConflictTotals()
         self._sync_error: str | None = None  # the last synchronous_standby_names parse error said
         # The cluster's heartbeat writer's beats (heartbeat.py), where it has one: set when
@@ -135,6 +137,8 @@ class ClusterTracker:
             last_role_change_ago=max(0.0, now - roles.last_change.at) if roles.last_change is not None else None,
             wal_dating_read_bytes=answered.wal_dating_read_bytes if answered is not None else None,
             heartbeat=(beats.written, beats.failed) if beats is not None else None,
+            horizon_alert_xids=self.cluster.horizon_alert_xids,
+            horizon=self.vacuum_horizon.note(answered is not None, answered.horizon if answered else None, slots),
         )
 
     def _primary(self, roles: RoleView, now: float) -> _PrimaryView:

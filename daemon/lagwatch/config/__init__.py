@@ -96,6 +96,9 @@ class ClusterConfig(_Strict):
     lag_from_wal: Literal["auto", "off"] = "auto"
     lag_from_wal_max_bytes: int = Field(default=LAG_FROM_WAL_MAX_BYTES, gt=0)
     heartbeat: HeartbeatConfig | None = None  # off unless configured: lagwatch's one write
+    # Replication holding the vacuum horizon back by more transactions than this alerts
+    # (LagwatchReplicationHoldsHorizon; exported as lagwatch_horizon_alert_xids).
+    horizon_alert_xids: int = Field(default=50_000_000, gt=0)
     sla: SlaConfig = SlaConfig()
     pooler: PoolerConfig | None = None
     dry_run: bool = False  # decide, log and count pool changes, but change nothing

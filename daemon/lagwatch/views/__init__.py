@@ -6,7 +6,7 @@ The per-cycle views are listed in ``CYCLE_VIEWS``; ``probe`` runs once per conne
 
 from typing import Any
 
-from lagwatch.views import recovery, replication, server, slots, wal, wal_dir, wal_receiver
+from lagwatch.views import horizon, recovery, replication, server, slots, wal, wal_dir, wal_receiver
 from lagwatch.views.base import View
 
 CYCLE_VIEWS: tuple[View[Any], ...] = (
@@ -15,6 +15,7 @@ CYCLE_VIEWS: tuple[View[Any], ...] = (
     wal_receiver.VIEW,
     recovery.VIEW,
     slots.VIEW,
+    horizon.VIEW,
     wal.VIEW,
     wal_dir.VIEW,
 )

@@ -112,7 +112,7 @@ QUERIES = {v: _sql(v) for v in (130000, 160000)}
 @fast_init
 @dataclass(frozen=True)
 class Holder:
-    """A session on the replica that may hold replay back (never its query)."""
+    """A session on the replica that may hold replay back (its query only with conflict_query_text)."""
 
     pid: int
     user: str | None

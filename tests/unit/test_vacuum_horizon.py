@@ -1,0 +1,42 @@
+"""Who holds the primary's vacuum horizon (views/horizon.py, views/slots.py,
+vacuumhorizon.py): pure parsing and keeping. The real holders: tests/integration/test_vacuum_horizon.py."""
+
+from __future__ import annotations
+
+from lagwatch.vacuumhorizon import HorizonHolders
+from lagwatch.views import horizon, slots
+from lagwatch.views.horizon import Horizon
+
+
+def slot_row(**kw: object) -> dict[str, object]:
+    row: dict[str, object] = {"slot_name": "s", "slot_type": "logical", "database": "db", "plugin": "pgoutput",
+                              "active": False, "temporary": False, "wal_status": "reserved", "safe_wal_size": None,
+                              "retained_bytes": 10, "confirmed_flush_lag_bytes": 5, "conflicting": False,
+                              "inactive_seconds": 3.0, "invalidation_reason": None}
+    row.update(kw)
+    return row
+
+
+def test_a_slot_says_the_horizon_it_holds_and_its_safety() -> None:
+    (s,) = slots.parse([slot_row(xmin_age=None, catalog_xmin_age=1234, two_phase=True, failover=True, synced=False,
+                                 idle_timeout_left=42.5)])
+    assert (s.horizon_age, s.two_phase, s.failover, s.synced, s.idle_timeout_left) == (1234, True, True, False, 42.5)
+    (old,) = slots.parse([slot_row()])  # an older server's row: none of it known
+    assert (old.horizon_age, old.failover, old.idle_timeout_left) == (None, None, None)
+    (both,) = slots.parse([slot_row(xmin_age=7, catalog_xmin_age=3)])
+    assert both.horizon_age == 7
+
+
+def test_the_others_are_read_one_poll_in_ten_and_kept_in_between() -> None:
+    assert horizon.parse([{"due": False, "walsenders": None, "sessions": None, "prepared": None}]) is None
+    read = horizon.parse([{"due": True, "walsenders": {"replica2": 900}, "sessions": 50, "prepared": None}])
+    assert read == Horizon({"replica2": 900}, 50, None)
+    holders = HorizonHolders()
+    (slot,) = slots.parse([slot_row(slot_name="cdc", catalog_xmin_age=77)])
+    assert holders.note(True, read, [slot]) == {"slot/cdc": 77, "replica/replica2": 900, "sessions": 50}
+    # Not read this poll: the last reading stands beside this poll's slots.
+    (slot,) = slots.parse([slot_row(slot_name="cdc", catalog_xmin_age=80)])
+    assert holders.note(True, None, [slot]) == {"slot/cdc": 80, "replica/replica2": 900, "sessions": 50}
+    # No primary answered: nothing of the old one is kept for the next.
+    assert holders.note(False, None, []) == {}
+    assert holders.note(True, None, []) == {}
