@@ -1,0 +1,81 @@
+"""Benchmark: what reading the vacuum horizon costs the primary's poll.
+
+Starts a primary (and one replica, so the primary has a walsender and slots), with
+``--sessions`` idle sessions on it, then runs the primary's per-cycle statement as lagwatch
+does (prepared, one round trip), in arms rotated every round so drift falls on each alike:
+
+- ``without``: the primary's views but the horizon one (views/horizon.py);
+- ``with``: with it, as lagwatch reads it: pg_stat_activity scanned on one poll in ten;
+- ``every``: the horizon view as if it were read on every poll (what the gating saves).
+
+Per arm: the primary backend's CPU per poll (/proc) and the wall time per poll, the median
+over rounds with the spread; ``without`` is the same-run reference. It prints; it asserts
+nothing.
+
+    python3 bench/primarycost.py [--pg-major 18] [--sessions 200] [--polls 2000] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "daemon"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import psycopg  # noqa: E402
+from lagwatch.demo.binaries import find_binaries  # noqa: E402
+from lagwatch.demo.cluster import LocalCluster  # noqa: E402
+from lagwatch.views import CYCLE_VIEWS, horizon  # noqa: E402
+from lagwatch.views.combined import combined_sql  # noqa: E402
+from replicacost import measure  # noqa: E402
+
+ARMS = ("without", "with", "every")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pg-major", type=int, default=None)
+    parser.add_argument("--sessions", type=int, default=200)
+    parser.add_argument("--polls", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    binaries = find_binaries(args.pg_major)
+    with LocalCluster(binaries, replicas=1) as cluster:
+        primary = cluster.primary
+        primary.alter_system("max_connections", str(max(100, args.sessions + 20)))
+        primary.stop()
+        primary.start()
+        cluster.replicas[0].stop()  # it must allow at least the primary's max_connections
+        cluster.replicas[0].alter_system("max_connections", str(max(100, args.sessions + 20)))
+        cluster.replicas[0].start()
+        idle = [psycopg.connect(primary.dsn(), autocommit=True) for _ in range(args.sessions)]
+        conns = {arm: psycopg.connect(primary.dsn(), autocommit=True) for arm in ARMS}
+        version = conns["with"].info.server_version
+        views = [v for v in CYCLE_VIEWS if "primary" in v.roles and v.name != "wal_dir"]
+        without = combined_sql([v for v in views if v.name != horizon.VIEW.name], version)
+        with_horizon = combined_sql(views, version)
+        every = with_horizon.replace(b"% 10) + 1", b"% 1) + 1")  # the gate always open
+        sqls = {"without": without, "with": with_horizon, "every": every}
+        results: dict[str, list[tuple[float, float]]] = {arm: [] for arm in ARMS}
+        for r in range(args.rounds):
+            for arm in ARMS[r % len(ARMS):] + ARMS[:r % len(ARMS)]:
+                results[arm].append(measure(conns[arm], sqls[arm], args.polls))
+        print(f"PostgreSQL {binaries.major}, a primary with {args.sessions} idle sessions and one replica; "
+              f"{args.rounds} rounds of {args.polls} polls per arm, rotated; one round trip a cycle in every arm")
+        print(f"{'arm':<8} {'server CPU/poll (median, min-max)':>36} {'wall/poll':>22}")
+        for arm in ARMS:
+            cpu = [c for c, _ in results[arm]]
+            wall = [w for _, w in results[arm]]
+            print(f"{arm:<8} {statistics.median(cpu):>12.1f} µs ({min(cpu):6.1f}-{max(cpu):6.1f}) "
+                  f"{statistics.median(wall):>12.1f} µs ({min(wall):6.1f}-{max(wall):6.1f})")
+        for conn in [*idle, *conns.values()]:
+            conn.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
