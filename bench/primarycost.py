@@ -46,12 +46,13 @@ def main() -> int:
     binaries = find_binaries(args.pg_major)
     with LocalCluster(binaries, replicas=1) as cluster:
         primary = cluster.primary
+        replica = cluster.replicas[0]  # a standby must allow at least the primary's max_connections
+        replica.alter_system("max_connections", str(max(100, args.sessions + 20)))
+        replica.stop()
+        replica.start()
         primary.alter_system("max_connections", str(max(100, args.sessions + 20)))
         primary.stop()
         primary.start()
-        cluster.replicas[0].stop()  # it must allow at least the primary's max_connections
-        cluster.replicas[0].alter_system("max_connections", str(max(100, args.sessions + 20)))
-        cluster.replicas[0].start()
         idle = [psycopg.connect(primary.dsn(), autocommit=True) for _ in range(args.sessions)]
         conns = {arm: psycopg.connect(primary.dsn(), autocommit=True) for arm in ARMS}
         version = conns["with"].info.server_version

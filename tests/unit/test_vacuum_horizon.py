@@ -28,8 +28,8 @@ def test_a_slot_says_the_horizon_it_holds_and_its_safety() -> None:
 
 
 def test_the_others_are_read_one_poll_in_ten_and_kept_in_between() -> None:
-    assert horizon.parse([{"due": False, "walsenders": None, "sessions": None, "prepared": None}]) is None
-    read = horizon.parse([{"due": True, "walsenders": {"replica2": 900}, "sessions": 50, "prepared": None}])
+    assert horizon.parse([{"due": False, "held": None}]) is None
+    read = horizon.parse([{"due": True, "held": {"walsenders": {"replica2": 900}, "sessions": 50, "prepared": None}}])
     assert read == Horizon({"replica2": 900}, 50, None)
     holders = HorizonHolders()
     (slot,) = slots.parse([slot_row(slot_name="cdc", catalog_xmin_age=77)])
