@@ -18,7 +18,6 @@ nothing.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
@@ -31,7 +30,7 @@ from lagwatch.demo.binaries import find_binaries  # noqa: E402
 from lagwatch.demo.cluster import LocalCluster  # noqa: E402
 from lagwatch.views import CYCLE_VIEWS, horizon  # noqa: E402
 from lagwatch.views.combined import combined_sql  # noqa: E402
-from replicacost import measure  # noqa: E402
+from replicacost import print_table, run_rotated  # noqa: E402
 
 ARMS = ("without", "with", "every")
 
@@ -61,18 +60,9 @@ def main() -> int:
         with_horizon = combined_sql(views, version)
         every = with_horizon.replace(b"% 10) + 1", b"% 1) + 1")  # the gate always open
         sqls = {"without": without, "with": with_horizon, "every": every}
-        results: dict[str, list[tuple[float, float]]] = {arm: [] for arm in ARMS}
-        for r in range(args.rounds):
-            for arm in ARMS[r % len(ARMS):] + ARMS[:r % len(ARMS)]:
-                results[arm].append(measure(conns[arm], sqls[arm], args.polls))
         print(f"PostgreSQL {binaries.major}, a primary with {args.sessions} idle sessions and one replica; "
               f"{args.rounds} rounds of {args.polls} polls per arm, rotated; one round trip a cycle in every arm")
-        print(f"{'arm':<8} {'server CPU/poll (median, min-max)':>36} {'wall/poll':>22}")
-        for arm in ARMS:
-            cpu = [c for c, _ in results[arm]]
-            wall = [w for _, w in results[arm]]
-            print(f"{arm:<8} {statistics.median(cpu):>12.1f} µs ({min(cpu):6.1f}-{max(cpu):6.1f}) "
-                  f"{statistics.median(wall):>12.1f} µs ({min(wall):6.1f}-{max(wall):6.1f})")
+        print_table(run_rotated(conns, sqls, args.rounds, args.polls))
         for conn in [*idle, *conns.values()]:
             conn.close()
     return 0

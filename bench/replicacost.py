@@ -57,6 +57,27 @@ def measure(conn: psycopg.Connection, sql: bytes, polls: int) -> tuple[float, fl
     return (backend_cpu(pid) - cpu0) / polls * 1e6, wall / polls * 1e6
 
 
+def run_rotated(conns: dict[str, psycopg.Connection], sqls: dict[str, bytes], rounds: int,
+                polls: int) -> dict[str, list[tuple[float, float]]]:
+    """Each arm's (CPU µs, wall µs) per poll, round after round, the arms' order rotated each
+    round so that drift on a shared machine falls on every arm alike."""
+    arms = list(sqls)
+    results: dict[str, list[tuple[float, float]]] = {arm: [] for arm in arms}
+    for r in range(rounds):
+        for arm in arms[r % len(arms):] + arms[:r % len(arms)]:
+            results[arm].append(measure(conns[arm], sqls[arm], polls))
+    return results
+
+
+def print_table(results: dict[str, list[tuple[float, float]]]) -> None:
+    print(f"{'arm':<8} {'server CPU/poll (median, min-max)':>36} {'wall/poll':>22}")
+    for arm, runs in results.items():
+        cpu = [c for c, _ in runs]
+        wall = [w for _, w in runs]
+        print(f"{arm:<8} {statistics.median(cpu):>12.1f} µs ({min(cpu):6.1f}-{max(cpu):6.1f}) "
+              f"{statistics.median(wall):>12.1f} µs ({min(wall):6.1f}-{max(wall):6.1f})")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pg-major", type=int, default=None)
@@ -78,19 +99,9 @@ def main() -> int:
         before = combined_sql([server.VIEW, wal_receiver.VIEW], version)
         after = combined_sql([server.VIEW, wal_receiver.VIEW, recovery.VIEW], version)
         sqls = {"before": before, "after": after, "scan": after}
-        results: dict[str, list[tuple[float, float]]] = {arm: [] for arm in ARMS}
-        for r in range(args.rounds):
-            order = ARMS[r % len(ARMS):] + ARMS[:r % len(ARMS)]
-            for arm in order:
-                results[arm].append(measure(conns[arm], sqls[arm], args.polls))
         print(f"PostgreSQL {binaries.major}, a replica with {args.sessions} idle sessions; {args.rounds} rounds of "
               f"{args.polls} polls per arm, rotated; one round trip a cycle in every arm")
-        print(f"{'arm':<8} {'server CPU/poll (median, min-max)':>36} {'wall/poll':>22}")
-        for arm in ARMS:
-            cpu = [c for c, _ in results[arm]]
-            wall = [w for _, w in results[arm]]
-            print(f"{arm:<8} {statistics.median(cpu):>12.1f} µs ({min(cpu):6.1f}-{max(cpu):6.1f}) "
-                  f"{statistics.median(wall):>12.1f} µs ({min(wall):6.1f}-{max(wall):6.1f})")
+        print_table(run_rotated(conns, sqls, args.rounds, args.polls))
         for conn in [*idle, *conns.values()]:
             conn.close()
     return 0

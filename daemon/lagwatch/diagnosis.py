@@ -27,7 +27,7 @@ from typing import Literal
 
 from lagwatch.durations import format_duration
 from lagwatch.fastinit import fast_init
-from lagwatch.views.recovery import Holder, Recovery
+from lagwatch.views.recovery import Recovery
 
 Cause = Literal["caught_up", "apply_delay", "replay_paused", "recovery_conflict", "replay_busy", "not_streaming",
                 "network", "sender", "unknown"]
@@ -73,8 +73,7 @@ class Diagnosis:
     stage_seconds: tuple[float, ...]  # by STAGES; they add up to the staleness
     stage_bytes: tuple[int | None, ...]  # by STAGES; None where a boundary is unknown
     causes: tuple[tuple[Cause, float], ...]  # every cause holding part of it, largest first
-    conflict: str | None = None  # the conflict type replay waits on (recovery_conflict)
-    holders: tuple[Holder, ...] = ()  # the sessions that hold replay (recovery_conflict)
+    conflict: str | None = None  # the conflict type replay waits on (its sessions: Recovery.holders)
 
 
 def diagnose(staleness: float, positions: Positions, dated: Callable[[int], float | None],
@@ -94,8 +93,7 @@ def diagnose(staleness: float, positions: Positions, dated: Callable[[int], floa
     else:
         cause = ranked[0][0]
     conflict = recovery.conflict if recovery is not None and cause == "recovery_conflict" else None
-    holders = recovery.holders if recovery is not None and conflict is not None else ()
-    return Diagnosis(cause, describe(cause, signals), seconds, nbytes, ranked, conflict, holders)
+    return Diagnosis(cause, describe(cause, signals), seconds, nbytes, ranked, conflict)
 
 
 # Below this the replica is caught up whatever the stage a few milliseconds sit in: on a busy

@@ -94,6 +94,17 @@ def within(reading: float, truth: float) -> bool:
     return abs(reading - truth) <= max(0.010, 0.2 * truth)
 
 
+def stage_is_the_age_of_the_first_write(lw: Lagwatch, writer: Writer, stage: str) -> None:
+    """Half a second on: the stage holds all the replica lacks, which is everything the writer
+    wrote since it began (what held it held it from before the first write)."""
+    let_time_pass(0.5)
+    r, _ = replica_status(lw)
+    stages_add_up(r)
+    assert writer.first_write_at is not None
+    truth = r["staleness_measured_at_monotonic"] - writer.first_write_at
+    assert within(r["why"]["stages_seconds"][stage], truth), (r["why"], truth)
+
+
 def stages_add_up(r: dict[str, Any]) -> None:
     stages = r["why"]["stages_seconds"]
     assert sum(stages.values()) == pytest.approx(r["staleness_seconds"], abs=1e-6), r
@@ -126,13 +137,7 @@ def test_an_apply_delay_and_a_pause_are_named_and_sit_in_replay(pg_cluster: Chao
         r = named(lw, "replay_paused", since)
         assert "pg_wal_replay_resume()" in r["why"]["detail"]
         assert r["why"]["startup_process"]["activity"] == "paused", r["why"]
-        let_time_pass(0.5)
-        r, _ = replica_status(lw)
-        stages_add_up(r)
-        # What it lacks is everything written since the pause: the writer's first commit.
-        assert writer.first_write_at is not None
-        truth = r["staleness_measured_at_monotonic"] - writer.first_write_at
-        assert within(r["why"]["stages_seconds"]["replay"], truth), (r["why"], truth)
+        stage_is_the_age_of_the_first_write(lw, writer, "replay")
         r1.resume_replay()
     named(lw, "caught_up", cycles(lw), within=10)
     # Replica2 (no delay, no pause) was never held in replay.
@@ -258,12 +263,7 @@ def test_held_wal_is_the_network_then_the_sender_and_a_cut_replica_is_not_stream
         with Writer(pg_cluster, every=0.01, max_seconds=60) as writer:
             r = named(lw, "network", cycles(lw))
             assert r["why"]["stages_bytes"]["write"] > 0, r["why"]
-            let_time_pass(0.5)
-            r, _ = replica_status(lw)
-            stages_add_up(r)
-            assert writer.first_write_at is not None
-            truth = r["staleness_measured_at_monotonic"] - writer.first_write_at
-            assert within(r["why"]["stages_seconds"]["write"], truth), (r["why"], truth)
+            stage_is_the_age_of_the_first_write(lw, writer, "write")
         # WAL faster than the socket buffers hold (a few MB): the walsender cannot send it.
         with psycopg.connect(primary.dsn(), autocommit=True) as conn:
             filled = time.monotonic()
