@@ -17,7 +17,6 @@ nothing.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -30,28 +29,17 @@ from lagwatch.demo.binaries import find_binaries  # noqa: E402
 from lagwatch.demo.cluster import LocalCluster  # noqa: E402
 from lagwatch.views import CYCLE_VIEWS, horizon  # noqa: E402
 from lagwatch.views.combined import combined_sql  # noqa: E402
-from replicacost import print_table, run_rotated  # noqa: E402
+from replicacost import cost_arguments, print_table, room_for, run_rotated  # noqa: E402
 
 ARMS = ("without", "with", "every")
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--pg-major", type=int, default=None)
-    parser.add_argument("--sessions", type=int, default=200)
-    parser.add_argument("--polls", type=int, default=2000)
-    parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
+    args = cost_arguments(__doc__)
     binaries = find_binaries(args.pg_major)
     with LocalCluster(binaries, replicas=1) as cluster:
         primary = cluster.primary
-        replica = cluster.replicas[0]  # a standby must allow at least the primary's max_connections
-        replica.alter_system("max_connections", str(max(100, args.sessions + 20)))
-        replica.stop()
-        replica.start()
-        primary.alter_system("max_connections", str(max(100, args.sessions + 20)))
-        primary.stop()
-        primary.start()
+        room_for([cluster.replicas[0], primary], args.sessions)
         idle = [psycopg.connect(primary.dsn(), autocommit=True) for _ in range(args.sessions)]
         conns = {arm: psycopg.connect(primary.dsn(), autocommit=True) for arm in ARMS}
         version = conns["with"].info.server_version

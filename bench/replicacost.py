@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT / "daemon"))
 import psycopg  # noqa: E402
 from lagwatch.demo.binaries import find_binaries  # noqa: E402
 from lagwatch.demo.cluster import LocalCluster  # noqa: E402
+from lagwatch.demo.servers import LocalServer  # noqa: E402
 from lagwatch.views import probe, recovery, server, wal_receiver  # noqa: E402
 from lagwatch.views.combined import combined_sql  # noqa: E402
 
@@ -78,19 +79,31 @@ def print_table(results: dict[str, list[tuple[float, float]]]) -> None:
               f"{statistics.median(wall):>12.1f} µs ({min(wall):6.1f}-{max(wall):6.1f})")
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def cost_arguments(doc: str | None) -> argparse.Namespace:
+    """The cost benches' command line (this one's and primarycost.py's)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pg-major", type=int, default=None)
     parser.add_argument("--sessions", type=int, default=200)
     parser.add_argument("--polls", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def room_for(servers: list[LocalServer], sessions: int) -> None:
+    """``sessions`` idle sessions more on these servers (a standby must allow at least the
+    primary's max_connections: the replica first)."""
+    for node in servers:
+        node.alter_system("max_connections", str(max(100, sessions + 20)))
+        node.stop()
+        node.start()
+
+
+def main() -> int:
+    args = cost_arguments(__doc__)
     binaries = find_binaries(args.pg_major)
     with LocalCluster(binaries, replicas=1) as cluster:
         replica = cluster.replicas[0]
-        replica.alter_system("max_connections", str(max(100, args.sessions + 20)))  # a standby needs the primary's
-        replica.stop()
-        replica.start()
+        room_for([replica], args.sessions)
         idle = [psycopg.connect(replica.dsn(), autocommit=True) for _ in range(args.sessions)]
         conns = {arm: psycopg.connect(replica.dsn(), autocommit=True) for arm in ARMS}
         for arm in ("before", "after"):
