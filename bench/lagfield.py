@@ -16,6 +16,7 @@ its proven upper bound by more than max(5 ms, 10 %). The load's own figures (pgb
 are printed beside, the same-run reference. It prints; it asserts nothing.
 
     python3 bench/lagfield.py [--pg-major 18] [--span 10] [--cases steady,big,bursts,busy]
+        [--arms 'lsn clock,wal,wal+heartbeat'] [--intervals 1s,100ms] [--detail]
 """
 
 from __future__ import annotations
@@ -76,8 +77,24 @@ def summary(readings: Readings, replica: str, log: OracleLog, start: float, end:
                                                                                             else ""))
 
 
+def misreads(readings: Readings, replica: str, log: OracleLog, start: float, end: float) -> list[str]:
+    """Each reading beyond the oracle's proven bounds, with what dated it: where to look."""
+    lines = []
+    for r in readings.of(replica, start, end):
+        if not log.covers(replica, r.at):
+            continue
+        t = log.truth(replica, r.at)
+        under = t.low - r.seconds > tolerance(t.low, 0.010, 0.20)
+        over = r.seconds - t.high > tolerance(t.high, 0.005, 0.10)
+        if under or over:
+            lines.append(f"    {'under' if under else 'over '} at +{r.at - start:7.3f} s: "
+                         f"read {1000 * r.seconds:7.1f} ms ({r.evidence}), "
+                         f"truth {1000 * t.low:7.1f} .. {1000 * t.high:7.1f} ms, replay {r.replay_lsn}")
+    return lines
+
+
 def run_case(case: str, cluster: ChaosCluster, watchers: dict[tuple[str, str], Lagwatch], folder: Path,
-             span: float) -> None:
+             span: float, detail: bool = False) -> None:
     r1 = cluster.replicas[0]
     extra: Any = None
     r1.set_apply_delay(0.04 if case in ("steady", "busy") else 0)
@@ -119,6 +136,8 @@ def run_case(case: str, cluster: ChaosCluster, watchers: dict[tuple[str, str], L
     for (interval, arm), r in readings.items():
         for replica in ("replica1", "replica2"):
             print(f"{interval:>6} {arm:<14} {replica}: {summary(r, replica, log, start, end)}")
+            if detail:
+                print("\n".join(misreads(r, replica, log, start, end)))
 
 
 def main() -> int:
@@ -126,6 +145,9 @@ def main() -> int:
     parser.add_argument("--pg-major", type=int, default=None)
     parser.add_argument("--span", type=float, default=10.0)
     parser.add_argument("--cases", default="steady,big,bursts,busy")
+    parser.add_argument("--arms", default=",".join(ARMS), help="of: " + ", ".join(ARMS))
+    parser.add_argument("--intervals", default=",".join(INTERVALS))
+    parser.add_argument("--detail", action="store_true", help="print every reading beyond the oracle's bounds")
     args = parser.parse_args()
     binaries = find_binaries(args.pg_major)
     with ChaosCluster(binaries, replicas=2) as cluster, tempfile.TemporaryDirectory() as tmp:
@@ -134,8 +156,8 @@ def main() -> int:
         prepare(cluster, big_rows=BIG_ROWS if "big" in args.cases else 0)
         watchers = {}
         try:
-            for interval in INTERVALS:
-                for arm in ARMS:
+            for interval in args.intervals.split(","):
+                for arm in args.arms.split(","):
                     work = folder / f"lw-{interval}-{arm.replace('+', '-').replace(' ', '-')}"
                     work.mkdir()
                     watchers[(interval, arm)] = Lagwatch(work, arm_config(cluster, interval, arm, args.span))
@@ -144,7 +166,7 @@ def main() -> int:
             print(f"PostgreSQL {binaries.major}, primary + 2 streaming replicas on loopback; "
                   f"error = reading - the middle of the oracle's interval")
             for case in args.cases.split(","):
-                run_case(case, cluster, watchers, folder / case, args.span)
+                run_case(case, cluster, watchers, folder / case, args.span, args.detail)
         finally:
             for lw in watchers.values():
                 lw.stop()

@@ -1,4 +1,4 @@
-"""Benchmark: what reading the vacuum horizon costs the primary's poll.
+"""Benchmark: what reading the vacuum horizon and the logical walsenders costs the primary's poll.
 
 Starts a primary (and one replica, so the primary has a walsender and slots), with
 ``--sessions`` idle sessions on it, then runs the primary's per-cycle statement as lagwatch
@@ -6,7 +6,10 @@ does (prepared, one round trip), in arms rotated every round so drift falls on e
 
 - ``without``: the primary's views but the horizon one (views/horizon.py);
 - ``with``: with it, as lagwatch reads it: pg_stat_activity scanned on one poll in ten;
-- ``every``: the horizon view as if it were read on every poll (what the gating saves).
+- ``every``: the horizon view as if it were read on every poll (what the gating saves);
+- ``before logical``: ``with``, but pg_stat_replication read as before logical consumers
+  were (logical walsenders filtered out in SQL): with no logical walsender on the
+  primary, ``with`` must cost what this does.
 
 Per arm: the primary backend's CPU per poll (/proc) and the wall time per poll, the median
 over rounds with the spread; ``without`` is the same-run reference. It prints; it asserts
@@ -27,11 +30,26 @@ sys.path.insert(0, str(ROOT / "bench"))
 import psycopg  # noqa: E402
 from lagwatch.demo.binaries import find_binaries  # noqa: E402
 from lagwatch.demo.cluster import LocalCluster  # noqa: E402
-from lagwatch.views import CYCLE_VIEWS, horizon  # noqa: E402
+from lagwatch.views import CYCLE_VIEWS, horizon, replication  # noqa: E402
 from lagwatch.views.combined import combined_sql  # noqa: E402
 from replicacost import cost_arguments, print_table, room_for, run_rotated  # noqa: E402
 
-ARMS = ("without", "with", "every")
+ARMS = ("without", "with", "every", "before logical")
+
+# views/replication.py's query before logical consumers were read (git 539c7cb): the same
+# functions, logical slots' walsenders left out in SQL.
+BEFORE_LOGICAL = """SELECT w.pid, w.state, w.sync_state,
+    w.sent_lsn::text AS sent_lsn, w.write_lsn::text AS write_lsn,
+    w.flush_lsn::text AS flush_lsn, w.replay_lsn::text AS replay_lsn,
+    pg_current_wal_lsn()::text AS current_lsn,
+    extract(epoch FROM w.write_lag)::float8 AS write_lag,
+    extract(epoch FROM w.flush_lag)::float8 AS flush_lag,
+    extract(epoch FROM w.replay_lag)::float8 AS replay_lag,
+    s.slot_name
+FROM pg_stat_get_wal_senders() w
+LEFT JOIN pg_replication_slots s ON s.active_pid = w.pid
+WHERE w.state IS DISTINCT FROM 'backup' AND coalesce(s.slot_type, 'physical') = 'physical'
+ORDER BY w.pid"""
 
 
 def main() -> int:
@@ -47,7 +65,10 @@ def main() -> int:
         without = combined_sql([v for v in views if v.name != horizon.VIEW.name], version)
         with_horizon = combined_sql(views, version)
         every = with_horizon.replace(b"% 10) + 1", b"% 1) + 1")  # the gate always open
-        sqls = {"without": without, "with": with_horizon, "every": every}
+        now_read = replication.VIEW.sql_for(version)
+        assert now_read is not None and now_read.encode() in with_horizon
+        before_logical = with_horizon.replace(now_read.encode(), BEFORE_LOGICAL.encode())
+        sqls = {"without": without, "with": with_horizon, "every": every, "before logical": before_logical}
         print(f"PostgreSQL {binaries.major}, a primary with {args.sessions} idle sessions and one replica; "
               f"{args.rounds} rounds of {args.polls} polls per arm, rotated; one round trip a cycle in every arm")
         print_table(run_rotated(conns, sqls, args.rounds, args.polls))

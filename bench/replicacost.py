@@ -71,11 +71,11 @@ def run_rotated(conns: dict[str, psycopg.Connection], sqls: dict[str, bytes], ro
 
 
 def print_table(results: dict[str, list[tuple[float, float]]]) -> None:
-    print(f"{'arm':<8} {'server CPU/poll (median, min-max)':>36} {'wall/poll':>22}")
+    print(f"{'arm':<14} {'server CPU/poll (median, min-max)':>36} {'wall/poll':>22}")
     for arm, runs in results.items():
         cpu = [c for c, _ in runs]
         wall = [w for _, w in runs]
-        print(f"{arm:<8} {statistics.median(cpu):>12.1f} µs ({min(cpu):6.1f}-{max(cpu):6.1f}) "
+        print(f"{arm:<14} {statistics.median(cpu):>12.1f} µs ({min(cpu):6.1f}-{max(cpu):6.1f}) "
               f"{statistics.median(wall):>12.1f} µs ({min(wall):6.1f}-{max(wall):6.1f})")
 
 

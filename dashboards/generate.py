@@ -535,6 +535,41 @@ def _why_row() -> list[Panel]:
     ]
 
 
+def _logical_row() -> list[Panel]:
+    by_consumer = "{{cluster}}/{{consumer}} ({{slot}})"
+    # None on a cluster with no logical slot: each query may be empty.
+    return [
+        Panel(
+            "Logical consumers: staleness", "timeseries",
+            "Each subscription or change-data-capture client, by its slot: age of the oldest change on the "
+            "primary it has not applied or confirmed (dated from the WAL's commit times where permitted). "
+            "Never a read replica: not in the lag panels above, never in a pool. A consumer that confirms every "
+            "few seconds (pg_recvlogical, Debezium) reads up to that between confirmations. Dashed: its p95 "
+            "over the window.",
+            [Query(f"max by (cluster, consumer, slot) (lagwatch_logical_staleness_seconds{{{C}}})", by_consumer,
+                   must_have_data=False),
+             Query(f'max by (cluster, consumer, slot) (lagwatch_logical_staleness_window_seconds{{{C}, '
+                   f'quantile="0.95"}})', f"{by_consumer} p95", must_have_data=False)],
+            12, 8, _timeseries("s", overrides=[_override("B", ("custom.lineStyle", DASHED),
+                                                         ("custom.fillOpacity", 0))]), TIMESERIES_OPTIONS),
+        Panel(
+            "Logical consumers: WAL not confirmed", "timeseries",
+            "The primary's current WAL position less what each consumer applied or confirmed. Its slot keeps "
+            "at least this much WAL (the Slots & WAL row shows what it retains).",
+            [Query(f"max by (cluster, consumer, slot) (lagwatch_logical_lag_bytes{{{C}}})", by_consumer,
+                   must_have_data=False)],
+            6, 8, _timeseries("bytes"), TIMESERIES_OPTIONS),
+        Panel(
+            "Logical consumers: connected", "state-timeline",
+            "1 while a walsender streams from the consumer's slot; 0 while nothing does (a subscription "
+            "disabled, a CDC client stopped): its slot then holds WAL and the catalog horizon for as long.",
+            [Query(f"max by (cluster, consumer, slot) (lagwatch_logical_consumer_active{{{C}}})", by_consumer,
+                   must_have_data=False)],
+            6, 8, _state([_mapping({"0": ("disconnected", "red"), "1": ("streaming", "green")})]),
+            STATE_OPTIONS),
+    ]
+
+
 def _lagwatch_row() -> list[Panel]:
     this_cluster = f"on (instance) lagwatch_up{{{C}}}"  # daemon-wide series of instances watching $cluster
     by_node = "{{cluster}}/{{node}} ({{instance}})"
@@ -642,6 +677,7 @@ ROWS: tuple[tuple[str, Callable[[], list[Panel]]], ...] = (
     ("Fleet", _fleet_row),
     ("Synchronous replication", _sync_row),
     ("Slots & WAL", _slots_wal_row),
+    ("Logical consumers", _logical_row),
     ("lagwatch itself", _lagwatch_row),
 )
 

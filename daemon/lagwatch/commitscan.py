@@ -147,14 +147,16 @@ class CommitScanner:
 
     async def scan(self, conn: psycopg.AsyncConnection[Any], senders: Sequence[WalSender], current_lsn: int | None,
                    cluster: str, budget: float, note_failure: Callable[[str, str], None],
-                   own: Mapping[str, int] | None = None) -> dict[str, WalDates]:
+                   own: Mapping[str, int] | None = None,
+                   consumers: Mapping[str, int] | None = None) -> dict[str, WalDates]:
         """This cycle's reads on the primary's connection, and each walsender's dates. The
         read may take at most ``budget`` seconds (the server cancels it past that: it never
         costs the poll its answer); it asks for no more than that time decodes at the speed
         the reads so far went. ``own``: where replicas said they have replayed up to this
         cycle, by walsender (replayboard.py): read from there rather than from where their
-        walsenders last heard of them."""
-        replays = replay_positions(senders, own or {})
+        walsenders last heard of them. ``consumers``: the logical consumers' positions, by
+        ``logical_key``: each dated by the first commit past it, as a replica is."""
+        replays = {**replay_positions(senders, own or {}), **(consumers or {})}
         if current_lsn is None or not replays:
             self._stretches = {}
             return {}

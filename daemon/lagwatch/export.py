@@ -111,6 +111,7 @@ def _cluster_metrics(c: ClusterSnapshot) -> None:
     _diagnosis_metrics(c)
     _forecast_and_sla_metrics(c)
     _slot_metrics(c)
+    _logical_metrics(c)
     _wal_metrics(c)
     _pool_metrics(c)
     _sync_metrics(c)
@@ -248,6 +249,20 @@ def _slot_metrics(c: ClusterSnapshot) -> None:
     if c.horizon_alert_xids is not None:
         _one(f.HORIZON_ALERT, [c.name], c.horizon_alert_xids)
     _wal_dir_shares(c)
+
+
+def _logical_metrics(c: ClusterSnapshot) -> None:
+    """The logical consumers (logical.py): their own families, apart from the replicas'."""
+    for lc in c.logical:
+        key = [c.name, lc.consumer, lc.slot]
+        _one(f.LOGICAL_ACTIVE, key, float(lc.active))
+        if lc.staleness is not None:
+            _one(f.LOGICAL_STALENESS, key, lc.staleness)
+        if lc.window is not None:
+            f.LOGICAL_WINDOW.make().add_metrics(key, ((_fmt_q(q), v) for q, v in lc.window.quantiles))
+        if lc.lag_bytes is not None:
+            _one(f.LOGICAL_BYTES, key, lc.lag_bytes)
+        f.LOGICAL_INFO.make().add_metric(key + [lc.state or "", lc.database or "", lc.plugin or "", lc.evidence or ""])
 
 
 def _wal_dir_shares(c: ClusterSnapshot) -> None:

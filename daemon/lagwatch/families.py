@@ -244,6 +244,21 @@ SLOT_RUNWAY = gauge("lagwatch_slot_runway_seconds", "Seconds until safe_wal_size
 SLOT_WAL_DIR_SHARE = gauge("lagwatch_slot_wal_dir_share", "WAL a slot with no max_slot_wal_keep_size limit "
                            "retains, as a share of the pg_wal directory (needs pg_ls_waldir())", C, S)
 
+# -- logical consumers --------------------------------------------------------------------
+_section = "logical consumers"
+LC = "consumer"
+LOGICAL_STALENESS = gauge("lagwatch_logical_staleness_seconds", "Logical consumer (a subscription or a change-data-"
+                          "capture client, by its slot): age of the oldest change on the primary it has not applied "
+                          "or confirmed; never a read replica (docs/replication.md)", C, LC, S)
+LOGICAL_WINDOW = gauge("lagwatch_logical_staleness_window_seconds", "Quantiles of the consumer's staleness over the "
+                       "window (nearest rank; quantile=1 is the max)", C, LC, S, "quantile")
+LOGICAL_BYTES = gauge("lagwatch_logical_lag_bytes", "Primary's current WAL LSN minus what the consumer applied or "
+                      "confirmed (the slot's confirmed_flush_lsn while nothing streams from it)", C, LC, S)
+LOGICAL_ACTIVE = gauge("lagwatch_logical_consumer_active", "1 if a walsender streams from the consumer's slot", C, LC,
+                       S)
+LOGICAL_INFO = _spec(Info, "lagwatch_logical_consumer", "The consumer's walsender state, database, output plugin "
+                     "and what dated its staleness", C, LC, S, "state", "database", "plugin", "evidence", as_of=True)
+
 # -- WAL ----------------------------------------------------------------------------------
 _section = "WAL"
 PRIMARY_LSN = gauge("lagwatch_primary_wal_lsn_bytes", "Primary's current WAL LSN as a byte position", C)

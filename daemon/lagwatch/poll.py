@@ -37,7 +37,7 @@ from lagwatch.views import heartbeat, probe, recovery
 from lagwatch.views.horizon import Horizon
 from lagwatch.views.probe import Capabilities
 from lagwatch.views.recovery import Recovery
-from lagwatch.views.replication import WalSender
+from lagwatch.views.replication import LogicalSender, Senders, WalSender, logical_key
 from lagwatch.views.server import ServerPosition
 from lagwatch.views.slots import Slot
 from lagwatch.views.wal import WalStats
@@ -73,6 +73,7 @@ class Answer:
     answered_at: float | None = None  # when its views answered, before the extra reads (monotonic)
     recovery: Recovery | None = None  # a replica's startup process (views/recovery.py)
     horizon: Horizon | None = None  # the primary's: who holds the vacuum horizon (one poll in ten)
+    logical: tuple[LogicalSender, ...] = ()  # the primary's logical walsenders (views/replication.py)
 
 
 class NodeError(Exception):
@@ -186,7 +187,7 @@ class NodePoller:
                                slots=answer.slots, wal=answer.wal, wal_dir=answer.wal_dir,
                                walinspect=answer.walinspect, wal_dates=answer.wal_dates,
                                heartbeat_seq=answer.heartbeat_seq, views=answer.views, recovery=answer.recovery,
-                               horizon=answer.horizon,
+                               horizon=answer.horizon, logical=answer.logical,
                                wal_dating_read_bytes=self._scanner.read_bytes if self._scanner.state is not None
                                else None,
                                view_errors_total=dict(self._reader.view_errors), connects_total=self._connects)
@@ -314,19 +315,21 @@ class NodePoller:
                                                    self._reader.note_failure, self._extra_budget())
         if self._inspector.state is not None:
             health["walinspect"] = self._inspector.state
-        walsenders = results.get("replication", ())
+        senders = results.get("replication", Senders((), ()))
+        walsenders = senders.physical
         wal_dates = {}
         if self._dates_from_wal(caps):
             own = await self._replicas_own(board, walsenders)
+            consumers = {logical_key(s.slot_name): s.position for s in senders.logical if s.position is not None}
             wal_dates = await self._scanner.scan(conn, walsenders, position.current_lsn, self.cluster.name,
-                                                 self._extra_budget(), self._reader.note_failure, own)
+                                                 self._extra_budget(), self._reader.note_failure, own, consumers)
             if self._scanner.state is not None:
                 health["wal_dating"] = self._scanner.state
         return Answer(capabilities=caps, position=position, walsenders=walsenders,
                       receiver=results.get("wal_receiver"), slots=results.get("slots", ()), wal=results.get("wal"),
                       wal_dir=results.get("wal_dir"), walinspect=inspection, wal_dates=wal_dates,
                       heartbeat_seq=results.get("heartbeat"), views=health, answered_at=answered_at,
-                      recovery=results.get("recovery"), horizon=results.get("horizon"))
+                      recovery=results.get("recovery"), horizon=results.get("horizon"), logical=senders.logical)
 
     async def _replicas_own(self, board: ReplayBoard | None, walsenders: Sequence[WalSender]) -> dict[str, int]:
         """Where the configured replicas the primary streams to say they have replayed up

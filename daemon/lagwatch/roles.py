@@ -191,3 +191,22 @@ class RoleTracker:
         elif self._said_primaries is not None:
             log.info("%s: one primary again (%s)", self.cluster, ", ".join(sorted(o.node for o in writers)))
         self._said_primaries = said
+
+
+def describe_change(change: RoleChange | None) -> str | None:
+    if change is None:
+        return None
+    timeline = f" (timeline {change.timeline})" if change.timeline is not None else ""
+    return f"{change.node}: {change.before} -> {change.after}{timeline}"
+
+
+def writer_member(primary: NodeObservation | None, observations: Sequence[NodeObservation]) -> str | None:
+    """The replica-named node on the server that accepts writes now: the primary itself
+    when it answered under a replica's name, else a node on the same server as the primary
+    DSN's answer (a discovered cluster's leader member; a promoted replica of a static one)."""
+    if primary is None:
+        return None
+    if primary.role != "primary":
+        return primary.node
+    return next((o.node for o in observations if o.role != "primary" and o.observed_role == "primary"
+                 and o.server_id is not None and o.server_id == primary.server_id), None)

@@ -21,7 +21,7 @@ from lagwatch.syncrep import SyncReplication
 from lagwatch.views.horizon import Horizon
 from lagwatch.views.probe import Capabilities
 from lagwatch.views.recovery import Recovery
-from lagwatch.views.replication import WalSender
+from lagwatch.views.replication import LogicalSender, WalSender
 from lagwatch.views.server import ServerPosition
 from lagwatch.views.slots import Slot
 from lagwatch.views.wal import WalStats
@@ -73,6 +73,7 @@ class NodeObservation:
     heartbeat_seq: int | None = None  # a replica's: the heartbeat it has replayed (heartbeat.py)
     recovery: Recovery | None = None  # a replica's startup process and conflicts (views/recovery.py)
     horizon: Horizon | None = None  # the primary's vacuum horizon holders, one poll in ten (views/horizon.py)
+    logical: tuple[LogicalSender, ...] = ()  # the primary's logical walsenders (views/replication.py)
     wal_dating_read_bytes: int | None = None  # the primary's: WAL read to date staleness, since start
     # Per view: whether it was read this cycle (False: it failed, rests after a failure, or
     # the role may not read it). Views that do not apply to the node's role are absent.
@@ -174,6 +175,25 @@ def replica_condition(replica: ReplicaState, sla: ReplicaSla | None) -> Conditio
     if sla is not None and replica.staleness > sla.max_lag:
         return "behind"
     return "streaming"
+
+
+@fast_init
+@dataclass(frozen=True)
+class LogicalConsumer:
+    """A logical slot on the primary and whoever streams from it (logical.py)."""
+
+    slot: str
+    consumer: str  # who streams from it: a subscription's name, a client's application_name (the last seen)
+    active: bool  # a walsender streams from the slot now
+    state: str | None  # the walsender's: startup | catchup | streaming | stopping (None: none)
+    database: str | None
+    plugin: str | None
+    position: int | None  # what it applied or confirmed (views/replication.LogicalSender.position)
+    lag_bytes: int | None  # the primary's current LSN less that position
+    staleness: float | None  # age of the oldest change it has not confirmed, seconds
+    evidence: str | None  # what dated it (lag.Evidence): wal_commit, lsn_clock, caught_up, ...
+    staleness_at: float | None  # monotonic time the reading is for
+    window: WindowStats | None
 
 
 @fast_init
@@ -284,6 +304,7 @@ class ClusterSnapshot:
     # "replica/APPLICATION_NAME" (hot_standby_feedback without a slot), "sessions", "prepared".
     horizon: Mapping[str, int] = field(default_factory=dict)
     horizon_alert_xids: int | None = None  # the cluster's horizon_alert_xids
+    logical: tuple[LogicalConsumer, ...] = ()  # the primary's logical slots and their consumers (logical.py)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from lagwatch.config import ReplicaSla
 from lagwatch.diagnosis import STAGES as DIAGNOSIS_STAGES
 from lagwatch.lsn import format_lsn
 from lagwatch.rates import describe
-from lagwatch.snapshot import ClusterSnapshot, PoolStatus, ReplicaState, Snapshot, replica_condition
+from lagwatch.snapshot import ClusterSnapshot, LogicalConsumer, PoolStatus, ReplicaState, Snapshot, replica_condition
 
 
 def _clean(value: Any) -> Any:
@@ -114,6 +114,8 @@ def cluster_status(c: ClusterSnapshot) -> dict[str, Any]:
         "slots": [{**asdict(s), **_runway(c.slot_runways.get(s.name))} for s in c.slots],
         # Who holds the primary's vacuum horizon back, in transactions (vacuumhorizon.py).
         "vacuum_horizon_held_xids": dict(c.horizon),
+        # Subscriptions and change-data-capture clients, by slot (logical.py): not replicas.
+        "logical_consumers": [logical_status(lc) for lc in c.logical],
         "wal": None if c.wal is None else asdict(c.wal),
         "wal_dir": None if c.wal_dir is None else asdict(c.wal_dir),
         "walinspect": None if c.walinspect is None else asdict(c.walinspect),
@@ -125,6 +127,14 @@ def cluster_status(c: ClusterSnapshot) -> dict[str, Any]:
             "states": c.sync.states, "waits_on_standbys": c.sync.waits_on_standbys, "at_risk": c.sync.at_risk,
             "commit_wait_seconds": c.sync.commit_wait_seconds, "error": c.sync.error},
     }
+
+
+def logical_status(lc: LogicalConsumer) -> dict[str, Any]:
+    return {"slot": lc.slot, "consumer": lc.consumer, "active": lc.active, "state": lc.state,
+            "database": lc.database, "plugin": lc.plugin, "position": format_lsn(lc.position),
+            "lag_bytes": lc.lag_bytes, "staleness_seconds": lc.staleness, "staleness_evidence": lc.evidence,
+            "staleness_measured_at_monotonic": lc.staleness_at,
+            "staleness_p95_seconds": lc.window.p95 if lc.window is not None else None}
 
 
 def _runway(seconds: float | None) -> dict[str, Any]:

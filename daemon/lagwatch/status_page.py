@@ -204,6 +204,18 @@ def _slots_line(c: ClusterSnapshot) -> str:
     return f'<div class="meta slots">slot runway (until safe_wal_size is 0): {items}</div>'
 
 
+def _logical_line(c: ClusterSnapshot) -> str:
+    """The logical consumers (subscriptions, CDC clients), apart from the replicas."""
+    if not c.logical:
+        return ""
+    items = ", ".join(
+        f'<span class="{"" if lc.active else "bad"}" data-slot="{_e(lc.slot)}">{_e(lc.consumer)} '
+        f'<span class="muted">(slot {_e(lc.slot)})</span>: '
+        f'{_e(_dur(lc.staleness))}'
+        f'{"" if lc.active else " not connected"}</span>' for lc in c.logical)
+    return f'<div class="meta logical">logical consumers (never in a pool): {items}</div>'
+
+
 _SEVERITY_CSS = {"page": "bad", "warning": "warn", "info": "muted"}
 
 
@@ -225,7 +237,7 @@ def _alerts_line(c: ClusterSnapshot) -> str:
 def _cluster(c: ClusterSnapshot) -> str:
     rows = "".join(_replica_row(c, r) for r in c.replicas)
     return (f'<section data-cluster="{_e(c.name)}"><h2>{_e(c.name)}</h2><div class="meta">nodes: {_nodes_line(c)}</div>'
-            f"{_sync_line(c)}{_slots_line(c)}{_compression_line(c)}{_pool_line(c)}{_alerts_line(c)}"
+            f"{_sync_line(c)}{_slots_line(c)}{_logical_line(c)}{_compression_line(c)}{_pool_line(c)}{_alerts_line(c)}"
             f"<div class=\"wrap\"><table><thead><tr><th>replica</th><th>state</th><th>pool</th><th>staleness</th>"
             f"<th>p95</th><th>SLA</th><th>window</th></tr></thead>"
             f"<tbody>{rows}</tbody></table></div>{_events(c)}</section>")

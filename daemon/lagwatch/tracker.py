@@ -22,10 +22,11 @@ from lagwatch.diagnosis import Diagnosis, Positions, Signals, diagnose
 from lagwatch.fastinit import fast_init
 from lagwatch.history import LagHistory, LagReading, ReplayPosition
 from lagwatch.lag import Commits, LsnClock, WalDates
+from lagwatch.logical import LogicalConsumers
 from lagwatch.nodehealth import NodeHealthTracker
 from lagwatch.rates import CatchUp, Forecaster
 from lagwatch.replayload import ConflictTotals, ReplayLoadTracker
-from lagwatch.roles import RoleChange, RoleTracker, RoleView
+from lagwatch.roles import RoleTracker, RoleView, describe_change, writer_member
 from lagwatch.snapshot import ClusterSnapshot, NodeObservation, ReplicaState
 from lagwatch.syncrep import SyncReplication, assess
 from lagwatch.vacuumhorizon import HorizonHolders
@@ -96,6 +97,7 @@ class ClusterTracker:
         self.replay_load = ReplayLoadTracker(window)
         self.vacuum_horizon = HorizonHolders()
         self.conflicts = ConflictTotals()
+        self.logical = LogicalConsumers(interval, window)
         self._sync_error: str | None = None  # the last synchronous_standby_names parse error said
         # The cluster's heartbeat writer's beats (heartbeat.py), where it has one: set when
         # the runtime is put in force.
@@ -133,12 +135,14 @@ class ClusterTracker:
             sync=self._sync(answered, by_node) if answered is not None and not primary.standby else None,
             timeline=roles.timeline,
             role_changes_total=roles.role_changes_total,
-            last_role_change=_describe_change(roles.last_change),
+            last_role_change=describe_change(roles.last_change),
             last_role_change_ago=max(0.0, now - roles.last_change.at) if roles.last_change is not None else None,
             wal_dating_read_bytes=answered.wal_dating_read_bytes if answered is not None else None,
             heartbeat=(beats.written, beats.failed) if beats is not None else None,
             horizon_alert_xids=self.cluster.horizon_alert_xids,
             horizon=self.vacuum_horizon.note(answered is not None, answered.horizon if answered else None, slots),
+            logical=() if answered is None or primary.standby else self.logical.update(
+                slots, answered.logical, primary.lsn, self.clock, primary.wal_dates, primary.senders_at, now),
         )
 
     def _primary(self, roles: RoleView, now: float) -> _PrimaryView:
@@ -379,22 +383,3 @@ def _received(position: ServerPosition) -> int | None:
     """What a standby leader has of the WAL: what its cascaded replicas can get from it."""
     known = [lsn for lsn in (position.receive_lsn, position.replay_lsn) if lsn is not None]
     return max(known) if known else None
-
-
-def _describe_change(change: RoleChange | None) -> str | None:
-    if change is None:
-        return None
-    timeline = f" (timeline {change.timeline})" if change.timeline is not None else ""
-    return f"{change.node}: {change.before} -> {change.after}{timeline}"
-
-
-def writer_member(primary: NodeObservation | None, observations: Sequence[NodeObservation]) -> str | None:
-    """The replica-named node on the server that accepts writes now: the primary itself
-    when it answered under a replica's name, else a node on the same server as the primary
-    DSN's answer (a discovered cluster's leader member; a promoted replica of a static one)."""
-    if primary is None:
-        return None
-    if primary.role != "primary":
-        return primary.node
-    return next((o.node for o in observations if o.role != "primary" and o.observed_role == "primary"
-                 and o.server_id is not None and o.server_id == primary.server_id), None)

@@ -239,6 +239,12 @@ class Readings:
                     if at is not None and value is not None:
                         self._seen[(r["name"], at)] = Reading(r["name"], at, value, r.get("staleness_evidence") or "",
                                                               r.get("replay_lsn"))
+                for c in cluster.get("logical_consumers", ()):  # by slot, under "logical:SLOT"
+                    at, value = c.get("staleness_measured_at_monotonic"), c.get("staleness_seconds")
+                    if at is not None and value is not None:
+                        name = "logical:" + c["slot"]
+                        self._seen[(name, at)] = Reading(name, at, value, c.get("staleness_evidence") or "",
+                                                         c.get("position"))
 
     def __enter__(self) -> Readings:
         self._thread.start()

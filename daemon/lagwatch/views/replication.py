@@ -1,4 +1,6 @@
-"""pg_stat_replication on the primary: one row per walsender of a physical replica.
+"""pg_stat_replication on the primary: one row per walsender, a physical replica's or a
+logical consumer's (a subscription, a change-data-capture client on a logical slot); the
+two are told apart by the slot each streams from and kept apart (``Senders``).
 
 Read through the functions under the view: ``pg_stat_get_wal_senders()`` every cycle,
 and the sessions' ``application_name`` and ``client_addr`` only for walsenders not seen
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from lagwatch.fastinit import fast_init
 from lagwatch.lsn import parse_lsn
@@ -29,12 +31,12 @@ QUERIES = {
     extract(epoch FROM w.write_lag)::float8 AS write_lag,
     extract(epoch FROM w.flush_lag)::float8 AS flush_lag,
     extract(epoch FROM w.replay_lag)::float8 AS replay_lag,
-    s.slot_name
+    s.slot_name, s.slot_type
 FROM pg_stat_get_wal_senders() w
 LEFT JOIN pg_replication_slots s ON s.active_pid = w.pid
--- A base backup's walsenders and logical subscribers are not read replicas (pg_basebackup
--- by its name: parse). state is NULL to a role without pg_read_all_stats: such rows stay.
-WHERE w.state IS DISTINCT FROM 'backup' AND coalesce(s.slot_type, 'physical') = 'physical'
+-- A base backup's walsenders are not replicas (pg_basebackup by its name: parse). state is
+-- NULL to a role without pg_read_all_stats: such rows stay.
+WHERE w.state IS DISTINCT FROM 'backup'
 ORDER BY w.pid""",
 }
 
@@ -123,10 +125,62 @@ class WalSender:
         return None
 
 
+@fast_init
+@dataclass(frozen=True)
+class LogicalSender:
+    """A logical walsender: a subscription's apply worker or a change-data-capture client
+    (pg_recvlogical, Debezium) streaming decoded changes from its slot. Not a read replica:
+    what it confirms is a position in the primary's WAL, not a copy of it."""
+
+    application_name: str  # a subscription's name; the client's own otherwise
+    slot_name: str
+    state: str | None  # startup | catchup | streaming | stopping
+    current_lsn: int
+    sent_lsn: int | None  # how far it has decoded
+    flush_lsn: int | None  # what the consumer confirmed as durable (the slot's confirmed_flush follows it)
+    replay_lsn: int | None  # a subscription's: the end of the last transaction it applied (NULL from most CDC clients)
+
+    @property
+    def position(self) -> int | None:
+        """How far what it has done reaches: the later of its applied and its confirmed
+        positions (a subscription applies before its own WAL flush confirms; pg_recvlogical
+        and most CDC clients report no apply position at all)."""
+        known = [p for p in (self.replay_lsn, self.flush_lsn) if p is not None]
+        return max(known) if known else None
+
+
+def logical_key(slot_name: str) -> str:
+    """A logical consumer's dates among the replicas' (commitscan.py keys those by
+    application_name): a key no application_name can be (it holds no NUL)."""
+    return "\0logical:" + slot_name
+
+
+class Senders(NamedTuple):
+    physical: tuple[WalSender, ...]
+    logical: tuple[LogicalSender, ...]
+
+
+def parse_all(rows: Sequence[Row]) -> Senders:
+    """The view's rows split: read replicas (``parse``) and logical consumers, by slot."""
+    logical = []
+    for row in rows:
+        if row.get("slot_type") != "logical" or row["slot_name"] is None:
+            continue
+        current = parse_lsn(row["current_lsn"])
+        assert current is not None
+        logical.append(LogicalSender(row["application_name"] or "", row["slot_name"], row["state"], current,
+                                     parse_lsn(row["sent_lsn"]), parse_lsn(row["flush_lsn"]),
+                                     parse_lsn(row["replay_lsn"])))
+    return Senders(parse(rows), tuple(sorted(logical, key=lambda s: s.slot_name)))
+
+
 def parse(rows: Sequence[Row]) -> tuple[WalSender, ...]:
-    """Named rows (``SenderNames.named``), one WalSender per name, ordered by name."""
+    """Named rows (``SenderNames.named``), one WalSender per name, ordered by name: the
+    physical walsenders (a logical one streams from a logical slot)."""
     senders: dict[str, WalSender] = {}
     for row in sorted(rows, key=_by_name_then_pid):
+        if row.get("slot_type") == "logical":
+            continue
         if row["application_name"] is None and row["state"] is None:
             continue  # without pg_read_all_stats and unnamed: nothing to tell
         name = row["application_name"] or ""
@@ -158,4 +212,4 @@ def _by_name_then_pid(row: Mapping[str, Any]) -> tuple[str, int]:
     return row["application_name"] or "", row.get("pid") or 0
 
 
-VIEW = View("replication", frozenset({"primary"}), QUERIES, parse)
+VIEW = View("replication", frozenset({"primary"}), QUERIES, parse_all)

@@ -6,12 +6,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from lagwatch.fastinit import fast_init
+from lagwatch.lsn import parse_lsn
 from lagwatch.views.base import Row, View, opt_float, opt_int
 
 _BASE = """SELECT slot_name, slot_type, database, plugin, active, temporary,
     wal_status, safe_wal_size,
     pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::float8 AS retained_bytes,
     pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::float8 AS confirmed_flush_lag_bytes,
+    confirmed_flush_lsn::text AS confirmed_flush_lsn,
     -- The vacuum horizon it holds: a physical slot's xmin (a replica's hot_standby_feedback),
     -- a logical slot's catalog_xmin (the catalog rows its decoding needs), in transactions.
     age(xmin)::int8 AS xmin_age, age(catalog_xmin)::int8 AS catalog_xmin_age,
@@ -69,6 +71,7 @@ class Slot:
     failover: bool | None = None  # 17+: synced to standbys that may be promoted
     synced: bool | None = None  # 17+: on a standby, synced from the primary
     idle_timeout_left: float | None = None  # 18+: seconds until idle_replication_slot_timeout may invalidate it
+    confirmed_flush_lsn: int | None = None  # a logical slot's: what its consumer last confirmed
 
     @property
     def horizon_age(self) -> int | None:
@@ -99,6 +102,7 @@ def parse(rows: Sequence[Row]) -> tuple[Slot, ...]:
             failover=row.get("failover"),
             synced=row.get("synced"),
             idle_timeout_left=opt_float(row.get("idle_timeout_left")),
+            confirmed_flush_lsn=parse_lsn(row.get("confirmed_flush_lsn")),
         )
         for row in rows
     )
