@@ -567,6 +567,26 @@ def _logical_row() -> list[Panel]:
                    must_have_data=False)],
             6, 8, _state([_mapping({"0": ("disconnected", "red"), "1": ("streaming", "green")})]),
             STATE_OPTIONS),
+        Panel(
+            "Subscriptions: apply errors", "timeseries",
+            "On a subscriber lagwatch watches: errors per second applying each subscription's changes and "
+            "copying its tables (pg_stat_subscription_stats, 15+), and conflicts by type (18+). An apply error "
+            "stops the worker, which retries the same transaction: nothing after it is applied until the "
+            "cause is fixed (LagwatchSubscriptionApplyErrors).",
+            [Query(f"max by (cluster, subscription) (rate(lagwatch_subscription_apply_errors_total{{{C}}}[{RATE}]))",
+                   "{{cluster}}/{{subscription}} apply", must_have_data=False),
+             Query(f"max by (cluster, subscription) (rate(lagwatch_subscription_sync_errors_total{{{C}}}[{RATE}]))",
+                   "{{cluster}}/{{subscription}} sync", must_have_data=False),
+             Query(f"max by (cluster, subscription, type) (rate(lagwatch_subscription_conflicts_total{{{C}}}"
+                   f"[{RATE}]))", "{{cluster}}/{{subscription}} {{type}}", must_have_data=False)],
+            12, 7, _timeseries("short", fill=0), TIMESERIES_OPTIONS),
+        Panel(
+            "Subscriptions: worker and last message", "timeseries",
+            "Seconds since each subscription's apply worker last heard from its publisher (data or keepalive); "
+            "absent while no worker runs (LagwatchSubscriptionWorkerDown once enabled and so for 5 minutes).",
+            [Query(f"max by (cluster, subscription) (lagwatch_subscription_last_message_age_seconds{{{C}}})",
+                   "{{cluster}}/{{subscription}}", must_have_data=False)],
+            12, 7, _timeseries("s"), TIMESERIES_OPTIONS),
     ]
 
 
@@ -677,7 +697,7 @@ ROWS: tuple[tuple[str, Callable[[], list[Panel]]], ...] = (
     ("Fleet", _fleet_row),
     ("Synchronous replication", _sync_row),
     ("Slots & WAL", _slots_wal_row),
-    ("Logical consumers", _logical_row),
+    ("Logical replication", _logical_row),
     ("lagwatch itself", _lagwatch_row),
 )
 

@@ -106,7 +106,8 @@ def test_one_group_and_the_alerts_we_promise() -> None:
         "LagwatchReplicaNotCatchingUp": "warning", "LagwatchOverloaded": "page",
         "LagwatchReplicaRecoveryConflicts": "warning", "LagwatchReplicaReplayAtLimit": "warning",
         "LagwatchReplicaReplayBlockedByQuery": "warning", "LagwatchReplicationHoldsHorizon": "warning",
-        "LagwatchLogicalConsumerStale": "warning",
+        "LagwatchLogicalConsumerStale": "warning", "LagwatchSubscriptionApplyErrors": "warning",
+        "LagwatchSubscriptionWorkerDown": "warning",
     }
     got = {rule["alert"]: rule["labels"]["severity"] for rule in alert_rules()}
     assert got == expected

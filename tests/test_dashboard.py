@@ -159,7 +159,7 @@ def test_most_urgent_first(dashboard: dict[str, Any]) -> None:
     top = dashboard["panels"]
     assert top[0]["type"] == "row" and top[0]["title"] == "Lag"
     rows = [p["title"] for p in top if p["type"] == "row"]
-    assert rows == ["Lag", "Why replicas lag", "Fleet", "Synchronous replication", "Slots & WAL", "Logical consumers",
+    assert rows == ["Lag", "Why replicas lag", "Fleet", "Synchronous replication", "Slots & WAL", "Logical replication",
                     "lagwatch itself"]
     assert top[1]["type"] == "stat" and "lagwatch_replica_lag_seconds" in top[1]["targets"][0]["expr"]
 

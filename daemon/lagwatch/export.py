@@ -112,6 +112,7 @@ def _cluster_metrics(c: ClusterSnapshot) -> None:
     _forecast_and_sla_metrics(c)
     _slot_metrics(c)
     _logical_metrics(c)
+    _subscription_metrics(c)
     _wal_metrics(c)
     _pool_metrics(c)
     _sync_metrics(c)
@@ -263,6 +264,24 @@ def _logical_metrics(c: ClusterSnapshot) -> None:
         if lc.lag_bytes is not None:
             _one(f.LOGICAL_BYTES, key, lc.lag_bytes)
         f.LOGICAL_INFO.make().add_metric(key + [lc.state or "", lc.database or "", lc.plugin or "", lc.evidence or ""])
+
+
+def _subscription_metrics(c: ClusterSnapshot) -> None:
+    """The primary's own subscriptions (it is a subscriber)."""
+    for sub in c.subscriptions:
+        key = [c.name, sub.name]
+        _one(f.SUB_ENABLED, key, float(sub.enabled))
+        _one(f.SUB_WORKER, key, float(sub.worker))
+        if sub.receipt_age is not None:
+            _one(f.SUB_RECEIPT_AGE, key, sub.receipt_age)
+        if sub.latest_end_age is not None:
+            _one(f.SUB_REPORTED_AGE, key, sub.latest_end_age)
+        if sub.apply_errors is not None:
+            f.SUB_APPLY_ERRORS.make().add_metric(key, sub.apply_errors)
+        if sub.sync_errors is not None:
+            f.SUB_SYNC_ERRORS.make().add_metric(key, sub.sync_errors)
+        if sub.conflicts:
+            f.SUB_CONFLICTS.make().add_metrics(key, sorted(sub.conflicts.items()))
 
 
 def _wal_dir_shares(c: ClusterSnapshot) -> None:

@@ -29,9 +29,10 @@ import math
 from collections.abc import Mapping, Sequence
 
 from lagwatch.lag import LsnClock, Staleness, WalDates, date_from_wal
-from lagwatch.snapshot import LogicalConsumer
+from lagwatch.snapshot import LogicalConsumer, NodeObservation
 from lagwatch.views.replication import LogicalSender, logical_key
 from lagwatch.views.slots import Slot
+from lagwatch.views.subscriptions import Subscription
 from lagwatch.windows import LagWindow
 
 
@@ -45,6 +46,7 @@ class LogicalConsumers:
         self._names: dict[str, str] = {}  # slot -> the last application_name seen streaming from it
         self._done: dict[str, int] = {}  # slot -> the furthest position its consumer was seen at
         self._windows: dict[str, LagWindow] = {}
+        self._subscriptions: tuple[Subscription, ...] = ()  # as the primary's last read of them said
 
     def update(self, slots: Sequence[Slot], senders: Sequence[LogicalSender], primary_lsn: int | None,
                clock: LsnClock, wal_dates: Mapping[str, WalDates], at: float, now: float) -> tuple[
@@ -63,6 +65,15 @@ class LogicalConsumers:
             self._names.pop(gone, None)
             self._done.pop(gone, None)
         return consumers
+
+    def subscriptions(self, primary: NodeObservation | None) -> tuple[Subscription, ...]:
+        """The primary's own subscriptions (it is a subscriber): read one poll in ten, kept
+        between; none while the primary does not answer."""
+        if primary is None:
+            self._subscriptions = ()
+        elif primary.subscriptions is not None:
+            self._subscriptions = primary.subscriptions
+        return self._subscriptions
 
     def _consumer(self, name: str, sender: LogicalSender | None, slot: Slot | None, primary_lsn: int | None,
                   clock: LsnClock, dates: WalDates | None, at: float, now: float) -> LogicalConsumer:

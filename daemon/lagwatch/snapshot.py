@@ -24,6 +24,7 @@ from lagwatch.views.recovery import Recovery
 from lagwatch.views.replication import LogicalSender, WalSender
 from lagwatch.views.server import ServerPosition
 from lagwatch.views.slots import Slot
+from lagwatch.views.subscriptions import Subscription
 from lagwatch.views.wal import WalStats
 from lagwatch.views.wal_dir import WalDir
 from lagwatch.views.wal_receiver import WalReceiver
@@ -74,6 +75,7 @@ class NodeObservation:
     recovery: Recovery | None = None  # a replica's startup process and conflicts (views/recovery.py)
     horizon: Horizon | None = None  # the primary's vacuum horizon holders, one poll in ten (views/horizon.py)
     logical: tuple[LogicalSender, ...] = ()  # the primary's logical walsenders (views/replication.py)
+    subscriptions: tuple[Subscription, ...] | None = None  # its subscriptions (None: not read this poll)
     wal_dating_read_bytes: int | None = None  # the primary's: WAL read to date staleness, since start
     # Per view: whether it was read this cycle (False: it failed, rests after a failure, or
     # the role may not read it). Views that do not apply to the node's role are absent.
@@ -305,6 +307,7 @@ class ClusterSnapshot:
     horizon: Mapping[str, int] = field(default_factory=dict)
     horizon_alert_xids: int | None = None  # the cluster's horizon_alert_xids
     logical: tuple[LogicalConsumer, ...] = ()  # the primary's logical slots and their consumers (logical.py)
+    subscriptions: tuple[Subscription, ...] = ()  # the primary's own subscriptions, as last read (a subscriber)
 
 
 @dataclass(frozen=True)

@@ -116,6 +116,10 @@ def cluster_status(c: ClusterSnapshot) -> dict[str, Any]:
         "vacuum_horizon_held_xids": dict(c.horizon),
         # Subscriptions and change-data-capture clients, by slot (logical.py): not replicas.
         "logical_consumers": [logical_status(lc) for lc in c.logical],
+        # The primary's own subscriptions (a subscriber), as last read (one poll in ten).
+        "subscriptions": [{**asdict(s), "received_lsn": format_lsn(s.received_lsn),
+                           "latest_end_lsn": format_lsn(s.latest_end_lsn), "conflicts": dict(s.conflicts)}
+                          for s in c.subscriptions],
         "wal": None if c.wal is None else asdict(c.wal),
         "wal_dir": None if c.wal_dir is None else asdict(c.wal_dir),
         "walinspect": None if c.walinspect is None else asdict(c.walinspect),

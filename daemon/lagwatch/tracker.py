@@ -25,6 +25,7 @@ from lagwatch.lag import Commits, LsnClock, WalDates
 from lagwatch.logical import LogicalConsumers
 from lagwatch.nodehealth import NodeHealthTracker
 from lagwatch.rates import CatchUp, Forecaster
+from lagwatch.readinstant import ReadInstants
 from lagwatch.replayload import ConflictTotals, ReplayLoadTracker
 from lagwatch.roles import RoleTracker, RoleView, describe_change, writer_member
 from lagwatch.snapshot import ClusterSnapshot, NodeObservation, ReplicaState
@@ -98,6 +99,7 @@ class ClusterTracker:
         self.vacuum_horizon = HorizonHolders()
         self.conflicts = ConflictTotals()
         self.logical = LogicalConsumers(interval, window)
+        self.read_instants = ReadInstants()
         self._sync_error: str | None = None  # the last synchronous_standby_names parse error said
         # The cluster's heartbeat writer's beats (heartbeat.py), where it has one: set when
         # the runtime is put in force.
@@ -143,6 +145,7 @@ class ClusterTracker:
             horizon=self.vacuum_horizon.note(answered is not None, answered.horizon if answered else None, slots),
             logical=() if answered is None or primary.standby else self.logical.update(
                 slots, answered.logical, primary.lsn, self.clock, primary.wal_dates, primary.senders_at, now),
+            subscriptions=self.logical.subscriptions(answered),
         )
 
     def _primary(self, roles: RoleView, now: float) -> _PrimaryView:
@@ -190,6 +193,7 @@ class ClusterTracker:
             self.forecast.forget_replica(name)
             self.replay_load.forget([name])
             self.conflicts.forget([name])
+            self.read_instants.forget([name])
         return replicas
 
     def _commits(self, by_node: dict[str, NodeObservation], primary: _PrimaryView) -> dict[str, Commits]:
@@ -209,7 +213,8 @@ class ClusterTracker:
         sender = primary.senders.get(walsender_name)
         answered = obs if obs is not None and obs.ok else None
         own = answered.position if answered is not None else None
-        replay = _own_replay(answered, primary, walsender_name, commits, beats) or self._replay_from_sender(
+        replay = _own_replay(answered, primary, walsender_name, commits, beats, self._read_at(name, answered)) or \
+            self._replay_from_sender(
             name, sender, primary.senders_at, primary.wal_dates.get(walsender_name))
         before = self.history.last_known(name, now)
         follows = _follows_primary(sender, obs, roles)
@@ -238,6 +243,14 @@ class ClusterTracker:
             **self._replay_side(name, answered, now),
             **reading,
         )
+
+    def _read_at(self, name: str, answered: NodeObservation | None) -> float | None:
+        """When the replica's answer was true (readinstant.py), not when it was asked for."""
+        if answered is None or answered.position is None:
+            return None
+        asked = answered.asked_at or answered.observed_at
+        return self.read_instants.instant(name, asked, answered.answered_at or answered.observed_at,
+                                          answered.position.clock_epoch)
 
     def _replay_side(self, name: str, answered: NodeObservation | None, now: float) -> dict[str, Any]:
         """The replica's startup process as it answered, its replay load, its conflicts."""
@@ -318,13 +331,12 @@ class _Reading(LagReading):
 
 
 def _own_replay(answered: NodeObservation | None, primary: _PrimaryView, walsender_name: str, commits: Commits,
-                beats: Beats | None) -> ReplayPosition | None:
+                beats: Beats | None, at: float | None) -> ReplayPosition | None:
     """Where the replica says its replay stands, with all that dates it: commit timestamps,
     the primary's WAL past its walsender's position, the heartbeat it has replayed."""
     own = answered.position if answered is not None else None
-    if answered is None or own is None or not own.in_recovery or own.replay_lsn is None:
+    if answered is None or own is None or not own.in_recovery or own.replay_lsn is None or at is None:
         return None
-    at = answered.asked_at or answered.observed_at
     beat = beats.bounds(answered.heartbeat_seq, at) if beats is not None and answered.heartbeat_seq is not None \
         else None
     return ReplayPosition(own.replay_lsn, at, "replica", commits, primary.wal_dates.get(walsender_name), beat,

@@ -10,6 +10,10 @@ logical slot of the same publisher.
 - Writes to unpublished tables only: the subscription does not read as lagging.
 - pg_recvlogical stopped: its staleness and the slot's retained bytes grow, and the slot
   shows how long it has been inactive (17+).
+- An apply error provoked for real (a row on the subscriber the publisher's insert
+  conflicts with): the subscriber's error counter as PostgreSQL counts it, and
+  LagwatchSubscriptionApplyErrors firing on a real Prometheus; the row removed, the
+  subscription catches up.
 
 The newest version only: what is read is the same from 15 on, and 17+ adds the slot's
 inactive_since.
@@ -29,17 +33,19 @@ from typing import Any
 import psycopg
 import pytest
 from chaoscluster import ChaosCluster
-from harness import Lagwatch, Readings, cluster_config
+from harness import ROOT, Lagwatch, Readings, cluster_config
 from lagwatch.demo.binaries import find_binaries
 from lagwatch.demo.cluster import LocalCluster
 from lagwatch.demo.ports import free_port
 from loads import Oltp, prepare
 from oracle import TABLE, LagOracle, nearest_rank, tolerance
+from prom_stack import Prometheus, rules_with_shorter_for
 
 pytestmark = pytest.mark.newest_pg_version
 
 PUBLICATION, SUBSCRIPTION, CDC_SLOT = "lw_pub", "lw_sub", "lw_cdc"
 READ = "logical:" + SUBSCRIPTION  # its readings (harness.Readings)
+RULES = ROOT / "alerts" / "lagwatch.rules.yml"
 
 
 class LogicalCluster(ChaosCluster):
@@ -80,6 +86,9 @@ def lagwatch(publisher: LogicalCluster, subscriber: LocalCluster,
              tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lagwatch]:
     folder = tmp_path_factory.mktemp("lw")
     config = cluster_config(publisher, free_port(["127.0.0.1"]), interval="100ms", window="10s")
+    # The subscriber is a cluster lagwatch watches too: its subscriptions are read there.
+    config["clusters"].append({"name": "subscriber", "primary": {"dsn": subscriber.primary.dsn()}, "replicas": [],
+                               "sla": {"min_replicas": 0}})
     with Lagwatch(folder, config) as lw:
         lw.wait_ready()
         yield lw
@@ -229,3 +238,46 @@ def test_a_stopped_cdc_client_grows_stale_and_holds_wal(publisher: LogicalCluste
         assert slot["inactive_seconds"] is not None and slot["inactive_seconds"] >= 1.0, slot
     primary.execute("SELECT pg_drop_replication_slot(%s)", (CDC_SLOT,))
     lw.wait_for("the dropped slot's consumer gone", lambda: CDC_SLOT not in consumers(lw), 10)
+
+
+def test_an_apply_error_is_counted_and_alerts_on_prometheus(publisher: LogicalCluster, subscriber: LocalCluster,
+                                                            lagwatch: Lagwatch, tmp_path: Path) -> None:
+    lw, sub = lagwatch, subscriber.primary
+    labels = {"cluster": "subscriber", "subscription": SUBSCRIPTION}
+
+    def errors_counted() -> int:
+        return int(sub.scalar("SELECT apply_error_count FROM pg_stat_subscription_stats WHERE subname = %s",
+                              (SUBSCRIPTION,)))
+
+    before = errors_counted()
+    lw.expect("lagwatch_subscription_apply_errors_total", before, timeout=5, **labels)
+    assert lw.value("lagwatch_subscription_worker_running", **labels) == 1
+    prometheus = Prometheus([f"127.0.0.1:{lw.port}"], [rules_with_shorter_for(RULES, tmp_path, 60, floor=2.0)])
+    prometheus.start()
+    key = 99_000_000
+    try:
+        lw.wait_for("Prometheus has the error counter at its start", lambda: bool(prometheus.query(
+            f'lagwatch_subscription_apply_errors_total{{subscription="{SUBSCRIPTION}"}}').get("data", {}).get(
+            "result")), 20)
+        time.sleep(2.0)  # a few samples before the first error: increase() counts from there
+        sub.execute(f"INSERT INTO {TABLE} VALUES ({key})")  # the row the publisher's insert collides with
+        publisher.primary.execute(f"INSERT INTO {TABLE} VALUES ({key})")
+        lw.wait_for("the apply error counted by the subscriber", lambda: errors_counted() > before, 30)
+        # lagwatch's counter is the subscriber's own, read one poll in ten.
+        lw.wait_for("lagwatch's counter up with it", lambda: (lw.value(
+            "lagwatch_subscription_apply_errors_total", **labels) or 0) > before, 10)
+        assert lw.value("lagwatch_subscription_apply_errors_total", **labels) <= errors_counted()
+
+        def firing() -> bool:
+            return any(a["labels"]["alertname"] == "LagwatchSubscriptionApplyErrors" and a["state"] == "firing"
+                       and a["labels"].get("subscription") == SUBSCRIPTION for a in prometheus.alerts())
+
+        lw.wait_for("LagwatchSubscriptionApplyErrors firing on Prometheus", firing, 40)
+        status = next(c for c in lw.status()["clusters"] if c["name"] == "subscriber")
+        (row,) = [s for s in status["subscriptions"] if s["name"] == SUBSCRIPTION]
+        assert row["enabled"] and row["apply_errors"] > before, row
+    finally:
+        prometheus.stop()
+        sub.execute(f"DELETE FROM {TABLE} WHERE seq = {key}")
+    lw.wait_for("the subscription applies again", lambda: sub.scalar(
+        f"SELECT count(*) FROM {TABLE} WHERE seq = {key}") == 1, 30)

@@ -102,3 +102,32 @@ def test_status_and_the_page_list_consumers_under_their_cluster_apart_from_repli
     assert 'lagwatch_logical_staleness_seconds{cluster="main",consumer="lw_sub",slot="lw_sub"} 0.012' in text
     assert 'lagwatch_logical_consumer_active{cluster="main",consumer="pg_recvlogical",slot="cdc<x>"} 0.0' in text
     assert "lagwatch_replica_lag_seconds{" not in text
+
+
+def test_subscriptions_parse_and_are_kept_between_the_polls_that_read_them() -> None:
+    from lagwatch.logical import LogicalConsumers
+    from lagwatch.snapshot import NodeObservation
+    from lagwatch.views import subscriptions
+
+    assert subscriptions.parse([{"due": False, "subscriptions": None}]) is None
+    read = subscriptions.parse([{"due": True, "subscriptions": [
+        {"name": "lw_sub", "enabled": True, "worker": False, "received_lsn": "0/3000000", "latest_end_lsn": None,
+         "send_age": 0.5, "receipt_age": 0.4, "latest_end_age": None,
+         "stats": {"apply_errors": 3, "sync_errors": 0, "insert_exists": 3, "update_missing": 0}}]}])
+    assert read is not None
+    (sub,) = read
+    assert (sub.name, sub.enabled, sub.worker, sub.received_lsn, sub.apply_errors) == ("lw_sub", True, False,
+                                                                                      0x3000000, 3)
+    assert sub.conflicts == {"insert_exists": 3, "update_missing": 0}
+    for version in (130000, 150000, 160000, 180000):
+        sql = subscriptions.VIEW.sql_for(version) or ""
+        assert ("pg_stat_subscription_stats" in sql) == (version >= 150000)
+        assert ("confl_insert_exists" in sql) == (version >= 180000)
+    tracked = LogicalConsumers(interval=0.1, window=10)
+
+    def obs(subs: tuple[subscriptions.Subscription, ...] | None) -> NodeObservation:
+        return NodeObservation("main", "primary", "primary", 1.0, 0.01, subscriptions=subs)
+
+    assert tracked.subscriptions(obs(read)) == read
+    assert tracked.subscriptions(obs(None)) == read  # not read this poll: as last read
+    assert tracked.subscriptions(None) == ()  # the primary did not answer: nothing to say

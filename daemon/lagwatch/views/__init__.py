@@ -6,7 +6,7 @@ The per-cycle views are listed in ``CYCLE_VIEWS``; ``probe`` runs once per conne
 
 from typing import Any
 
-from lagwatch.views import horizon, recovery, replication, server, slots, wal, wal_dir, wal_receiver
+from lagwatch.views import horizon, recovery, replication, server, slots, subscriptions, wal, wal_dir, wal_receiver
 from lagwatch.views.base import View
 
 CYCLE_VIEWS: tuple[View[Any], ...] = (
@@ -16,6 +16,7 @@ CYCLE_VIEWS: tuple[View[Any], ...] = (
     recovery.VIEW,
     slots.VIEW,
     horizon.VIEW,
+    subscriptions.VIEW,
     wal.VIEW,
     wal_dir.VIEW,
 )
