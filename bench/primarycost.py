@@ -8,8 +8,9 @@ does (prepared, one round trip), in arms rotated every round so drift falls on e
 - ``with``: with it, as lagwatch reads it: pg_stat_activity scanned on one poll in ten;
 - ``every``: the horizon view as if it were read on every poll (what the gating saves);
 - ``before logical``: ``with``, but pg_stat_replication read as before logical consumers
-  were (logical walsenders filtered out in SQL): with no logical walsender on the
-  primary, ``with`` must cost what this does.
+  were (logical walsenders filtered out in SQL) and no subscriptions view
+  (views/subscriptions.py): with no logical walsender on the primary, what reading
+  logical replication adds to ``with``.
 
 Per arm: the primary backend's CPU per poll (/proc) and the wall time per poll, the median
 over rounds with the spread; ``without`` is the same-run reference. It prints; it asserts
@@ -30,7 +31,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import psycopg  # noqa: E402
 from lagwatch.demo.binaries import find_binaries  # noqa: E402
 from lagwatch.demo.cluster import LocalCluster  # noqa: E402
-from lagwatch.views import CYCLE_VIEWS, horizon, replication  # noqa: E402
+from lagwatch.views import CYCLE_VIEWS, horizon, replication, subscriptions  # noqa: E402
 from lagwatch.views.combined import combined_sql  # noqa: E402
 from replicacost import cost_arguments, print_table, room_for, run_rotated  # noqa: E402
 
@@ -63,11 +64,13 @@ def main() -> int:
         version = conns["with"].info.server_version
         views = [v for v in CYCLE_VIEWS if "primary" in v.roles and v.name != "wal_dir"]
         without = combined_sql([v for v in views if v.name != horizon.VIEW.name], version)
+        assert subscriptions.VIEW in views
         with_horizon = combined_sql(views, version)
         every = with_horizon.replace(b"% 10) + 1", b"% 1) + 1")  # the gate always open
         now_read = replication.VIEW.sql_for(version)
         assert now_read is not None and now_read.encode() in with_horizon
-        before_logical = with_horizon.replace(now_read.encode(), BEFORE_LOGICAL.encode())
+        before_logical = combined_sql([v for v in views if v.name != subscriptions.VIEW.name], version).replace(
+            now_read.encode(), BEFORE_LOGICAL.encode())
         sqls = {"without": without, "with": with_horizon, "every": every, "before logical": before_logical}
         print(f"PostgreSQL {binaries.major}, a primary with {args.sessions} idle sessions and one replica; "
               f"{args.rounds} rounds of {args.polls} polls per arm, rotated; one round trip a cycle in every arm")

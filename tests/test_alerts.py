@@ -107,7 +107,7 @@ def test_one_group_and_the_alerts_we_promise() -> None:
         "LagwatchReplicaRecoveryConflicts": "warning", "LagwatchReplicaReplayAtLimit": "warning",
         "LagwatchReplicaReplayBlockedByQuery": "warning", "LagwatchReplicationHoldsHorizon": "warning",
         "LagwatchLogicalConsumerStale": "warning", "LagwatchSubscriptionApplyErrors": "warning",
-        "LagwatchSubscriptionWorkerDown": "warning",
+        "LagwatchSubscriptionWorkerDown": "warning", "LagwatchFailoverSlotNotSynced": "warning",
     }
     got = {rule["alert"]: rule["labels"]["severity"] for rule in alert_rules()}
     assert got == expected

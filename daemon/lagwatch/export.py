@@ -18,6 +18,7 @@ from lagwatch import families as f
 from lagwatch.diagnosis import CAUSES
 from lagwatch.diagnosis import STAGES as DIAGNOSIS_STAGES
 from lagwatch.exposition import Family, Gauge, collecting, to_prometheus
+from lagwatch.logicalexport import logical_metrics
 from lagwatch.snapshot import OBSERVED_ROLES, ClusterSnapshot, Snapshot
 from lagwatch.views.replication import STAGES
 
@@ -111,8 +112,7 @@ def _cluster_metrics(c: ClusterSnapshot) -> None:
     _diagnosis_metrics(c)
     _forecast_and_sla_metrics(c)
     _slot_metrics(c)
-    _logical_metrics(c)
-    _subscription_metrics(c)
+    logical_metrics(c)
     _wal_metrics(c)
     _pool_metrics(c)
     _sync_metrics(c)
@@ -250,38 +250,6 @@ def _slot_metrics(c: ClusterSnapshot) -> None:
     if c.horizon_alert_xids is not None:
         _one(f.HORIZON_ALERT, [c.name], c.horizon_alert_xids)
     _wal_dir_shares(c)
-
-
-def _logical_metrics(c: ClusterSnapshot) -> None:
-    """The logical consumers (logical.py): their own families, apart from the replicas'."""
-    for lc in c.logical:
-        key = [c.name, lc.consumer, lc.slot]
-        _one(f.LOGICAL_ACTIVE, key, float(lc.active))
-        if lc.staleness is not None:
-            _one(f.LOGICAL_STALENESS, key, lc.staleness)
-        if lc.window is not None:
-            f.LOGICAL_WINDOW.make().add_metrics(key, ((_fmt_q(q), v) for q, v in lc.window.quantiles))
-        if lc.lag_bytes is not None:
-            _one(f.LOGICAL_BYTES, key, lc.lag_bytes)
-        f.LOGICAL_INFO.make().add_metric(key + [lc.state or "", lc.database or "", lc.plugin or "", lc.evidence or ""])
-
-
-def _subscription_metrics(c: ClusterSnapshot) -> None:
-    """The primary's own subscriptions (it is a subscriber)."""
-    for sub in c.subscriptions:
-        key = [c.name, sub.name]
-        _one(f.SUB_ENABLED, key, float(sub.enabled))
-        _one(f.SUB_WORKER, key, float(sub.worker))
-        if sub.receipt_age is not None:
-            _one(f.SUB_RECEIPT_AGE, key, sub.receipt_age)
-        if sub.latest_end_age is not None:
-            _one(f.SUB_REPORTED_AGE, key, sub.latest_end_age)
-        if sub.apply_errors is not None:
-            f.SUB_APPLY_ERRORS.make().add_metric(key, sub.apply_errors)
-        if sub.sync_errors is not None:
-            f.SUB_SYNC_ERRORS.make().add_metric(key, sub.sync_errors)
-        if sub.conflicts:
-            f.SUB_CONFLICTS.make().add_metrics(key, sorted(sub.conflicts.items()))
 
 
 def _wal_dir_shares(c: ClusterSnapshot) -> None:

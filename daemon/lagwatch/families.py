@@ -259,6 +259,11 @@ LOGICAL_ACTIVE = gauge("lagwatch_logical_consumer_active", "1 if a walsender str
 LOGICAL_INFO = _spec(Info, "lagwatch_logical_consumer", "The consumer's walsender state, database, output plugin "
                      "and what dated its staleness", C, LC, S, "state", "database", "plugin", "evidence", as_of=True)
 
+SLOT_SYNC_RUNNING = gauge("lagwatch_replica_slot_sync_running", "1 if the standby syncs the primary's failover "
+                          "slots (sync_replication_slots on and its slot sync worker running; PostgreSQL 17+)", C, R)
+SLOT_SYNCED = gauge("lagwatch_slot_synced", "For each failover slot on the primary and each standby (17+): 1 if the "
+                    "standby holds a synced, persistent, valid copy and keeps syncing it; 0 if a promotion of that "
+                    "standby would lose the slot's consumer its place", C, R, S)
 SUB = "subscription"
 SUB_ENABLED = gauge("lagwatch_subscription_enabled", "Subscriber side: 1 if the subscription is enabled on the "
                     "primary lagwatch watches (read one poll in ten)", C, SUB)

@@ -40,6 +40,7 @@ from lagwatch.views.recovery import Recovery
 from lagwatch.views.replication import LogicalSender, Senders, WalSender, logical_key
 from lagwatch.views.server import ServerPosition
 from lagwatch.views.slots import Slot
+from lagwatch.views.slotsync import SlotSync
 from lagwatch.views.subscriptions import Subscription
 from lagwatch.views.wal import WalStats
 from lagwatch.views.wal_dir import WalDir
@@ -76,6 +77,7 @@ class Answer:
     horizon: Horizon | None = None  # the primary's: who holds the vacuum horizon (one poll in ten)
     logical: tuple[LogicalSender, ...] = ()  # the primary's logical walsenders (views/replication.py)
     subscriptions: tuple[Subscription, ...] | None = None  # its subscriptions, one poll in ten
+    slot_sync: SlotSync | None = None  # a standby's copies of failover slots (17+)
 
 
 class NodeError(Exception):
@@ -190,6 +192,7 @@ class NodePoller:
                                walinspect=answer.walinspect, wal_dates=answer.wal_dates,
                                heartbeat_seq=answer.heartbeat_seq, views=answer.views, recovery=answer.recovery,
                                horizon=answer.horizon, logical=answer.logical, subscriptions=answer.subscriptions,
+                               slot_sync=answer.slot_sync,
                                wal_dating_read_bytes=self._scanner.read_bytes if self._scanner.state is not None
                                else None,
                                view_errors_total=dict(self._reader.view_errors), connects_total=self._connects)
@@ -332,7 +335,7 @@ class NodePoller:
                       wal_dir=results.get("wal_dir"), walinspect=inspection, wal_dates=wal_dates,
                       heartbeat_seq=results.get("heartbeat"), views=health, answered_at=answered_at,
                       recovery=results.get("recovery"), horizon=results.get("horizon"), logical=senders.logical,
-                      subscriptions=results.get("subscriptions"))
+                      subscriptions=results.get("subscriptions"), slot_sync=results.get("slotsync"))
 
     async def _replicas_own(self, board: ReplayBoard | None, walsenders: Sequence[WalSender]) -> dict[str, int]:
         """Where the configured replicas the primary streams to say they have replayed up

@@ -24,6 +24,7 @@ from lagwatch.views.recovery import Recovery
 from lagwatch.views.replication import LogicalSender, WalSender
 from lagwatch.views.server import ServerPosition
 from lagwatch.views.slots import Slot
+from lagwatch.views.slotsync import SlotSync
 from lagwatch.views.subscriptions import Subscription
 from lagwatch.views.wal import WalStats
 from lagwatch.views.wal_dir import WalDir
@@ -76,6 +77,7 @@ class NodeObservation:
     horizon: Horizon | None = None  # the primary's vacuum horizon holders, one poll in ten (views/horizon.py)
     logical: tuple[LogicalSender, ...] = ()  # the primary's logical walsenders (views/replication.py)
     subscriptions: tuple[Subscription, ...] | None = None  # its subscriptions (None: not read this poll)
+    slot_sync: SlotSync | None = None  # a standby's failover slot copies (17+)
     wal_dating_read_bytes: int | None = None  # the primary's: WAL read to date staleness, since start
     # Per view: whether it was read this cycle (False: it failed, rests after a failure, or
     # the role may not read it). Views that do not apply to the node's role are absent.
@@ -140,6 +142,7 @@ class ReplicaState:
     diagnosis: Diagnosis | None = None  # where its staleness sits and why (diagnosis.py)
     replay_load: ReplayLoad | None = None  # how busy its startup process is (replayload.py)
     recovery: Recovery | None = None  # its startup process, conflicts by type (views/recovery.py)
+    slot_sync: SlotSync | None = None  # 17+: its copies of the primary's failover slots (views/slotsync.py)
     conflicts_total: Mapping[str, int] = field(default_factory=dict)  # cancelled queries by type, never falling
 
     @property

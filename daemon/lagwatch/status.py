@@ -57,6 +57,9 @@ def replica_status(r: ReplicaState, sla: ReplicaSla | None = None) -> dict[str, 
         "wal_receiver_status": r.wal_receiver_status,
         "last_replay_timestamp_age_seconds": r.last_replay_age_seconds,
         "why": why(r),
+        # 17+: its copies of the primary's failover slots (views/slotsync.py).
+        "slot_sync": None if r.slot_sync is None else {
+            "enabled": r.slot_sync.enabled, "worker": r.slot_sync.worker, "synced": sorted(r.slot_sync.synced)},
         "walsender": None if ws is None else {
             "state": ws.state,
             "sync_state": ws.sync_state,

@@ -253,11 +253,13 @@ class ClusterTracker:
                                           answered.position.clock_epoch)
 
     def _replay_side(self, name: str, answered: NodeObservation | None, now: float) -> dict[str, Any]:
-        """The replica's startup process as it answered, its replay load, its conflicts."""
+        """The replica's startup process as it answered, its replay load, its conflicts, its
+        copies of the primary's failover slots."""
         recovery = answered.recovery if answered is not None else None
         at = (answered.asked_at or answered.observed_at) if answered is not None else now
         return {"recovery": recovery, "replay_load": self.replay_load.note(name, at, recovery),
-                "conflicts_total": self.conflicts.note(name, recovery.conflicts if recovery is not None else None)}
+                "conflicts_total": self.conflicts.note(name, recovery.conflicts if recovery is not None else None),
+                "slot_sync": answered.slot_sync if answered is not None else None}
 
     def _unconfigured_replica(self, name: str, sender: WalSender, primary: _PrimaryView, now: float) -> ReplicaState:
         reading = self._reading(name, self._replay_from_sender(name, sender, primary.senders_at,

@@ -281,3 +281,50 @@ def test_an_apply_error_is_counted_and_alerts_on_prometheus(publisher: LogicalCl
         sub.execute(f"DELETE FROM {TABLE} WHERE seq = {key}")
     lw.wait_for("the subscription applies again", lambda: sub.scalar(
         f"SELECT count(*) FROM {TABLE} WHERE seq = {key}") == 1, 30)
+
+
+def test_a_failover_slot_is_synced_to_the_standby_and_alerts_when_its_sync_stops(
+        publisher: LogicalCluster, lagwatch: Lagwatch, tmp_path: Path) -> None:
+    lw, primary, standby = lagwatch, publisher.primary, publisher.replicas[0]
+    if publisher.binaries.major < 17:
+        pytest.skip("failover slots came in PostgreSQL 17")
+    slot, labels = "lw_fo", {"cluster": "main", "replica": standby.name}
+    # What slot sync needs on the standby: the setting, feedback, and a database to sync from.
+    conninfo = str(standby.scalar("SHOW primary_conninfo"))
+    standby.alter_system("sync_replication_slots", "on")
+    standby.alter_system("hot_standby_feedback", "on")
+    standby.set_primary_conninfo(f"{conninfo} dbname=postgres")
+    primary.execute("SELECT pg_create_logical_replication_slot(%s, 'test_decoding', false, false, true)", (slot,))
+    prometheus = Prometheus([f"127.0.0.1:{lw.port}"], [rules_with_shorter_for(RULES, tmp_path, 60, floor=2.0)])
+    prometheus.start()
+    try:
+        def consumed_and_synced() -> bool:
+            # A new copy stays temporary until the primary's slot moves past where the standby
+            # reserved it: consume it, as a CDC client would.
+            primary.execute(f"INSERT INTO {TABLE} VALUES (nextval('lw_fo_seq'))")
+            primary.execute("SELECT count(*) FROM pg_logical_slot_get_changes(%s, NULL, NULL)", (slot,))
+            return lw.value("lagwatch_slot_synced", slot=slot, **labels) == 1
+
+        primary.execute("CREATE SEQUENCE IF NOT EXISTS lw_fo_seq START 30000000")
+        lw.wait_for("the failover slot synced to the standby", consumed_and_synced, 60)
+        assert lw.value("lagwatch_replica_slot_sync_running", **labels) == 1
+        replica = next(r for r in lw.status()["clusters"][0]["replicas"] if r["name"] == standby.name)
+        assert replica["slot_sync"] == {"enabled": True, "worker": True, "synced": [slot]}, replica["slot_sync"]
+        assert next(s for s in lw.status()["clusters"][0]["slots"] if s["name"] == slot)["failover"] is True
+        # The standby stops syncing: its copy would be stale at a promotion.
+        standby.alter_system("sync_replication_slots", "off")
+        standby.reload()
+        lw.expect("lagwatch_slot_synced", 0, timeout=15, slot=slot, **labels)
+        assert lw.value("lagwatch_replica_slot_sync_running", **labels) == 0
+
+        def firing() -> bool:
+            return any(a["labels"]["alertname"] == "LagwatchFailoverSlotNotSynced" and a["state"] == "firing"
+                       and a["labels"].get("slot") == slot for a in prometheus.alerts())
+
+        lw.wait_for("LagwatchFailoverSlotNotSynced firing on Prometheus", firing, 40)
+    finally:
+        prometheus.stop()
+        primary.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+        for name in ("sync_replication_slots", "hot_standby_feedback"):
+            standby.alter_system(name, None)
+        standby.set_primary_conninfo(conninfo)

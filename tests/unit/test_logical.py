@@ -131,3 +131,35 @@ def test_subscriptions_parse_and_are_kept_between_the_polls_that_read_them() -> 
     assert tracked.subscriptions(obs(read)) == read
     assert tracked.subscriptions(obs(None)) == read  # not read this poll: as last read
     assert tracked.subscriptions(None) == ()  # the primary did not answer: nothing to say
+
+
+def test_a_standbys_failover_slot_copies_read_and_exported_per_primary_failover_slot() -> None:
+    from lagwatch.export import families
+    from lagwatch.exposition import render_text
+    from lagwatch.snapshot import ClusterSnapshot, ReplicaState, Snapshot
+    from lagwatch.views import slotsync
+    from lagwatch.windows import LagHistogram
+
+    assert slotsync.parse([{"enabled": None, "worker": None, "synced": []}]) is None  # before 17
+    assert "slotsync worker" in (slotsync.VIEW.sql_for(170000) or "")
+    syncing = slotsync.parse([{"enabled": True, "worker": True, "synced": ["fo"]}])
+    stopped = slotsync.parse([{"enabled": False, "worker": None, "synced": ["fo"]}])
+    assert syncing is not None and syncing.syncing and stopped is not None and not stopped.syncing
+
+    def replica(name: str, sync: slotsync.SlotSync | None) -> ReplicaState:
+        return ReplicaState(name, True, 0.0, "replica", None, LagHistogram().snapshot(), 1, True, True,
+                            slot_sync=sync)
+
+    failover = Slot("fo", "logical", "postgres", "pgoutput", True, False, "reserved", None, 1, None, None, None,
+                    None, failover=True)
+    other = Slot("plain", "logical", "postgres", "pgoutput", True, False, "reserved", None, 1, None, None, None,
+                 None, failover=False)
+    cluster = ClusterSnapshot("main", 1, None, (replica("r1", syncing), replica("r2", stopped), replica("r3", None)),
+                              (failover, other), None, None, None, ())
+    text = render_text(families(Snapshot(1.0e9, 0.004, 5, 0, (cluster,)))).decode()
+    assert 'lagwatch_slot_synced{cluster="main",replica="r1",slot="fo"} 1.0' in text
+    # Its copy is there but no longer kept in sync: a promotion would find it stale.
+    assert 'lagwatch_slot_synced{cluster="main",replica="r2",slot="fo"} 0.0' in text
+    assert 'replica="r3"' not in text.split("lagwatch_slot_synced", 1)[1].split("# HELP", 1)[0]
+    assert 'slot="plain"' not in text.split("lagwatch_slot_synced", 1)[1].split("# HELP", 1)[0]
+    assert 'lagwatch_replica_slot_sync_running{cluster="main",replica="r2"} 0.0' in text

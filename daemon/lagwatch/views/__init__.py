@@ -6,7 +6,18 @@ The per-cycle views are listed in ``CYCLE_VIEWS``; ``probe`` runs once per conne
 
 from typing import Any
 
-from lagwatch.views import horizon, recovery, replication, server, slots, subscriptions, wal, wal_dir, wal_receiver
+from lagwatch.views import (
+    horizon,
+    recovery,
+    replication,
+    server,
+    slots,
+    slotsync,
+    subscriptions,
+    wal,
+    wal_dir,
+    wal_receiver,
+)
 from lagwatch.views.base import View
 
 CYCLE_VIEWS: tuple[View[Any], ...] = (
@@ -14,6 +25,7 @@ CYCLE_VIEWS: tuple[View[Any], ...] = (
     replication.VIEW,
     wal_receiver.VIEW,
     recovery.VIEW,
+    slotsync.VIEW,
     slots.VIEW,
     horizon.VIEW,
     subscriptions.VIEW,
