@@ -27,7 +27,7 @@ from oracle import LagOracle, OracleLog, nearest_rank, tolerance
 
 WINDOW = 10.0
 INTERVALS = {"1s": 1.0, "100ms": 0.1}
-SILENCE = 20.0  # how long the idle-primary test keeps the primary silent
+SILENCE = 12.0  # how long the idle-primary test keeps the primary silent
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +96,8 @@ def _within(value: float, low: float, high: float, absolute: float, relative: fl
 @pytest.mark.one_pg_version
 def test_steady_stream_reads_what_the_oracle_reads(pg_cluster: ChaosCluster, watchers: dict[str, Lagwatch],
                                                   tmp_path: Path) -> None:
-    """200 commits/s; replica1 applies 20 ms, 60 ms, then 200 ms late, replica2 keeps up.
+    """200 commits/s; replica1 applies 20 ms, then 200 ms late, replica2 keeps up (40 ms:
+    test_lag_field.py, under OLTP).
     At both intervals, the window p95 and the median reading of replica1 are within
     max(10 ms, 20 %) of the oracle's; replica2's p95 stays under 15 ms. (Seconds of lag:
     the paused-replay and pool tests.)"""
@@ -105,7 +106,7 @@ def test_steady_stream_reads_what_the_oracle_reads(pg_cluster: ChaosCluster, wat
     with LagOracle(pg_cluster, tmp_path / "oracle") as oracle, \
             Readings(watchers["1s"]) as slow, Readings(watchers["100ms"]) as fast:
         collected = {"1s": slow, "100ms": fast}
-        for delay in (0.02, 0.06, 0.2):
+        for delay in (0.02, 0.2):
             replica1.set_apply_delay(delay)
             # Warm-up: the new delay in force (the replica takes the reload in its own time;
             # nothing says when) and filled in, then one whole window of readings under it.
@@ -181,8 +182,8 @@ def test_bursts_are_seen_and_never_over_read(pg_cluster: ChaosCluster, watchers:
 
 @pytest.mark.one_pg_version
 def test_idle_primary_is_not_lag(pg_cluster: ChaosCluster, watchers: dict[str, Lagwatch], tmp_path: Path) -> None:
-    """Within 3 s of the last write every reading is at most 5 ms, and stays so for 20 s
-    of silence (where now() - pg_last_xact_replay_timestamp() climbs to 20 s)."""
+    """Within 3 s of the last write every reading is at most 5 ms, and stays so for 12 s
+    of silence (where now() - pg_last_xact_replay_timestamp() climbs to 12 s)."""
     with LagOracle(pg_cluster, tmp_path / "oracle") as oracle:
         let_time_pass(2.0)  # two seconds of the oracle's 200 commits/s before the silence
         last_write = oracle.stop_writes()
