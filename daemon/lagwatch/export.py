@@ -247,6 +247,8 @@ def _slot_metrics(c: ClusterSnapshot) -> None:
             _one(f.SLOT_IDLE_LEFT, [c.name, s.name], s.idle_timeout_left)
     for holder, xids in sorted(c.horizon.items()):
         _one(f.HORIZON_HELD, [c.name, holder], xids)
+    for holder, seconds in sorted(c.horizon_seconds.items()):
+        _one(f.HORIZON_SECONDS, [c.name, holder], seconds)
     if c.horizon_alert_xids is not None:
         _one(f.HORIZON_ALERT, [c.name], c.horizon_alert_xids)
     _wal_dir_shares(c)

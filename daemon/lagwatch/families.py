@@ -222,6 +222,9 @@ HORIZON_HELD = gauge("lagwatch_horizon_held_xids", "Transactions the primary's v
                      "each holder: slot/NAME (its xmin or catalog_xmin), replica/APPLICATION_NAME "
                      "(hot_standby_feedback through a walsender without a slot), sessions (the primary's oldest), "
                      "prepared (the oldest prepared transaction); read on one poll in ten but the slots", C, "holder")
+HORIZON_SECONDS = gauge("lagwatch_horizon_held_seconds", "How long a slot (holder slot/NAME) has held the primary's "
+                        "vacuum horizon, at least: since the primary's transaction ID clock passed the ID it holds "
+                        "(dated within one interval; from lagwatch's start for older ones)", C, "holder")
 HORIZON_ALERT = gauge("lagwatch_horizon_alert_xids", "The cluster's horizon_alert_xids from the config: above it, "
                       "replication holding the horizon alerts", C)
 SLOT_IDLE_LEFT = gauge("lagwatch_slot_idle_timeout_left_seconds", "Seconds until idle_replication_slot_timeout "

@@ -309,6 +309,7 @@ class ClusterSnapshot:
     # "replica/APPLICATION_NAME" (hot_standby_feedback without a slot), "sessions", "prepared".
     horizon: Mapping[str, int] = field(default_factory=dict)
     horizon_alert_xids: int | None = None  # the cluster's horizon_alert_xids
+    horizon_seconds: Mapping[str, float] = field(default_factory=dict)  # how long each slot has held it, at least
     logical: tuple[LogicalConsumer, ...] = ()  # the primary's logical slots and their consumers (logical.py)
     subscriptions: tuple[Subscription, ...] = ()  # the primary's own subscriptions, as last read (a subscriber)
 

@@ -32,7 +32,6 @@ from lagwatch.snapshot import ClusterSnapshot, NodeObservation, ReplicaState
 from lagwatch.syncrep import SyncReplication, assess
 from lagwatch.vacuumhorizon import HorizonHolders
 from lagwatch.views.replication import WalSender
-from lagwatch.views.server import ServerPosition
 from lagwatch.views.walinspect import WalInspectTally
 
 log = logging.getLogger("lagwatch.tracker")
@@ -79,6 +78,7 @@ class _PrimaryView:
     clock: _PrimaryClock | None
     standby: bool  # the primary is a standby cluster's leader
     wal_dates: Mapping[str, WalDates]  # by application_name (commitscan.py)
+    next_xid: int | None = None  # its transaction ID clock (vacuumhorizon.py)
 
 
 _NO_PRIMARY: dict[str, WalSender] = {}
@@ -143,6 +143,7 @@ class ClusterTracker:
             heartbeat=(beats.written, beats.failed) if beats is not None else None,
             horizon_alert_xids=self.cluster.horizon_alert_xids,
             horizon=self.vacuum_horizon.note(answered is not None, answered.horizon if answered else None, slots),
+            horizon_seconds=self.vacuum_horizon.dated(primary.next_xid, primary.at, slots),
             logical=() if answered is None or primary.standby else self.logical.update(
                 slots, answered.logical, primary.lsn, self.clock, primary.wal_dates, primary.senders_at, now),
             subscriptions=self.logical.subscriptions(answered),
@@ -160,7 +161,7 @@ class ClusterTracker:
             return _PrimaryView(None, now, _NO_PRIMARY, now, None, standby, {})
         position = primary.position
         read_at = primary.answered_at or primary.observed_at  # not later by the extra reads that follow
-        lsn = position.current_lsn if not standby else _received(position)
+        lsn = position.current_lsn if not standby else position.received_lsn
         if lsn is not None:
             if self.history.record_primary(lsn, read_at, primary.asked_at,
                                            roles.fork.lsn if roles.fork is not None else None):
@@ -170,7 +171,7 @@ class ClusterTracker:
             self.history.note_xacts(read_at, position.xacts_total)
         return _PrimaryView(lsn, read_at, {s.application_name: s for s in primary.walsenders},
                             primary.asked_at or primary.observed_at, _PrimaryClock.of(primary, standby), standby,
-                            primary.wal_dates)
+                            primary.wal_dates, position.next_xid)
 
     # -- replicas -------------------------------------------------------------------------
 
@@ -391,9 +392,3 @@ def _streaming(answered: NodeObservation | None, sender: WalSender | None) -> bo
     if sender is not None or (answered is not None and answered.views.get("wal_receiver") is False):
         return None
     return False
-
-
-def _received(position: ServerPosition) -> int | None:
-    """What a standby leader has of the WAL: what its cascaded replicas can get from it."""
-    known = [lsn for lsn in (position.receive_lsn, position.replay_lsn) if lsn is not None]
-    return max(known) if known else None

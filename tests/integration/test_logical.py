@@ -234,6 +234,30 @@ def test_a_stopped_cdc_client_grows_stale_and_holds_wal(publisher: LogicalCluste
     assert second["staleness_seconds"] <= time.monotonic() - stopped + 1.5
     slot = next(s for s in lw.status()["clusters"][0]["slots"] if s["name"] == CDC_SLOT)
     assert slot["retained_bytes"] > 0 and second["lag_bytes"] > 0
+    # The catalog rows its decoding needs: the slot holds the vacuum horizon, named, as many
+    # transactions back as the primary's own age(catalog_xmin), and for at least as long
+    # as it has been stopped (it confirmed nothing since).
+    holder = f"slot/{CDC_SLOT}"
+    truth = int(primary.scalar("SELECT age(catalog_xmin) FROM pg_replication_slots WHERE slot_name = %s",
+                               (CDC_SLOT,)))
+    assert truth >= 40
+    lw.expect("lagwatch_horizon_held_xids", truth, timeout=5, cluster="main", holder=holder)
+    held_for = lw.value("lagwatch_horizon_held_seconds", cluster="main", holder=holder)
+    assert held_for is not None and held_for >= time.monotonic() - stopped - 0.3, (held_for, time.monotonic() - stopped)
+    if publisher.binaries.major >= 18:
+        # 18 invalidates a slot idle past idle_replication_slot_timeout (at a checkpoint): the
+        # time it has left, from the slot's own inactive_since on the server's clock.
+        primary.alter_system("idle_replication_slot_timeout", "1h")
+        primary.reload()
+        try:
+            lw.wait_for("the idle timeout's time left", lambda: lw.value(
+                "lagwatch_slot_idle_timeout_left_seconds", cluster="main", slot=CDC_SLOT) is not None, 10)
+            left = lw.value("lagwatch_slot_idle_timeout_left_seconds", cluster="main", slot=CDC_SLOT)
+            inactive = next(s for s in lw.status()["clusters"][0]["slots"] if s["name"] == CDC_SLOT)["inactive_seconds"]
+            assert left is not None and abs(left - (3600 - inactive)) <= 1.0, (left, inactive)
+        finally:
+            primary.alter_system("idle_replication_slot_timeout", None)
+            primary.reload()
     if publisher.binaries.major >= 17:
         assert slot["inactive_seconds"] is not None and slot["inactive_seconds"] >= 1.0, slot
     primary.execute("SELECT pg_drop_replication_slot(%s)", (CDC_SLOT,))

@@ -9,6 +9,7 @@ transaction shows beside it as "sessions". What is read does not depend on the v
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -61,8 +62,10 @@ def test_a_replicas_feedback_holds_the_horizon_through_its_slot(pg_cluster: Chao
         stack.callback(prometheus.stop)
         reader.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
         reader.execute("SELECT count(*) FROM pg_class")  # a snapshot the feedback keeps the primary to
+        snapshot_at = time.monotonic()
         lw.wait_for("the replica's feedback on its slot", lambda: primary.scalar(
             "SELECT xmin IS NOT NULL FROM pg_replication_slots WHERE slot_name = %s", (slot,)), 15)
+        burning_from = time.monotonic()
         burn(primary.dsn(), 2 * ALERT_XIDS)
         held = truth()
         assert held >= 2 * ALERT_XIDS, held
@@ -78,6 +81,13 @@ def test_a_replicas_feedback_holds_the_horizon_through_its_slot(pg_cluster: Chao
                        and a["labels"].get("holder") == holder for a in prometheus.alerts())
 
         lw.wait_for("LagwatchReplicationHoldsHorizon firing on Prometheus", firing, 30)
+        # In time: since the primary's transaction ID clock passed the ID the slot holds: no
+        # earlier than the snapshot was taken, no later than the burn began moving the clock
+        # (an idle primary hands out no IDs to date it by), within two polls.
+        held_for = lw.value("lagwatch_horizon_held_seconds", holder=holder)
+        now = time.monotonic()
+        assert held_for is not None and now - burning_from - 0.4 <= held_for <= now - snapshot_at + 0.05, (
+            held_for, now - burning_from, now - snapshot_at)
 
         # The primary's own open transaction shows as "sessions" (read one poll in ten).
         with psycopg.connect(primary.dsn()) as writer:

@@ -40,3 +40,24 @@ def test_the_others_are_read_one_poll_in_ten_and_kept_in_between() -> None:
     # No primary answered: nothing of the old one is kept for the next.
     assert holders.note(False, None, []) == {}
     assert holders.note(True, None, []) == {}
+
+
+def test_a_slots_hold_is_dated_by_the_transaction_id_clock() -> None:
+    from lagwatch.vacuumhorizon import widen
+
+    # 32-bit IDs made 64 against the clock, across a wraparound of the low bits.
+    assert widen(100, (5 << 32) + 200) == (5 << 32) + 100
+    assert widen(0xFFFF_FFF0, (5 << 32) + 16) == (4 << 32) + 0xFFFF_FFF0
+    assert widen(300, (5 << 32) + 200) == (5 << 32) + 200  # a transaction still running: just handed out
+    holders = HorizonHolders()
+    base = 7 << 32
+    (held,) = slots.parse([slot_row(slot_name="cdc", held_xid=base + 1000 - (7 << 32), catalog_xmin_age=1)])
+    # The clock: 2 transactions a second, polled every 10 s; the slot holds ID 1000, handed
+    # out at t=500: at t=1000 it has held the horizon 500 s, read within one poll of that.
+    for t in range(0, 1001, 10):
+        dated = holders.dated(base + 2 * t, float(t), [held])
+    assert 490.0 <= dated["slot/cdc"] <= 500.0, dated
+    assert holders.dated(None, 1001.0, [held]) == {}  # no primary this poll: nothing dated
+    # A clock that goes back is another server's (a failover): its IDs are dated afresh.
+    fresh = holders.dated(base + 5, 1002.0, [held])
+    assert fresh == {"slot/cdc": 0.0}

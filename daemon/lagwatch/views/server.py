@@ -28,6 +28,9 @@ _COMMON = """
     -- costs every replica's server a statistics snapshot each cycle)
     CASE WHEN NOT pg_is_in_recovery() THEN
         (SELECT sum(xact_commit + xact_rollback) FROM pg_stat_database)::float8 END AS xacts_total,
+    -- The primary's transaction ID clock (64 bits: no wraparound): the xmax of this
+    -- statement's snapshot, one past the latest ended transaction. Dates the horizon.
+    CASE WHEN NOT pg_is_in_recovery() THEN pg_snapshot_xmax(pg_current_snapshot())::text::int8 END AS next_xid,
     -- The timeline a primary writes on: the first 8 hex digits of its current WAL file's
     -- name (pg_walfile_name() refuses to run in recovery; a replica's comes from its WAL
     -- receiver). Needs no privilege, unlike pg_control_checkpoint().
@@ -75,12 +78,19 @@ class ServerPosition:
     sync_standby_names: str | None = None  # as the server has it (this session's view)
     synchronous_commit: str | None = None
     apply_delay_seconds: float | None = None  # recovery_min_apply_delay (a standby's)
+    next_xid: int | None = None  # a primary's: one past its latest ended transaction ID, 64 bits
 
     @property
     def replay_paused(self) -> bool | None:
         if self.replay_pause_state is None:
             return None
         return self.replay_pause_state != "not paused"
+
+    @property
+    def received_lsn(self) -> int | None:
+        """What a standby has of the WAL: what its cascaded replicas can get from it."""
+        known = [lsn for lsn in (self.receive_lsn, self.replay_lsn) if lsn is not None]
+        return max(known) if known else None
 
     @property
     def receive_replay_bytes(self) -> int | None:
@@ -106,6 +116,7 @@ def parse(rows: Sequence[Row]) -> ServerPosition:
         sync_standby_names=row.get("sync_standby_names"),
         synchronous_commit=row.get("synchronous_commit"),
         apply_delay_seconds=opt_float(row.get("apply_delay_seconds")),
+        next_xid=opt_int(row.get("next_xid")),
     )
 
 

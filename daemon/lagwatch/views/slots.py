@@ -17,6 +17,9 @@ _BASE = """SELECT slot_name, slot_type, database, plugin, active, temporary,
     -- The vacuum horizon it holds: a physical slot's xmin (a replica's hot_standby_feedback),
     -- a logical slot's catalog_xmin (the catalog rows its decoding needs), in transactions.
     age(xmin)::int8 AS xmin_age, age(catalog_xmin)::int8 AS catalog_xmin_age,
+    -- The held transaction IDs themselves (32 bits), to date them (vacuumhorizon.py).
+    (CASE WHEN age(xmin) >= coalesce(age(catalog_xmin), -1) THEN xmin ELSE catalog_xmin END)::text::int8
+        AS held_xid,
     {extra}
 FROM pg_replication_slots
 ORDER BY slot_name"""
@@ -72,6 +75,7 @@ class Slot:
     synced: bool | None = None  # 17+: on a standby, synced from the primary
     idle_timeout_left: float | None = None  # 18+: seconds until idle_replication_slot_timeout may invalidate it
     confirmed_flush_lsn: int | None = None  # a logical slot's: what its consumer last confirmed
+    held_xid: int | None = None  # the 32-bit ID of the xmin or catalog_xmin it holds (the older)
 
     @property
     def horizon_age(self) -> int | None:
@@ -103,6 +107,7 @@ def parse(rows: Sequence[Row]) -> tuple[Slot, ...]:
             synced=row.get("synced"),
             idle_timeout_left=opt_float(row.get("idle_timeout_left")),
             confirmed_flush_lsn=parse_lsn(row.get("confirmed_flush_lsn")),
+            held_xid=opt_int(row.get("held_xid")),
         )
         for row in rows
     )
