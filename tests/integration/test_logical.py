@@ -8,8 +8,11 @@ logical slot of the same publisher.
   subscriber, one clock), p95 and median; disabled, it grows with wall time; enabled
   again, it falls back. Never in the replicas' series.
 - Writes to unpublished tables only: the subscription does not read as lagging.
-- pg_recvlogical stopped: its staleness and the slot's retained bytes grow, and the slot
-  shows how long it has been inactive (17+).
+- pg_recvlogical stopped: its staleness and the slot's retained bytes grow, the slot shows
+  how long it has been inactive (17+) and the time 18's idle timeout leaves it; its
+  catalog_xmin holds the vacuum horizon (named, counted as the primary counts it, dated
+  back to the stop) and LagwatchReplicationHoldsHorizon fires on a real Prometheus;
+  dropped, it holds nothing.
 - An apply error provoked for real (a row on the subscriber the publisher's insert
   conflicts with): the subscriber's error counter as PostgreSQL counts it, and
   LagwatchSubscriptionApplyErrors firing on a real Prometheus; the row removed, the
@@ -46,6 +49,7 @@ pytestmark = pytest.mark.newest_pg_version
 PUBLICATION, SUBSCRIPTION, CDC_SLOT = "lw_pub", "lw_sub", "lw_cdc"
 READ = "logical:" + SUBSCRIPTION  # its readings (harness.Readings)
 RULES = ROOT / "alerts" / "lagwatch.rules.yml"
+HORIZON_ALERT_XIDS = 100
 
 
 class LogicalCluster(ChaosCluster):
@@ -86,6 +90,7 @@ def lagwatch(publisher: LogicalCluster, subscriber: LocalCluster,
              tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lagwatch]:
     folder = tmp_path_factory.mktemp("lw")
     config = cluster_config(publisher, free_port(["127.0.0.1"]), interval="100ms", window="10s")
+    config["clusters"][0]["horizon_alert_xids"] = HORIZON_ALERT_XIDS
     # The subscriber is a cluster lagwatch watches too: its subscriptions are read there.
     config["clusters"].append({"name": "subscriber", "primary": {"dsn": subscriber.primary.dsn()}, "replicas": [],
                                "sla": {"min_replicas": 0}})
@@ -223,6 +228,8 @@ def test_a_stopped_cdc_client_grows_stale_and_holds_wal(publisher: LogicalCluste
         for i in range(40):
             conn.execute(f"INSERT INTO {TABLE} VALUES ({20_000_000 + i})")
             time.sleep(0.05)
+        for _ in range(2 * HORIZON_ALERT_XIDS):
+            conn.execute("SELECT txid_current()")  # transactions its catalog_xmin falls behind
     lw.wait_for("the slot inactive", lambda: not consumers(lw)[CDC_SLOT]["active"], 10)
     first = consumers(lw)[CDC_SLOT]
     time.sleep(1.5)
@@ -240,10 +247,19 @@ def test_a_stopped_cdc_client_grows_stale_and_holds_wal(publisher: LogicalCluste
     holder = f"slot/{CDC_SLOT}"
     truth = int(primary.scalar("SELECT age(catalog_xmin) FROM pg_replication_slots WHERE slot_name = %s",
                                (CDC_SLOT,)))
-    assert truth >= 40
+    assert truth >= 2 * HORIZON_ALERT_XIDS + 40
     lw.expect("lagwatch_horizon_held_xids", truth, timeout=5, cluster="main", holder=holder)
     held_for = lw.value("lagwatch_horizon_held_seconds", cluster="main", holder=holder)
-    assert held_for is not None and held_for >= time.monotonic() - stopped - 0.3, (held_for, time.monotonic() - stopped)
+    since_stop = time.monotonic() - stopped
+    assert held_for is not None and held_for >= since_stop - 0.3, (held_for, since_stop)
+    prometheus = Prometheus([f"127.0.0.1:{lw.port}"], [rules_with_shorter_for(RULES, tmp_path, 300, floor=2.0)])
+    prometheus.start()
+    try:
+        lw.wait_for("LagwatchReplicationHoldsHorizon firing for the stopped consumer's slot", lambda: any(
+            a["labels"]["alertname"] == "LagwatchReplicationHoldsHorizon" and a["state"] == "firing"
+            and a["labels"].get("holder") == holder for a in prometheus.alerts()), 30)
+    finally:
+        prometheus.stop()
     if publisher.binaries.major >= 18:
         # 18 invalidates a slot idle past idle_replication_slot_timeout (at a checkpoint): the
         # time it has left, from the slot's own inactive_since on the server's clock.
@@ -253,7 +269,8 @@ def test_a_stopped_cdc_client_grows_stale_and_holds_wal(publisher: LogicalCluste
             lw.wait_for("the idle timeout's time left", lambda: lw.value(
                 "lagwatch_slot_idle_timeout_left_seconds", cluster="main", slot=CDC_SLOT) is not None, 10)
             left = lw.value("lagwatch_slot_idle_timeout_left_seconds", cluster="main", slot=CDC_SLOT)
-            inactive = next(s for s in lw.status()["clusters"][0]["slots"] if s["name"] == CDC_SLOT)["inactive_seconds"]
+            slots_now = {s["name"]: s for s in lw.status()["clusters"][0]["slots"]}
+            inactive = slots_now[CDC_SLOT]["inactive_seconds"]
             assert left is not None and abs(left - (3600 - inactive)) <= 1.0, (left, inactive)
         finally:
             primary.alter_system("idle_replication_slot_timeout", None)
@@ -262,6 +279,8 @@ def test_a_stopped_cdc_client_grows_stale_and_holds_wal(publisher: LogicalCluste
         assert slot["inactive_seconds"] is not None and slot["inactive_seconds"] >= 1.0, slot
     primary.execute("SELECT pg_drop_replication_slot(%s)", (CDC_SLOT,))
     lw.wait_for("the dropped slot's consumer gone", lambda: CDC_SLOT not in consumers(lw), 10)
+    # Released: the slot no longer holds the horizon.
+    assert holder not in lw.status()["clusters"][0]["vacuum_horizon_held_xids"]
 
 
 def test_an_apply_error_is_counted_and_alerts_on_prometheus(publisher: LogicalCluster, subscriber: LocalCluster,
