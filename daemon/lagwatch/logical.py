@@ -4,9 +4,9 @@ Debezium), measured like a replica and kept apart from the replicas: never a rea
 replica, never in a pool, series of their own (``lagwatch_logical_…``).
 
 A consumer's staleness is the age of the oldest change on the primary it has not
-confirmed: the first commit past its position (views/replication.LogicalSender.position:
-the later of what it applied and what it confirmed; the slot's ``confirmed_flush_lsn``
-while nothing streams from it), dated by the commit time the WAL gives where lagwatch may
+confirmed: the first commit past its position (the furthest of what its walsender says it
+applied and confirmed, the slot's ``confirmed_flush_lsn``, and where it was seen before:
+``_position``), dated by the commit time the WAL gives where lagwatch may
 read it (lag.date_from_wal, as for a replica), else by the LSN clock (which dates bytes:
 a transaction still running past the position reads as old as its first byte).
 
@@ -20,7 +20,9 @@ at the end of the last transaction it applied, and commits written after that (p
 or not) read as lag: with published commits every few milliseconds that is a few
 milliseconds; with few of them and many others, up to the subscriber's flush delay.
 
-Pure: the tracker passes each cycle's slots, walsenders and dates in.
+The primary's own subscriptions (it is a subscriber: views/subscriptions.py, read one poll
+in ten) are kept here between reads too. Pure: the tracker passes each cycle's slots,
+walsenders and dates in.
 """
 
 from __future__ import annotations
