@@ -4,9 +4,10 @@ A composition of the parts that keep history between cycles, each bounded and ea
 its own tests: who is the primary (roles.RoleTracker, with the fork of a promotion), the
 lag history (history.LagHistory: the LSN clock, windows, histograms, the transaction
 rate), the rates and forecasts (rates.Forecaster), each node's health and its log lines
-(nodehealth.NodeHealthTracker), and the WAL inspections added up
-(views.walinspect.WalInspectTally). No I/O: observations carry their own monotonic
-timestamps.
+(nodehealth.NodeHealthTracker), the WAL inspections added up
+(views.walinspect.WalInspectTally), the logical consumers (logical.LogicalConsumers), the
+vacuum horizon (vacuumhorizon.HorizonHolders) and when each replica's answer was true
+(readinstant.ReadInstants). No I/O: observations carry their own monotonic timestamps.
 """
 
 from __future__ import annotations

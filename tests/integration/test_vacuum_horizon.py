@@ -83,10 +83,12 @@ def test_a_replicas_feedback_holds_the_horizon_through_its_slot(pg_cluster: Chao
         lw.wait_for("LagwatchReplicationHoldsHorizon firing on Prometheus", firing, 30)
         # In time: since the primary's transaction ID clock passed the ID the slot holds: no
         # earlier than the snapshot was taken, no later than the burn began moving the clock
-        # (an idle primary hands out no IDs to date it by), within two polls.
+        # (an idle primary hands out no IDs to date it by), within three polls at 200 ms (the
+        # poll that first saw the clock past it, the reading's own age, the scrape: CI read
+        # 9.200 s where this bound was 9.2025 with two).
         held_for = lw.value("lagwatch_horizon_held_seconds", holder=holder)
         now = time.monotonic()
-        assert held_for is not None and now - burning_from - 0.4 <= held_for <= now - snapshot_at + 0.05, (
+        assert held_for is not None and now - burning_from - 0.6 <= held_for <= now - snapshot_at + 0.05, (
             held_for, now - burning_from, now - snapshot_at)
 
         # The primary's own open transaction shows as "sessions" (read one poll in ten).
