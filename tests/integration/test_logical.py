@@ -17,9 +17,11 @@ logical slot of the same publisher.
   conflicts with): the subscriber's error counter as PostgreSQL counts it, and
   LagwatchSubscriptionApplyErrors firing on a real Prometheus; the row removed, the
   subscription catches up.
+- A failover slot (17+) synced to a standby with slot sync on; the standby's sync turned
+  off: LagwatchFailoverSlotNotSynced fires on a real Prometheus.
 
-The newest version only: what is read is the same from 15 on, and 17+ adds the slot's
-inactive_since.
+The newest version only: what is read is the same from 15 on, and 17+ and 18 add the
+slots' inactive_since, failover slots and the idle timeout.
 """
 
 from __future__ import annotations
