@@ -17,6 +17,9 @@ are printed beside, the same-run reference. It prints; it asserts nothing.
 
     python3 bench/lagfield.py [--pg-major 18] [--span 10] [--cases steady,big,bursts,busy]
         [--arms 'lsn clock,wal,wal+heartbeat'] [--intervals 1s,100ms] [--detail]
+
+(``--cases bigbusy``: the big UPDATE with the host busy as well, where the replicas fall
+furthest behind.)
 """
 
 from __future__ import annotations
@@ -100,7 +103,7 @@ def run_case(case: str, cluster: ChaosCluster, watchers: dict[tuple[str, str], L
     r1.set_apply_delay(0.04 if case in ("steady", "busy") else 0)
     if case == "bursts":
         extra = ReplayBursts(r1, hold=0.04, run=0.03, seconds=span + 30)
-    elif case == "busy":
+    elif case in ("busy", "bigbusy"):
         extra = BusyHost(seconds=span + 30)
     folder.mkdir()
     with Oltp(cluster, folder) as oltp, LagOracle(cluster, folder / "oracle") as oracle:
@@ -112,7 +115,7 @@ def run_case(case: str, cluster: ChaosCluster, watchers: dict[tuple[str, str], L
                 extra.__enter__()
             time.sleep(3.0)  # the case in force
             start = time.monotonic()
-            if case == "big":
+            if case in ("big", "bigbusy"):
                 took: list[float] = []
                 update = threading.Thread(target=lambda: took.append(big_update(cluster)))
                 update.start()

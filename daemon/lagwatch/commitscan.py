@@ -23,7 +23,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import psycopg
@@ -34,7 +34,7 @@ from lagwatch.lag import WalDates
 from lagwatch.lsn import format_lsn
 from lagwatch.views import walcommits
 from lagwatch.views.replication import WalSender
-from lagwatch.views.walcommits import CommitReads
+from lagwatch.views.walcommits import CHUNK, GUARD, CommitRead, CommitReads, LocatedRange, WalDatingTotals
 
 log = logging.getLogger("lagwatch.poll")
 
@@ -54,8 +54,15 @@ SPEED_READ_BYTES = 8192
 # The share of its time budget a read is planned to take at that speed (the server cancels
 # it at the whole budget): at most 7.5 % of the interval, the cost bound on the primary.
 BUDGET_SHARE = 0.3
+# How much faster pg_get_wal_stats counts WAL than pg_get_wal_records_info describes it
+# (walcommits.py): 8-10x measured on a big UPDATE's WAL, taken low. A located read counts
+# up to this many times the bytes it may describe, and its cost is reckoned in described
+# bytes: what it describes, and what it counts over this.
+COUNT_FACTOR = 6
 # The clocks' offset is the least seen over this long (``CommitScanner.offset``).
 OFFSET_WINDOW = 10.0
+# Cycles read without counting first after a located read failed.
+PLAIN_CYCLES_AFTER_ERROR = 10
 # Commits listed per stretch: the first is what dates a replica; the rest date it as it
 # replays on, between two reads, and bound the memory a stretch takes.
 MAX_COMMITS = 64
@@ -68,17 +75,21 @@ class _Stretch:
     commits: tuple[tuple[int, float], ...]  # (LSN, monotonic time made)
     replay: int  # the walsender's replay position this cycle
     complete: bool = False  # this cycle's read reached the primary's flush position
+    exact: bool = True  # ``end`` is where a record starts (walcommits.CommitRead.exact)
 
 
 class CommitScanner:
-    def __init__(self, max_bytes: int, max_commits: int = MAX_COMMITS) -> None:
+    def __init__(self, max_bytes: int, max_commits: int = MAX_COMMITS, locate: bool = True) -> None:
         self.max_bytes = max_bytes
+        # Whether reads count WAL before they describe it (pg_get_wal_stats, where the role
+        # may call it: walcommits.locate_statement); else every record read is described.
+        self.locate = locate
         self.max_commits = max_commits
         self._stretches: dict[str, _Stretch] = {}  # by application_name
-        self.read_bytes = 0  # WAL read for commit times since start
-        self.cancelled = 0  # reads the server cancelled at their budget
+        self.totals = WalDatingTotals()  # reads since start: bytes, cancelled, failed
         self.state: bool | None = None  # whether the last read worked (None: none yet)
         self._speed = INITIAL_SPEED  # bytes a second the reads decode, as measured
+        self._plain_cycles = 0  # cycles left reading without counting first (after a located read failed)
         self._read_times: deque[float] = deque(maxlen=READS_REMEMBERED)  # seconds each read took
         self._offsets: deque[tuple[float, float]] = deque()  # (answered, answered - primary's clock)
 
@@ -86,45 +97,58 @@ class CommitScanner:
         self._stretches = {}
 
     def plan(self, replays: Mapping[str, int], current_lsn: int, budget_bytes: int | None = None) -> list[
-            tuple[int, int]]:
+            LocatedRange]:
         """The ranges to read this cycle, given each walsender's replay position: from the
         end of each stretch as far as the primary has flushed (the statement stops there),
-        each at most ``max_bytes``, together at most ``budget_bytes`` (shared alike, never
-        under 8 kB). Stretches that end at one place share one read."""
+        each described for at most ``max_bytes``, together at most ``budget_bytes`` (shared
+        alike, never under 8 kB), and counted COUNT_FACTOR times as far where reads are
+        located. Stretches that end at one place share one read. A stretch is read on only
+        while it holds no commit past its replica's position: the first is all that dates it."""
         stretches = {}
         for name, replay in replays.items():
             old = self._stretches.get(name)
-            if old is None or not old.start <= replay <= old.end:
+            if old is None or not old.start <= replay <= old.end or (
+                    not old.exact and current_lsn - old.end < GUARD + CHUNK):
+                # Afresh from its position (a record's start), also where the stretch ends
+                # short of a record near the flush, where a read cannot start.
                 stretches[name] = _Stretch(replay, replay, (), replay)
             else:
                 # From where its walsender stood last cycle, not this one: the replica's own
                 # position, read at the same moment, may be a reply behind the walsender's.
                 start = min(replay, old.replay)
-                stretches[name] = _Stretch(start, old.end, tuple(c for c in old.commits if c[0] >= start), replay)
+                stretches[name] = _Stretch(start, old.end, tuple(c for c in old.commits if c[0] >= start), replay,
+                                           exact=old.exact)
         self._stretches = stretches
-        starts = sorted({s.end for s in stretches.values() if len(s.commits) < self.max_commits
-                         and s.end < current_lsn})
-        if not starts:
+        ends: dict[int, bool] = {}  # where to read from: whether a record starts there
+        for s in stretches.values():
+            if s.end < current_lsn and not any(lsn >= s.replay for lsn, _ in s.commits):
+                ends[s.end] = ends.get(s.end, False) or s.exact
+        if not ends:
             return []
-        share = self.max_bytes if budget_bytes is None else max(8192, min(self.max_bytes, budget_bytes // len(starts)))
-        return [(start, start + share) for start in starts]
+        share = self.max_bytes if budget_bytes is None else max(8192, min(self.max_bytes, budget_bytes // len(ends)))
+        counted = min(self.max_bytes, share * COUNT_FACTOR) if self.locate else share
+        return [LocatedRange(start, start + counted, start + share if exact else start)
+                for start, exact in sorted(ends.items())]
 
     def absorb(self, read: CommitReads, read_at: float) -> None:
         """What this cycle's ranges held, added to the stretches that end where they begin.
         A commit time is the primary's, put on lagwatch's clock by the offset between the two
         clocks (``offset``)."""
-        offset = self.offset(read.clock_epoch, read_at)
+        offset = self.offset(read.clock_epoch, read_at) if read.clock_epoch is not None else \
+            min((o for _, o in self._offsets), default=0.0)
         by_start = {r.start: r for r in read.reads}
-        self.read_bytes += sum(r.scanned_to - r.start for r in read.reads)
+        self.totals = replace(self.totals, read_bytes=self.totals.read_bytes
+                              + sum(max(r.counted_bytes, r.described_bytes) for r in read.reads))
         for name, s in self._stretches.items():
             r = by_start.get(s.end)
             if r is None:
                 continue
             commits = s.commits + tuple((lsn, epoch + offset) for lsn, epoch in r.commits)
-            end, complete = r.scanned_to, r.complete
+            # A read that got nowhere leaves the stretch's end as it was, a record's start or not.
+            end, complete, exact = r.scanned_to, r.complete, r.exact if r.scanned_to > r.start else s.exact
             if len(commits) > self.max_commits:
-                end, commits, complete = commits[self.max_commits][0], commits[: self.max_commits], False
-            self._stretches[name] = _Stretch(s.start, end, commits, s.replay, complete)
+                end, commits, complete, exact = commits[self.max_commits][0], commits[: self.max_commits], False, True
+            self._stretches[name] = _Stretch(s.start, end, commits, s.replay, complete, exact)
 
     def offset(self, clock_epoch: float, answered: float) -> float:
         """Lagwatch's monotonic clock less the primary's wall clock. Each read's clock was
@@ -163,15 +187,17 @@ class CommitScanner:
         ranges = self.plan(replays, current_lsn, budget_bytes=int(self._speed * budget * BUDGET_SHARE))
         if not ranges:
             return self.dates(time.monotonic())
+        located = self.locate and self._plain_cycles == 0
+        self._plain_cycles = max(0, self._plain_cycles - 1)
         asked = time.monotonic()
+        self.totals = replace(self.totals, reads=self.totals.reads + 1)
         try:
-            cursor = await conn.execute(walcommits.statement(ranges, self.max_commits, round(budget * 1000)))
-            cursor.nextset()  # past SET LOCAL's empty result
-            read = walcommits.parse(await cursor.fetchall(), self.max_commits)
+            read = await self._read(conn, ranges, located, round(budget * 1000))
         except psycopg.errors.QueryCanceled:
             # Slower than the budget (a busy primary, WAL heavy with full-page images): ask
             # for less next time. The session is as it was; the dates are last cycle's.
-            self._slower(sum(b - a for a, b in ranges), time.monotonic() - asked)
+            asked_bytes = sum((r.end - r.start) // COUNT_FACTOR if located else r.direct_end - r.start for r in ranges)
+            self._slower(asked_bytes, time.monotonic() - asked)
             return self.dates(time.monotonic())
         except psycopg.OperationalError:
             raise
@@ -181,14 +207,48 @@ class CommitScanner:
             return {}
         except psycopg.Error as exc:
             self.state = False
-            log.debug("%s/primary: reading commit times from %s failed: %s", cluster, format_lsn(ranges[0][0]),
+            self.totals = replace(self.totals, failed=self.totals.failed + 1)
+            log.debug("%s/primary: reading commit times from %s failed: %s", cluster, format_lsn(ranges[0].start),
                       flat_message(exc))
             return self.dates(time.monotonic())
         read_at = time.monotonic()
         self.state = True
-        self._measured(sum(r.scanned_to - r.start for r in read.reads), read_at - asked)
+        self._measured(sum(r.described_bytes + r.counted_bytes // COUNT_FACTOR for r in read.reads), read_at - asked)
         self.absorb(read, read_at)
         return self.dates(read_at)
+
+    async def _read(self, conn: psycopg.AsyncConnection[Any], ranges: list[LocatedRange], located: bool,
+                    timeout_ms: int) -> CommitReads:
+        """The statement's answer. pg_walinspect fails the whole statement when a range
+        holds no complete record from its start to the flush (a replica caught up to the
+        last whole record while the next is still being written, or to a segment's end
+        while the next segment is made): that range is known to hold no commit anyone can
+        see yet (a commit is seen once flushed), and the others are read again without it.
+        Where the start it names is inside a located range (a chunk began in a record
+        longer than GUARD), reads describe from records' starts alone for a while."""
+        answered: list[CommitRead] = []
+        while True:
+            statement = walcommits.locate_statement(ranges, self.max_commits, timeout_ms) if located else \
+                walcommits.statement([(r.start, r.direct_end) for r in ranges], self.max_commits, timeout_ms)
+            try:
+                cursor = await conn.execute(statement)
+                cursor.nextset()  # past SET LOCAL's empty result
+                read = walcommits.parse(await cursor.fetchall(), self.max_commits)
+                return replace(read, reads=read.reads + tuple(answered))
+            except psycopg.errors.InternalError as exc:
+                after = walcommits.no_record_after(exc)
+                if after is None or not (located or any(r.start == after for r in ranges)):
+                    raise
+                if any(r.start == after for r in ranges):
+                    answered.append(CommitRead(after, after, (), complete=True))
+                    ranges = [r for r in ranges if r.start != after]
+                else:
+                    located, self._plain_cycles = False, PLAIN_CYCLES_AFTER_ERROR
+                    self._stretches = {name: s for name, s in self._stretches.items() if s.exact}
+                    ranges = [r for r in ranges if r.direct_end > r.start]
+                self.totals = replace(self.totals, retried=self.totals.retried + 1)
+                if not ranges:
+                    return CommitReads(None, tuple(answered))
 
     def _measured(self, nbytes: int, seconds: float) -> None:
         if seconds <= 0:
@@ -200,7 +260,7 @@ class CommitScanner:
 
     def _slower(self, asked_bytes: int, seconds: float) -> None:
         self._speed = max(MIN_SPEED, min(self._speed, asked_bytes / max(seconds, 1e-3)) / 2)
-        self.cancelled += 1
+        self.totals = replace(self.totals, cancelled=self.totals.cancelled + 1)
 
 
 def replay_positions(senders: Sequence[WalSender], own: Mapping[str, int]) -> dict[str, int]:

@@ -281,8 +281,11 @@ def _wal_metrics(c: ClusterSnapshot) -> None:
                             (f.WAL_BUFFERS_FULL, w.buffers_full), (f.WAL_WRITES, w.writes), (f.WAL_SYNCS, w.syncs)):
             if value is not None:
                 _one(spec, key, value)
-    if c.wal_dating_read_bytes is not None:
-        _one(f.WAL_DATING_READ, key, c.wal_dating_read_bytes)
+    if c.wal_dating is not None:
+        _one(f.WAL_DATING_READ, key, c.wal_dating.read_bytes)
+        _one(f.WAL_DATING_READS, key, c.wal_dating.reads)
+        _one(f.WAL_DATING_CANCELLED, key, c.wal_dating.cancelled)
+        _one(f.WAL_DATING_FAILED, key, c.wal_dating.failed)
     if c.heartbeat is not None:
         _one(f.HEARTBEAT_BEATS, key, c.heartbeat[0])
         _one(f.HEARTBEAT_ERRORS, key, c.heartbeat[1])

@@ -300,8 +300,15 @@ WAL_BUFFERS_FULL = counter("lagwatch_wal_buffers_full", "Times WAL buffers were 
 WAL_WRITES = counter("lagwatch_wal_writes", "WAL writes (pg_stat_wal, before PostgreSQL 18)", C)
 WAL_SYNCS = counter("lagwatch_wal_syncs", "WAL syncs (pg_stat_wal, before PostgreSQL 18)", C)
 WAL_INSPECTED = counter("lagwatch_wal_inspected_bytes", "WAL bytes read by pg_walinspect", C)
-WAL_DATING_READ = counter("lagwatch_wal_dating_read_bytes", "WAL bytes read with pg_get_wal_records_info to date "
-                          "replicas' staleness from commit times (lag_from_wal)", C)
+WAL_DATING_READ = counter("lagwatch_wal_dating_read_bytes", "WAL bytes read with pg_walinspect to date "
+                          "replicas' staleness from commit times (lag_from_wal): counted by pg_get_wal_stats "
+                          "or described by pg_get_wal_records_info", C)
+WAL_DATING_READS = counter("lagwatch_wal_dating_reads", "Reads of commit times from the primary's WAL "
+                           "(lag_from_wal), one statement a cycle at most", C)
+WAL_DATING_CANCELLED = counter("lagwatch_wal_dating_reads_cancelled", "Reads of commit times the primary cancelled "
+                               "at their time budget (the replicas are dated by the LSN clock that cycle)", C)
+WAL_DATING_FAILED = counter("lagwatch_wal_dating_reads_failed", "Reads of commit times that failed otherwise "
+                            "(the replicas are dated by the LSN clock that cycle)", C)
 HEARTBEAT_BEATS = counter("lagwatch_heartbeat_beats", "Heartbeats written on the primary (the optional heartbeat)", C)
 HEARTBEAT_ERRORS = counter("lagwatch_heartbeat_errors", "Heartbeat writes or connections that failed", C)
 WAL_INSPECTED_FPI = counter("lagwatch_wal_inspected_fpi_bytes", "Full-page image bytes in the inspected WAL (after "

@@ -193,8 +193,7 @@ class NodePoller:
                                heartbeat_seq=answer.heartbeat_seq, views=answer.views, recovery=answer.recovery,
                                horizon=answer.horizon, logical=answer.logical, subscriptions=answer.subscriptions,
                                slot_sync=answer.slot_sync,
-                               wal_dating_read_bytes=self._scanner.read_bytes if self._scanner.state is not None
-                               else None,
+                               wal_dating=self._scanner.totals if self._scanner.state is not None else None,
                                view_errors_total=dict(self._reader.view_errors), connects_total=self._connects)
 
     def _failed(self, error: NodeError, started: float) -> NodeObservation:
@@ -326,6 +325,7 @@ class NodePoller:
         if self._dates_from_wal(caps):
             own = await self._replicas_own(board, walsenders)
             consumers = {logical_key(s.slot_name): s.position for s in senders.logical if s.position is not None}
+            self._scanner.locate = caps.can_walinspect  # pg_get_wal_stats too: counted before described
             wal_dates = await self._scanner.scan(conn, walsenders, position.current_lsn, self.cluster.name,
                                                  self._extra_budget(), self._reader.note_failure, own, consumers)
             if self._scanner.state is not None:

@@ -29,6 +29,7 @@ from lagwatch.views.subscriptions import Subscription
 from lagwatch.views.wal import WalStats
 from lagwatch.views.wal_dir import WalDir
 from lagwatch.views.wal_receiver import WalReceiver
+from lagwatch.views.walcommits import WalDatingTotals
 from lagwatch.views.walinspect import WalInspection, WalInspectTotals
 from lagwatch.windows import HistogramCounts, WindowStats
 
@@ -78,7 +79,7 @@ class NodeObservation:
     logical: tuple[LogicalSender, ...] = ()  # the primary's logical walsenders (views/replication.py)
     subscriptions: tuple[Subscription, ...] | None = None  # its subscriptions (None: not read this poll)
     slot_sync: SlotSync | None = None  # a standby's failover slot copies (17+)
-    wal_dating_read_bytes: int | None = None  # the primary's: WAL read to date staleness, since start
+    wal_dating: WalDatingTotals | None = None  # the primary's reads to date staleness, since start
     # Per view: whether it was read this cycle (False: it failed, rests after a failure, or
     # the role may not read it). Views that do not apply to the node's role are absent.
     views: dict[str, bool] = field(default_factory=dict)
@@ -303,7 +304,7 @@ class ClusterSnapshot:
     # Cycles in a row this cluster was carried over as an earlier cycle left it, because
     # lagwatch got to some of its answers too late to count them (0: as of this cycle).
     carried_cycles: int = 0
-    wal_dating_read_bytes: int | None = None  # WAL read to date staleness from commits, since start
+    wal_dating: WalDatingTotals | None = None  # reads to date staleness from commits, since start
     heartbeat: tuple[int, int] | None = None  # the heartbeat's (beats written, failed attempts); None: off
     # Who holds the primary's vacuum horizon back, in transactions: "slot/NAME",
     # "replica/APPLICATION_NAME" (hot_standby_feedback without a slot), "sessions", "prepared".

@@ -140,7 +140,7 @@ class ClusterTracker:
             role_changes_total=roles.role_changes_total,
             last_role_change=describe_change(roles.last_change),
             last_role_change_ago=max(0.0, now - roles.last_change.at) if roles.last_change is not None else None,
-            wal_dating_read_bytes=answered.wal_dating_read_bytes if answered is not None else None,
+            wal_dating=answered.wal_dating if answered is not None else None,
             heartbeat=(beats.written, beats.failed) if beats is not None else None,
             horizon_alert_xids=self.cluster.horizon_alert_xids,
             horizon=self.vacuum_horizon.note(answered is not None, answered.horizon if answered else None, slots),

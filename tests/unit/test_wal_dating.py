@@ -4,13 +4,18 @@ the heartbeat's bounds (beats.py): tables, no server. The real servers: tests/in
 
 from __future__ import annotations
 
+import asyncio
+import re
+
+import psycopg
 import pytest
 from lagwatch.beats import BeatLog, Beats
-from lagwatch.commitscan import CommitScanner
+from lagwatch.commitscan import COUNT_FACTOR, CommitScanner
 from lagwatch.history import LagHistory, ReplayPosition
 from lagwatch.lag import Staleness, WalDates, date_from_wal
+from lagwatch.lsn import format_lsn
 from lagwatch.views import walcommits
-from lagwatch.views.walcommits import CommitRead, CommitReads
+from lagwatch.views.walcommits import CHUNK, GUARD, OVERLAP, STEP, CommitRead, CommitReads, LocatedRange
 
 # Commits at LSNs 1000, 2000, 3000 made at monotonic 10.0, 10.5, 11.0; read to 3500.
 DATES = WalDates(start=900, end=3500, commits=((1000, 10.0), (2000, 10.5), (3000, 11.0)), complete=True)
@@ -66,10 +71,14 @@ def _read(*reads: CommitRead, clock_epoch: float = 1000.0) -> CommitReads:
     return CommitReads(clock_epoch, tuple(reads))
 
 
+def _plain(ranges: list[LocatedRange]) -> list[tuple[int, int]]:
+    return [(r.start, r.direct_end) for r in ranges]
+
+
 def test_the_scanner_reads_past_each_replay_position_once_and_goes_on_from_where_it_stopped() -> None:
-    scanner = CommitScanner(max_bytes=4096, max_commits=1)
+    scanner = CommitScanner(max_bytes=4096, max_commits=1, locate=False)
     # Two replicas at the same place: one range; a third elsewhere: its own.
-    assert scanner.plan({"r1": 1000, "r2": 1000, "r3": 50_000}, current_lsn=60_000) == [
+    assert _plain(scanner.plan({"r1": 1000, "r2": 1000, "r3": 50_000}, current_lsn=60_000)) == [
         (1000, 5096), (50_000, 54_096)]
     scanner.absorb(_read(CommitRead(1000, 5096, (), complete=False),
                          CommitRead(50_000, 54_096, ((51_000, 999.5),), complete=False)), read_at=100.0)
@@ -79,32 +88,39 @@ def test_the_scanner_reads_past_each_replay_position_once_and_goes_on_from_where
     # 0.5 s before the primary read its clock, answered at 100.0.
     assert dates["r3"].commits == ((51_000, 99.5),)
     # Next cycle: r1 and r2 go on from where they stopped; r3 has its commit: nothing to read.
-    assert scanner.plan({"r1": 1200, "r2": 1000, "r3": 50_500}, current_lsn=61_000) == [(5096, 9192)]
-    # r3 replayed past its commit: its stretch keeps it a cycle more (from where its
-    # walsender stood last cycle: the replica's own position may be a reply behind), then
-    # reads on from the stretch's end.
-    assert scanner.plan({"r1": 1200, "r2": 1000, "r3": 51_100}, current_lsn=61_000) == [(5096, 9192)]
-    assert scanner.plan({"r1": 1200, "r2": 1000, "r3": 51_200}, current_lsn=61_000) == [
+    assert _plain(scanner.plan({"r1": 1200, "r2": 1000, "r3": 50_500}, current_lsn=61_000)) == [(5096, 9192)]
+    # r3 replayed past its commit: its stretch reads on from its end, and keeps the commit
+    # a cycle more (from where its walsender stood last cycle: the replica's own position,
+    # which dates it, may be a reply behind).
+    assert _plain(scanner.plan({"r1": 1200, "r2": 1000, "r3": 51_100}, current_lsn=61_000)) == [
         (5096, 9192), (54_096, 58_192)]
+    assert scanner.dates(100.0)["r3"].commits == ((51_000, 99.5),)
     # A walsender that went away is forgotten; one that went back (a restart from an older
     # position) starts afresh there.
-    assert scanner.plan({"r1": 900}, current_lsn=61_000) == [(900, 4996)]
+    assert _plain(scanner.plan({"r1": 900}, current_lsn=61_000)) == [(900, 4996)]
     # Nothing at all when everyone has replayed all the primary had.
     assert scanner.plan({"r1": 61_000}, current_lsn=61_000) == []
 
 
 def test_the_reads_go_as_far_as_the_budget_decodes() -> None:
-    scanner = CommitScanner(max_bytes=1 << 20)
+    scanner = CommitScanner(max_bytes=1 << 20, locate=False)
     # Two places, 40 kB of budget: shared alike, never under 8 kB, never over max_bytes.
-    assert scanner.plan({"r1": 0, "r2": 500_000}, current_lsn=10**9, budget_bytes=40_960) == [
+    assert _plain(scanner.plan({"r1": 0, "r2": 500_000}, current_lsn=10**9, budget_bytes=40_960)) == [
         (0, 20_480), (500_000, 520_480)]
-    assert scanner.plan({"r1": 0, "r2": 500_000}, current_lsn=10**9, budget_bytes=1000) == [
+    assert _plain(scanner.plan({"r1": 0, "r2": 500_000}, current_lsn=10**9, budget_bytes=1000)) == [
         (0, 8192), (500_000, 508_192)]
-    assert scanner.plan({"r1": 0}, current_lsn=10**9, budget_bytes=10**9) == [(0, 1 << 20)]
+    assert _plain(scanner.plan({"r1": 0}, current_lsn=10**9, budget_bytes=10**9)) == [(0, 1 << 20)]
+    # Located, the same budget describes as much and counts COUNT_FACTOR times as far
+    # (never past max_bytes).
+    scanner.locate = True
+    assert scanner.plan({"r1": 0, "r2": 500_000}, current_lsn=10**9, budget_bytes=40_960) == [
+        LocatedRange(0, 20_480 * COUNT_FACTOR, 20_480), LocatedRange(500_000, 500_000 + 20_480 * COUNT_FACTOR,
+                                                                     520_480)]
+    assert scanner.plan({"r1": 0}, current_lsn=10**9, budget_bytes=10**9) == [LocatedRange(0, 1 << 20, 1 << 20)]
     # A read the server cancelled at its budget halves the speed it is planned with.
     before = scanner._speed
     scanner._slower(1_000_000, 0.05)
-    assert scanner._speed == pytest.approx(min(before, 20e6) / 2) and scanner.cancelled == 1
+    assert scanner._speed == pytest.approx(min(before, 20e6) / 2) and scanner.totals.cancelled == 1
     # A small read (a replica keeping up) says what a read costs whatever its size, not
     # the decoding speed: that stays.
     halved = scanner._speed
@@ -118,19 +134,37 @@ def test_the_reads_go_as_far_as_the_budget_decodes() -> None:
     assert scanner._speed == pytest.approx(0.7 * (0.7 * halved + 0.3 * 100e6) + 0.3 * 100_000 / 0.0015)
 
 
-def test_a_stretch_keeps_at_most_max_commits_and_reads_the_rest_later() -> None:
-    scanner = CommitScanner(max_bytes=10_000, max_commits=2)
-    assert scanner.plan({"r1": 0}, current_lsn=10_000) == [(0, 10_000)]  # max_bytes: 10,000
+def test_a_stretch_keeps_at_most_max_commits_and_reads_on_only_once_the_replica_is_past_them() -> None:
+    scanner = CommitScanner(max_bytes=10_000, max_commits=2, locate=False)
+    assert _plain(scanner.plan({"r1": 0}, current_lsn=10_000)) == [(0, 10_000)]  # max_bytes: 10,000
     scanner.absorb(_read(CommitRead(0, 1500, ((100, 1000.0), (200, 1000.1), (300, 1000.2)), complete=True)),
                    read_at=50.0)
     dates = scanner.dates(50.0)["r1"]
     # The third commit not kept: the stretch ends where it starts, and is not complete.
     assert dates.end == 300 and len(dates.commits) == 2 and not dates.complete
-    # Full: nothing more read until the replica replays past its first commit (and its
-    # walsender stood past it a cycle before).
+    # A commit past the replica's position: that dates it, nothing more is read.
     assert scanner.plan({"r1": 50}, current_lsn=10_000) == []
     assert scanner.plan({"r1": 150}, current_lsn=10_000) == []
-    assert scanner.plan({"r1": 160}, current_lsn=10_000) == [(300, 10_300)]
+    # Past both (and its walsender past the first a cycle before): read on from the end.
+    assert _plain(scanner.plan({"r1": 250}, current_lsn=10_000)) == [(300, 10_300)]
+
+
+def test_a_counted_read_ends_short_of_a_record_and_the_next_read_counts_from_there() -> None:
+    scanner = CommitScanner(max_bytes=1 << 20)
+    assert scanner.plan({"r1": 0}, current_lsn=10**7, budget_bytes=16_384) == [
+        LocatedRange(0, 16_384 * COUNT_FACTOR, 16_384)]
+    # Counted to 98,304 and nothing whole described there: known up to OVERLAP short of it.
+    scanner.absorb(_read(CommitRead(0, 96_256, (), complete=False, exact=False)), read_at=1.0)
+    # Read on from there, counted only: no record is known to start there.
+    assert scanner.plan({"r1": 10}, current_lsn=10**7, budget_bytes=16_384) == [
+        LocatedRange(96_256, 96_256 + 16_384 * COUNT_FACTOR, 96_256)]
+    # A read that got nowhere keeps that; near the flush (where a read may not start short
+    # of a record) the stretch starts afresh at the replica's position, a record's start.
+    scanner.absorb(_read(CommitRead(96_256, 96_256, (), complete=False)), read_at=2.0)
+    assert scanner.plan({"r1": 10}, current_lsn=96_256 + GUARD + CHUNK + 1, budget_bytes=16_384)[0].direct_end == \
+        96_256
+    assert scanner.plan({"r1": 10}, current_lsn=96_256 + GUARD, budget_bytes=16_384) == [
+        LocatedRange(10, 10 + 16_384 * COUNT_FACTOR, 10 + 16_384)]
 
 
 def test_the_statements_answer_is_parsed_and_capped() -> None:
@@ -142,9 +176,35 @@ def test_the_statements_answer_is_parsed_and_capped() -> None:
     parsed = walcommits.parse([row], max_commits=2)
     assert parsed.clock_epoch == 1000.25
     # Three listed, two kept: the stretch ends where the first one not kept starts.
-    assert parsed.reads[0] == CommitRead(0x1000, 0x1300, ((0x1100, 999.0), (0x1200, 999.1)), complete=False)
+    assert parsed.reads[0] == CommitRead(0x1000, 0x1300, ((0x1100, 999.0), (0x1200, 999.1)), complete=False,
+                                         described_bytes=0x1000)
     assert parsed.reads[1] == CommitRead(0x3000, 0x3000, (), complete=False)
-    assert parsed.reads[2] == CommitRead(0x4000, 0x4800, (), complete=True)
+    assert parsed.reads[2] == CommitRead(0x4000, 0x4800, (), complete=True, described_bytes=0x800)
+
+
+def test_a_located_reads_answer_says_what_was_counted_and_what_described() -> None:
+    start = 0x100000
+    row = {"clock_epoch": 1000.0, "reads": [
+        # Read whole (the flush within what may be described): as the plain read.
+        [format_lsn(start), format_lsn(start + 0x800), None, format_lsn(start + 0x800), None,
+         format_lsn(start - 1), True],
+        # Chunks 0-2 counted, the third held a commit and was described.
+        [format_lsn(start), format_lsn(start + 2 * STEP + 5000), [[format_lsn(start + 2 * STEP + 100), 999.0]],
+         format_lsn(start + 10**7), 2, format_lsn(start + 10**6), False],
+        # Counted to the limit, no commit; the last chunk described to where its last record ends.
+        [format_lsn(start), format_lsn(start + 10**6 - 40), None, format_lsn(start + 10**7), None,
+         format_lsn(start + 10**6), False],
+        # Counted to the limit, no record ended in the last chunk: known OVERLAP short of it.
+        [format_lsn(start), None, None, format_lsn(start + 10**7), None, format_lsn(start + 10**6), False],
+    ]}
+    direct, located, counted, unended = walcommits.parse([row], max_commits=8).reads
+    assert direct == CommitRead(start, start + 0x800, (), complete=True, described_bytes=0x800)
+    assert located == CommitRead(start, start + 2 * STEP + 5000, ((start + 2 * STEP + 100, 999.0),), complete=False,
+                                 counted_bytes=2 * STEP + CHUNK, described_bytes=5000)
+    assert counted == CommitRead(start, start + 10**6 - 40, (), complete=False, counted_bytes=10**6,
+                                 described_bytes=CHUNK - 40)
+    assert unended == CommitRead(start, start + 10**6 - OVERLAP, (), complete=False, exact=False,
+                                 counted_bytes=10**6, described_bytes=CHUNK)
 
 
 # -- the heartbeat's bounds (beats.py) ------------------------------------------------------
@@ -239,3 +299,51 @@ def test_the_heartbeat_config_says_what_is_wrong_and_where() -> None:
     assert "clusters[0].heartbeat.interval: must be between 5ms and 10s" in text
     assert "clusters[0].heartbeat.table: must be a lower-case table name" in text
     assert "clusters[0].heartbeat.id: must be 1 to 63 letters" in text
+
+
+class _Answers:
+    """A primary's connection that fails each statement naming a start in ``fail_after``
+    (as pg_walinspect does where no whole record follows it) and answers the rest."""
+
+    def __init__(self, fail_after: set[int]) -> None:
+        self.fail_after = fail_after
+        self.other = False  # fail every statement with another error
+        self.statements: list[bytes] = []
+
+    async def execute(self, statement: bytes) -> _Answers:
+        self.statements.append(statement)
+        if self.other:
+            raise psycopg.errors.InternalError("out of memory")
+        for lsn in sorted(self.fail_after):
+            if f"'{format_lsn(lsn)}'".encode() in statement:
+                raise psycopg.errors.InternalError(f"could not find a valid record after {format_lsn(lsn)}")
+        starts = [int(x.split("/")[0], 16) << 32 | int(x.split("/")[1], 16)
+                  for x in re.findall(rb"ARRAY\[([^\]]*)\]::pg_lsn\[\]", statement)[0].decode().replace("'", "")
+                  .split(",")]
+        self._rows = [{"clock_epoch": 1000.0, "reads": [
+            [format_lsn(s), format_lsn(s + 100), [[format_lsn(s + 50), 999.0]], format_lsn(s + 10**6)]
+            for s in starts]}]
+        return self
+
+    def nextset(self) -> None:
+        pass
+
+    async def fetchall(self) -> list[dict[str, object]]:
+        return self._rows
+
+
+def test_a_range_with_no_whole_record_past_it_holds_nothing_visible_and_the_rest_are_read_again() -> None:
+    scanner = CommitScanner(max_bytes=1 << 20, locate=False)
+    conn = _Answers(fail_after={0x5000})
+    failures: list[str] = []
+    dates = asyncio.run(scanner.scan(conn, (), 0x10_0000, "c", 0.1, lambda *a: failures.append(a[1]),  # type: ignore[arg-type]
+                                     consumers={"r1": 0x5000, "r2": 0x9000}))
+    assert len(conn.statements) == 2 and b"'0/5000'" not in conn.statements[1]
+    # r1 caught up to the last whole record: nothing a reader can see lies past it.
+    assert date_from_wal(0x5000, 10.0, dates["r1"]) == Staleness(0.0, "wal_commit")
+    assert dates["r2"].commits and scanner.totals.retried == 1 and scanner.totals.failed == 0 and not failures
+    # Any other failure: the cycle's dates are the last ones, counted as failed.
+    conn.fail_after, conn.other = set(), True
+    again = asyncio.run(scanner.scan(conn, (), 0x10_0000, "c", 0.1, lambda *a: None,  # type: ignore[arg-type]
+                                     consumers={"r1": 0x5000, "r2": 0x9000}))
+    assert again["r2"].commits == dates["r2"].commits and scanner.totals.failed == 1 and scanner.state is False
