@@ -156,8 +156,8 @@ class CommitScanner:
         true offset: dating commits with it makes them no older than they are (never an
         over-read). A late answer (lagwatch busy, the host starved) makes it too large by the
         delay, so the least of the reads over the last OFFSET_WINDOW seconds is taken: the
-        quickest of them. (Short, so that a slewing clock moves it by a millisecond or two
-        at most.)"""
+        quickest of them, the WAL reads' and every poll's of the primary (``scan``'s
+        ``clock``). (Short, so that a slewing clock moves it by a millisecond or two at most.)"""
         self._offsets.append((answered, answered - clock_epoch))
         while self._offsets and self._offsets[0][0] < answered - OFFSET_WINDOW:
             self._offsets.popleft()
@@ -171,15 +171,20 @@ class CommitScanner:
 
     async def scan(self, conn: psycopg.AsyncConnection[Any], senders: Sequence[WalSender], current_lsn: int | None,
                    cluster: str, budget: float, note_failure: Callable[[str, str], None],
-                   own: Mapping[str, int] | None = None,
-                   consumers: Mapping[str, int] | None = None) -> dict[str, WalDates]:
+                   own: Mapping[str, int] | None = None, consumers: Mapping[str, int] | None = None,
+                   clock: tuple[float | None, float] | None = None) -> dict[str, WalDates]:
         """This cycle's reads on the primary's connection, and each walsender's dates. The
         read may take at most ``budget`` seconds (the server cancels it past that: it never
         costs the poll its answer); it asks for no more than that time decodes at the speed
         the reads so far went. ``own``: where replicas said they have replayed up to this
         cycle, by walsender (replayboard.py): read from there rather than from where their
         walsenders last heard of them. ``consumers``: the logical consumers' positions, by
-        ``logical_key``: each dated by the first commit past it, as a replica is."""
+        ``logical_key``: each dated by the first commit past it, as a replica is.
+        ``clock``: the primary's clock as this poll read it, and when the poll was answered
+        (every poll's tightens the offset commits are dated with, not only the WAL reads':
+        those are a few a minute at `1s` once the stretches hold their commits)."""
+        if clock is not None and clock[0] is not None:
+            self.offset(clock[0], clock[1])
         replays = {**replay_positions(senders, own or {}), **(consumers or {})}
         if current_lsn is None or not replays:
             self._stretches = {}

@@ -304,7 +304,7 @@ WAL_DATING_READ = counter("lagwatch_wal_dating_read_bytes", "WAL bytes read with
                           "replicas' staleness from commit times (lag_from_wal): counted by pg_get_wal_stats "
                           "or described by pg_get_wal_records_info", C)
 WAL_DATING_READS = counter("lagwatch_wal_dating_reads", "Reads of commit times from the primary's WAL "
-                           "(lag_from_wal), one statement a cycle at most", C)
+                           "(lag_from_wal), one a cycle at most", C)
 WAL_DATING_CANCELLED = counter("lagwatch_wal_dating_reads_cancelled", "Reads of commit times the primary cancelled "
                                "at their time budget (the replicas are dated by the LSN clock that cycle)", C)
 WAL_DATING_FAILED = counter("lagwatch_wal_dating_reads_failed", "Reads of commit times that failed otherwise "

@@ -327,7 +327,8 @@ class NodePoller:
             consumers = {logical_key(s.slot_name): s.position for s in senders.logical if s.position is not None}
             self._scanner.locate = caps.can_walinspect  # pg_get_wal_stats too: counted before described
             wal_dates = await self._scanner.scan(conn, walsenders, position.current_lsn, self.cluster.name,
-                                                 self._extra_budget(), self._reader.note_failure, own, consumers)
+                                                 self._extra_budget(), self._reader.note_failure, own, consumers,
+                                                 clock=(position.clock_epoch, answered_at))
             if self._scanner.state is not None:
                 health["wal_dating"] = self._scanner.state
         return Answer(capabilities=caps, position=position, walsenders=walsenders,
