@@ -89,6 +89,7 @@ class CommitScanner:
         self.totals = WalDatingTotals()  # reads since start: bytes, cancelled, failed
         self.state: bool | None = None  # whether the last read worked (None: none yet)
         self._speed = INITIAL_SPEED  # bytes a second the reads decode, as measured
+        self._last_lsn: int | None = None  # the primary's position the cycle before
         self._plain_cycles = 0  # cycles left reading without counting first (after a located read failed)
         self._read_times: deque[float] = deque(maxlen=READS_REMEMBERED)  # seconds each read took
         self._offsets: deque[tuple[float, float]] = deque()  # (answered, answered - primary's clock)
@@ -96,10 +97,13 @@ class CommitScanner:
     def forget(self) -> None:
         self._stretches = {}
 
-    def plan(self, replays: Mapping[str, int], current_lsn: int, budget_bytes: int | None = None) -> list[
-            LocatedRange]:
+    def plan(self, replays: Mapping[str, int], current_lsn: int, budget_bytes: int | None = None,
+             writing: bool = False) -> list[LocatedRange]:
         """The ranges to read this cycle, given each walsender's replay position: from the
         end of each stretch as far as the primary has flushed (the statement stops there),
+        also from one at or past ``current_lsn`` while the primary is ``writing`` (a
+        replica's own answer can come after the primary's: the read, later still, says
+        what was committed in between),
         each described for at most ``max_bytes``, together at most ``budget_bytes`` (shared
         alike, never under 8 kB), and counted COUNT_FACTOR times as far where reads are
         located. Stretches that end at one place share one read. A stretch is read on only
@@ -121,7 +125,7 @@ class CommitScanner:
         self._stretches = stretches
         ends: dict[int, bool] = {}  # where to read from: whether a record starts there
         for s in stretches.values():
-            if s.end < current_lsn and not any(lsn >= s.replay for lsn, _ in s.commits):
+            if (s.end < current_lsn or writing) and not any(lsn >= s.replay for lsn, _ in s.commits):
                 ends[s.end] = ends.get(s.end, False) or s.exact
         if not ends:
             return []
@@ -189,7 +193,9 @@ class CommitScanner:
         if current_lsn is None or not replays:
             self._stretches = {}
             return {}
-        ranges = self.plan(replays, current_lsn, budget_bytes=int(self._speed * budget * BUDGET_SHARE))
+        writing = self._last_lsn is not None and current_lsn > self._last_lsn
+        self._last_lsn = current_lsn
+        ranges = self.plan(replays, current_lsn, int(self._speed * budget * BUDGET_SHARE), writing)
         if not ranges:
             return self.dates(time.monotonic())
         located = self.locate and self._plain_cycles == 0

@@ -29,4 +29,6 @@ GRANT EXECUTE ON FUNCTION pg_ls_waldir() TO lagwatch;
 -- and each replica's staleness dated from the commit times in the WAL just past its replay
 -- position, to the millisecond under any load (lag_from_wal; docs/lag.md):
 --   GRANT EXECUTE ON FUNCTION pg_get_wal_records_info(pg_lsn, pg_lsn) TO lagwatch;
+-- (with pg_get_wal_stats granted too, those reads count the WAL before they describe it,
+-- and reach six times as far past a replica for the same cost on the primary).
 -- Without it lagwatch says once in its log that it skips the FPI statistics, and why.

@@ -78,10 +78,10 @@ def _limited(select: str, timeout_ms: int) -> bytes:
 # one before: they overlap by OVERLAP, so that a commit record up to that long is wholly
 # inside one of them wherever it lies (pg_get_wal_stats counts only the records that begin
 # at or after its start and end by its end). A longer one across a chunk's edge (a
-# transaction with hundreds of subtransactions) can be missed; the commit dated then is a
+# transaction with a thousand subtransactions) can be missed; the commit dated then is a
 # later one, so the reading errs low, never high.
-CHUNK = 8192
-OVERLAP = 2048
+CHUNK = 16384
+OVERLAP = 4096
 STEP = CHUNK - OVERLAP
 # Chunks end at least this far short of the primary's flush position: pg_walinspect fails
 # the whole statement when no complete record begins at or after a read's start, as when
@@ -91,8 +91,9 @@ GUARD = 32768
 
 # One range each: ``s`` where it starts; ``e`` how far its chunks may go; ``d`` how far a
 # read from ``s`` describing every record may go (``s`` itself where it may not: ``s``
-# is not known to be a record's start). Where the flush is within ``d`` the range is read
-# whole, described, as ``statement`` does ("direct"); else its chunks are counted, from
+# is not known to be a record's start). Where the flush is within ``d``, or counting would
+# go no further than describing (the flush within GUARD of ``d``), it is described from
+# ``s`` up to ``d``, as ``statement`` does ("direct"); else its chunks are counted, from
 # ``s``, until one holds a commit (LIMIT 1: those after it are not read), and that chunk
 # is described ("located"); else the last chunk is described, for where its last record
 # ends: the next read of the stretch starts there, at a record ("counted"). The filters on outer
@@ -100,11 +101,12 @@ GUARD = 32768
 # on an empty range, which they reject.
 _LOCATE = f"""SELECT q.reads, extract(epoch FROM clock_timestamp())::float8 AS clock_epoch
 FROM (SELECT coalesce((SELECT json_agg(json_build_array(r.s::text, x.scanned::text, x.commits, r.flush::text,
-                                                        h.j, r.lim::text, r.flush <= r.d))
-              FROM (SELECT u.s, u.d, f.flush, least(u.e, f.flush - {GUARD}::numeric) AS lim
+                                                        h.j, r.lim::text, r.direct))
+              FROM (SELECT u.s, u.d, f.flush, l.lim, u.d > u.s AND (f.flush <= u.d OR l.lim <= u.d) AS direct
                     FROM unnest(ARRAY[@starts]::pg_lsn[], ARRAY[@ends]::pg_lsn[], ARRAY[@directs]::pg_lsn[])
                              AS u(s, e, d),
-                         LATERAL (SELECT pg_current_wal_flush_lsn() AS flush) f
+                         LATERAL (SELECT pg_current_wal_flush_lsn() AS flush) f,
+                         LATERAL (SELECT least(u.e, f.flush - {GUARD}::numeric) AS lim) l
                     WHERE u.s < f.flush) r
               LEFT JOIN LATERAL (
                   SELECT g.j, c.a, c.b
@@ -112,15 +114,15 @@ FROM (SELECT coalesce((SELECT json_agg(json_build_array(r.s::text, x.scanned::te
                        LATERAL (SELECT r.s + (g.j * {STEP})::numeric AS a,
                                        least(r.s + (g.j * {STEP} + {CHUNK})::numeric, r.lim) AS b) c,
                        LATERAL (SELECT sum(w.count) AS n FROM pg_get_wal_stats(c.a, c.b, true) w
-                                WHERE c.a < c.b AND r.flush > r.d
+                                WHERE c.a < c.b AND NOT r.direct
                                   AND w."resource_manager/record_type"
                                       IN ('Transaction/COMMIT', 'Transaction/COMMIT_PREPARED')) st
                   WHERE st.n > 0
                   LIMIT 1) h ON true
               CROSS JOIN LATERAL (
-                  SELECT CASE WHEN r.flush <= r.d THEN r.s WHEN h.j IS NOT NULL THEN h.a
+                  SELECT CASE WHEN r.direct THEN r.s WHEN h.j IS NOT NULL THEN h.a
                               ELSE greatest(r.s, r.lim - {CHUNK}::numeric) END AS a,
-                         CASE WHEN r.flush <= r.d THEN r.flush WHEN h.j IS NOT NULL THEN h.b ELSE r.lim END AS b) rr
+                         CASE WHEN r.direct THEN least(r.d, r.flush) WHEN h.j IS NOT NULL THEN h.b ELSE r.lim END AS b) rr
               CROSS JOIN LATERAL (
                   SELECT max(w.end_lsn) AS scanned,
                          (array_agg(json_build_array(w.start_lsn::text, w.t) ORDER BY w.start_lsn)
