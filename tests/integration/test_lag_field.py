@@ -15,12 +15,10 @@ checks, per watcher, the p95 and median of the readings against the oracle's ove
 same instants (within max(10 ms, 20 %)), the share of
 readings under the lower bound by more than max(10 ms, 20 %) (at most 2 %), and the share
 over the upper bound by more than max(5 ms, 10 %) (at most 1 %: an over-read ejects a
-healthy replica). The big UPDATE is held to the p95 and the over-reads; the share of
-under-reads, and the median they pull down, are printed, not asserted: where a replica
-replays megabytes between two polls the WAL dating's read (bounded in cost) does not
-always reach its first missing commit, and the readings it leaves to the LSN clock
-under-read at times (1-7 % of them at 100 ms, more on a loaded CI host; docs/lag.md).
-Then pool control at a 50 ms SLA under the same load. What each case
+healthy replica). The big UPDATE too, its under-reads at most 5 % here (0-2 % measured:
+its replicas replay megabytes between two polls, and the WAL dating reaches their first
+missing commits by counting the WAL before it describes it; views/walcommits.py,
+docs/lag.md). Then pool control at a 50 ms SLA under the same load. What each case
 measured is printed (pytest -s). bench/lagfield.py measures the same cases with the
 error distributions, and the LSN clock alone beside.
 """
@@ -75,7 +73,7 @@ def watchers(field: ChaosCluster, tmp_path_factory: pytest.TempPathFactory) -> I
 
 
 def judge(case: str, collected: dict[str, Readings], log: OracleLog, start: float, end: float,
-          lows_judged: bool = True) -> tuple[list[str], list[str]]:
+          under_share: float = 0.02) -> tuple[list[str], list[str]]:
     """What each interval read of each replica in [start, end] against the oracle: the
     report's lines, and the failures."""
     lines, failures = [], []
@@ -85,13 +83,13 @@ def judge(case: str, collected: dict[str, Readings], log: OracleLog, start: floa
             if len(seen) < 5:
                 failures.append(f"{case} @ {name} {replica}: only {len(seen)} readings")
                 continue
-            line, problems = _judge_one(f"{case} @ {name} {replica}", seen, log, lows_judged)
+            line, problems = _judge_one(f"{case} @ {name} {replica}", seen, log, under_share)
             lines.append(line)
             failures += problems
     return lines, failures
 
 
-def _judge_one(label: str, seen: list[Reading], log: OracleLog, lows_judged: bool) -> tuple[str, list[str]]:
+def _judge_one(label: str, seen: list[Reading], log: OracleLog, under_share: float) -> tuple[str, list[str]]:
     truths = [log.truth(r.replica, r.at) for r in seen]
     values = [r.seconds for r in seen]
     p95, median = nearest_rank(values, 0.95), statistics.median(values)
@@ -106,9 +104,9 @@ def _judge_one(label: str, seen: list[Reading], log: OracleLog, lows_judged: boo
     problems = []
     if not _within(p95, *oracle_p95):
         problems.append(f"p95: {line}")
-    if lows_judged and not _within(median, *oracle_median):
+    if not _within(median, *oracle_median):
         problems.append(f"median: {line}")
-    if lows_judged and len(under) > 0.02 * len(seen):
+    if len(under) > under_share * len(seen):
         problems.append(f"under-reads: {line}: " + "; ".join(_show(r, t) for r, t in under[:5]))
     if len(over) > 0.01 * len(seen):
         problems.append(f"over-reads: {line}: " + "; ".join(_show(r, t) for r, t in over[:5]))
@@ -129,7 +127,7 @@ def _span() -> None:
 
 
 def _case(case: str, field: ChaosCluster, watchers: dict[str, Lagwatch], tmp_path: Path,
-          settle: float = 3.0, judged: Callable[[], None] = _span, lows_judged: bool = True) -> tuple[
+          settle: float = 3.0, judged: Callable[[], None] = _span, under_share: float = 0.02) -> tuple[
         list[str], list[str]]:
     """The OLTP load and the oracle; ``settle`` seconds for the case to take hold, then
     what ``judged`` does (SPAN seconds by default) is judged."""
@@ -143,7 +141,7 @@ def _case(case: str, field: ChaosCluster, watchers: dict[str, Lagwatch], tmp_pat
         for lw in watchers.values():
             lw.wait_cycles(1)  # the readings of the span's last instants published
         log = oracle.read(others=True)  # pgbench commits beside the writer
-    return judge(case, collected, log, start, end, lows_judged)
+    return judge(case, collected, log, start, end, under_share)
 
 
 def _report(lines: list[str], failures: list[str]) -> None:
@@ -183,8 +181,10 @@ def test_a_big_transaction_amid_the_load(field: ChaosCluster, watchers: dict[str
         took.append(big_update(field))
         field.wait_replayed(timeout=120)
 
+    # The issue's 2 % is met in most runs here (0-2 of ~90 readings at 100 ms) and measured
+    # by bench/lagfield.py; at 5 % this guards against the WAL dating falling back again.
     lines, failures = _case("UPDATE of a million rows", field, watchers, tmp_path, judged=update_and_replay_through,
-                            lows_judged=False)
+                            under_share=0.05)
     print(f"the UPDATE took {took[0]:.1f} s")
     _report(lines, failures)
 

@@ -285,6 +285,10 @@ def test_the_clocks_offset_is_the_quickest_reads_over_a_window() -> None:
     assert scanner.offset(1001.0, 51.030) == pytest.approx(-949.996)  # a late answer (busy host): not taken
     assert scanner.offset(1002.0, 52.001) == pytest.approx(-949.999)  # a quicker one is
     assert scanner.offset(1020.0, 70.020) == pytest.approx(-949.980)  # the window moved on
+    # Every poll's clock counts, whether or not the cycle reads any WAL.
+    asyncio.run(scanner.scan(_Answers(set()), (), 0x1000, "c", 0.1, lambda *a: None,  # type: ignore[arg-type]
+                             clock=(1021.0, 71.0005)))
+    assert scanner.dates(71.0) == {} and min(o for _, o in scanner._offsets) == pytest.approx(-949.9995)
 
 
 def test_the_heartbeat_config_says_what_is_wrong_and_where() -> None:

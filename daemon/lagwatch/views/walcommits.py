@@ -122,7 +122,8 @@ FROM (SELECT coalesce((SELECT json_agg(json_build_array(r.s::text, x.scanned::te
               CROSS JOIN LATERAL (
                   SELECT CASE WHEN r.direct THEN r.s WHEN h.j IS NOT NULL THEN h.a
                               ELSE greatest(r.s, r.lim - {CHUNK}::numeric) END AS a,
-                         CASE WHEN r.direct THEN least(r.d, r.flush) WHEN h.j IS NOT NULL THEN h.b ELSE r.lim END AS b) rr
+                         CASE WHEN r.direct THEN least(r.d, r.flush) WHEN h.j IS NOT NULL THEN h.b
+                              ELSE r.lim END AS b) rr
               CROSS JOIN LATERAL (
                   SELECT max(w.end_lsn) AS scanned,
                          (array_agg(json_build_array(w.start_lsn::text, w.t) ORDER BY w.start_lsn)
