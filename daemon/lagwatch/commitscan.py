@@ -4,19 +4,20 @@ For each walsender the primary reports, lagwatch keeps the stretch of WAL just p
 replay position (the replica's own answer of the cycle where it came in time,
 replayboard.py; else the walsender's) that it has read: every commit in it, up to
 ``max_commits``. Each cycle the stretch starts again where the replica stood the cycle
-before (what was replayed before that is dropped) and, while it holds too few commits
-and ends short of the primary's position, is read on from its end as far as the primary
-has flushed, within a budget: the read is planned to take no more than a share of its
-time budget at the speed reads have decoded so far, and the server cancels it at the
-budget (poll.py gives each extra read a quarter of the poll's deadline). A replica that
-keeps up costs the WAL written since the last cycle, read once for every replica at the
-same place; one further behind costs nothing once its stretch is full, until it replays
-past it; one replaying through a big transaction costs a budget's worth a cycle. The
-primary's poller owns one and runs it on its connection after the cycle's views; the
-tracker dates each replica from what it yields (lag.date_from_wal, which says what a
-WalDates holds).
+before (what was replayed before that is dropped) and, while it holds no commit past
+the replica's position and ends short of the primary's position (or the primary is
+writing: a replica's answer can come after the primary's), is read on from its end as far
+as the primary has flushed, within a budget: the read is planned to take no more than a
+share of its time budget at the speed reads have decoded so far, and the server cancels
+it at the budget (poll.py gives each extra read a quarter of the poll's deadline). Where
+permitted a read counts the WAL before it describes it (views/walcommits.py: six times as
+far for the same cost). A replica that keeps up costs the WAL written since the last
+cycle, read once for every replica at the same place; one further behind costs nothing
+once the first commit past it is listed, until it replays past it; one replaying through
+a big transaction costs a budget's worth a cycle. The primary's poller owns one and runs
+it on its connection after the cycle's views; the tracker dates each replica from what it
+yields (lag.date_from_wal, which says what a WalDates holds).
 """
-
 from __future__ import annotations
 
 import logging
