@@ -38,13 +38,9 @@ _COMMIT_TIME = r"'^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(\.\d+)?([+-]\d\d(:\d\d)?)?$'"
 # complete. The primary's clock is read after the reads (the subquery is not flattened,
 # OFFSET 0): decoding takes milliseconds, and a clock read before them would date every
 # commit late by that much.
-_SELECT = f"""SELECT q.reads, extract(epoch FROM clock_timestamp())::float8 AS clock_epoch
-FROM (SELECT coalesce((SELECT json_agg(json_build_array(r.s::text, x.scanned::text, x.commits, r.flush::text))
-              FROM (SELECT u.s, least(u.e, f.flush) AS e, f.flush
-                    FROM unnest(ARRAY[@starts]::pg_lsn[], ARRAY[@ends]::pg_lsn[]) AS u(s, e),
-                         LATERAL (SELECT pg_current_wal_flush_lsn() AS flush) f
-                    WHERE u.s < least(u.e, f.flush)) r
-              CROSS JOIN LATERAL (
+# What a described range holds: where its last whole record ends, and its commits (the
+# first ``@limit``) with their times. ``@range``: the range's bounds and any gate on them.
+_DESCRIBED = f"""CROSS JOIN LATERAL (
                   SELECT max(w.end_lsn) AS scanned,
                          (array_agg(json_build_array(w.start_lsn::text, w.t) ORDER BY w.start_lsn)
                              FILTER (WHERE w.t IS NOT NULL))[1:@limit] AS commits
@@ -54,7 +50,15 @@ FROM (SELECT coalesce((SELECT json_agg(json_build_array(r.s::text, x.scanned::te
                                          AND split_part(i.description, ';', 1) ~ {_COMMIT_TIME}
                                     THEN extract(epoch FROM split_part(i.description, ';', 1)::timestamptz)::float8
                                END AS t
-                        FROM pg_get_wal_records_info(r.s, r.e) i) w) x), '[]'::json) AS reads
+                        FROM pg_get_wal_records_info@range) w) x"""
+
+_SELECT = f"""SELECT q.reads, extract(epoch FROM clock_timestamp())::float8 AS clock_epoch
+FROM (SELECT coalesce((SELECT json_agg(json_build_array(r.s::text, x.scanned::text, x.commits, r.flush::text))
+              FROM (SELECT u.s, least(u.e, f.flush) AS e, f.flush
+                    FROM unnest(ARRAY[@starts]::pg_lsn[], ARRAY[@ends]::pg_lsn[]) AS u(s, e),
+                         LATERAL (SELECT pg_current_wal_flush_lsn() AS flush) f
+                    WHERE u.s < least(u.e, f.flush)) r
+              {_DESCRIBED.replace("@range", "(r.s, r.e) i")}), '[]'::json) AS reads
       OFFSET 0) q"""
 
 
@@ -124,18 +128,7 @@ FROM (SELECT coalesce((SELECT json_agg(json_build_array(r.s::text, x.scanned::te
                               ELSE greatest(r.s, r.lim - {CHUNK}::numeric) END AS a,
                          CASE WHEN r.direct THEN least(r.d, r.flush) WHEN h.j IS NOT NULL THEN h.b
                               ELSE r.lim END AS b) rr
-              CROSS JOIN LATERAL (
-                  SELECT max(w.end_lsn) AS scanned,
-                         (array_agg(json_build_array(w.start_lsn::text, w.t) ORDER BY w.start_lsn)
-                             FILTER (WHERE w.t IS NOT NULL))[1:@limit] AS commits
-                  FROM (SELECT i.start_lsn, i.end_lsn,
-                               CASE WHEN i.resource_manager = 'Transaction'
-                                         AND i.record_type IN ('COMMIT', 'COMMIT_PREPARED')
-                                         AND split_part(i.description, ';', 1) ~ {_COMMIT_TIME}
-                                    THEN extract(epoch FROM split_part(i.description, ';', 1)::timestamptz)::float8
-                               END AS t
-                        FROM pg_get_wal_records_info(rr.a, rr.b) i
-                        WHERE rr.a < rr.b) w) x), '[]'::json) AS reads
+              {_DESCRIBED.replace("@range", "(rr.a, rr.b) i WHERE rr.a < rr.b")}), '[]'::json) AS reads
       OFFSET 0) q"""
 
 
