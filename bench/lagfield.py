@@ -138,10 +138,11 @@ def run_case(case: str, cluster: ChaosCluster, watchers: dict[tuple[str, str], L
     print(f"\n## {case}: pgbench {statistics.mean(tps) if tps else 0:.0f} tps {note}")
     for (interval, arm), r in readings.items():
         reads = {k: watchers[(interval, arm)].value(f"lagwatch_wal_dating_{k}_total", cluster="main") or 0
-                 for k in ("reads", "reads_cancelled", "reads_failed")}
+                 for k in ("reads", "reads_cancelled", "reads_failed", "reads_retried")}
         if reads["reads"]:
             print(f"{interval:>6} {arm:<14} WAL reads since start {reads['reads']:.0f}: cancelled at their budget "
-                  f"{reads['reads_cancelled']:.0f}, failed {reads['reads_failed']:.0f}")
+                  f"{reads['reads_cancelled']:.0f}, failed {reads['reads_failed']:.0f}, run again without a range "
+                  f"holding no whole record {reads['reads_retried']:.0f}")
         for replica in ("replica1", "replica2"):
             print(f"{interval:>6} {arm:<14} {replica}: {summary(r, replica, log, start, end)}")
             if detail:

@@ -30,6 +30,7 @@ from typing import Any
 import psycopg
 import psycopg.errors
 
+from lagwatch.clockoffset import ClockOffset
 from lagwatch.errors import flat_message
 from lagwatch.lag import WalDates
 from lagwatch.lsn import format_lsn
@@ -60,10 +61,10 @@ BUDGET_SHARE = 0.3
 # up to this many times the bytes it may describe, and its cost is reckoned in described
 # bytes: what it describes, and what it counts over this.
 COUNT_FACTOR = 6
-# The clocks' offset is the least seen over this long (``CommitScanner.offset``).
-OFFSET_WINDOW = 10.0
 # Cycles read without counting first after a located read failed.
 PLAIN_CYCLES_AFTER_ERROR = 10
+# Cycles a stretch is kept, unread, while its replica's position is not known.
+ABSENT_CYCLES = 10
 # Commits listed per stretch: the first is what dates a replica; the rest date it as it
 # replays on, between two reads, and bound the memory a stretch takes.
 MAX_COMMITS = 64
@@ -77,6 +78,7 @@ class _Stretch:
     replay: int  # the walsender's replay position this cycle
     complete: bool = False  # this cycle's read reached the primary's flush position
     exact: bool = True  # ``end`` is where a record starts (walcommits.CommitRead.exact)
+    absent: int = 0  # cycles since its replica's position was last known
 
 
 class CommitScanner:
@@ -93,7 +95,7 @@ class CommitScanner:
         self._last_lsn: int | None = None  # the primary's position the cycle before
         self._plain_cycles = 0  # cycles left reading without counting first (after a located read failed)
         self._read_times: deque[float] = deque(maxlen=READS_REMEMBERED)  # seconds each read took
-        self._offsets: deque[tuple[float, float]] = deque()  # (answered, answered - primary's clock)
+        self._offset = ClockOffset("at_most")  # lagwatch's clock less the primary's
 
     def forget(self) -> None:
         self._stretches = {}
@@ -108,25 +110,18 @@ class CommitScanner:
         each described for at most ``max_bytes``, together at most ``budget_bytes`` (shared
         alike, never under 8 kB), and counted COUNT_FACTOR times as far where reads are
         located. Stretches that end at one place share one read. A stretch is read on only
-        while it holds no commit past its replica's position: the first is all that dates it."""
-        stretches = {}
+        while it holds no commit past its replica's position: the first is all that dates it.
+        One whose replica's position is not known this cycle (a cut-off replica that
+        answered after the read, a walsender reconnecting) is kept unread for ABSENT_CYCLES:
+        the WAL it has read is still what it was."""
+        stretches = {name: replace(old, complete=False, absent=old.absent + 1) for name, old in self._stretches.items()
+                     if name not in replays and old.absent < ABSENT_CYCLES}
         for name, replay in replays.items():
-            old = self._stretches.get(name)
-            if old is None or not old.start <= replay <= old.end or (
-                    not old.exact and current_lsn - old.end < GUARD + CHUNK):
-                # Afresh from its position (a record's start), also where the stretch ends
-                # short of a record near the flush, where a read cannot start.
-                stretches[name] = _Stretch(replay, replay, (), replay)
-            else:
-                # From where its walsender stood last cycle, not this one: the replica's own
-                # position, read at the same moment, may be a reply behind the walsender's.
-                start = min(replay, old.replay)
-                stretches[name] = _Stretch(start, old.end, tuple(c for c in old.commits if c[0] >= start), replay,
-                                           exact=old.exact)
+            stretches[name] = _moved_on(self._stretches.get(name), replay, current_lsn)
         self._stretches = stretches
         ends: dict[int, bool] = {}  # where to read from: whether a record starts there
         for s in stretches.values():
-            if (s.end < current_lsn or writing) and not any(lsn >= s.replay for lsn, _ in s.commits):
+            if not s.absent and (s.end < current_lsn or writing) and not any(lsn >= s.replay for lsn, _ in s.commits):
                 ends[s.end] = ends.get(s.end, False) or s.exact
         if not ends:
             return []
@@ -140,7 +135,7 @@ class CommitScanner:
         A commit time is the primary's, put on lagwatch's clock by the offset between the two
         clocks (``offset``)."""
         offset = self.offset(read.clock_epoch, read_at) if read.clock_epoch is not None else \
-            min((o for _, o in self._offsets), default=0.0)
+            self._offset.bound or 0.0
         by_start = {r.start: r for r in read.reads}
         self.totals = replace(self.totals, read_bytes=self.totals.read_bytes
                               + sum(max(r.counted_bytes, r.described_bytes) for r in read.reads))
@@ -160,17 +155,13 @@ class CommitScanner:
         read before its answer came, so ``answered - clock_epoch`` is never less than the
         true offset: dating commits with it makes them no older than they are (never an
         over-read). A late answer (lagwatch busy, the host starved) makes it too large by the
-        delay, so the least of the reads over the last OFFSET_WINDOW seconds is taken: the
-        quickest of them, the WAL reads' and every poll's of the primary (``scan``'s
-        ``clock``). (Short, so that a slewing clock moves it by a millisecond or two at most.)"""
-        self._offsets.append((answered, answered - clock_epoch))
-        while self._offsets and self._offsets[0][0] < answered - OFFSET_WINDOW:
-            self._offsets.popleft()
-        return min(o for _, o in self._offsets)
+        delay, so the least of the last few seconds' is taken (clockoffset.py): the quickest
+        of them, the WAL reads' and every poll's of the primary (``scan``'s ``clock``)."""
+        return self._offset.note(answered, answered - clock_epoch)
 
     def dates(self, read_at: float) -> dict[str, WalDates]:
         """Each walsender's stretch (complete only where this cycle's read reached the flush)."""
-        offset = min((o for _, o in self._offsets), default=0.0)
+        offset = self._offset.bound or 0.0
         return {name: WalDates(s.start, s.end, s.commits, complete=s.complete, offset=offset)
                 for name, s in self._stretches.items()}
 
@@ -279,9 +270,22 @@ class CommitScanner:
         self.totals = replace(self.totals, cancelled=self.totals.cancelled + 1)
 
 
+def _moved_on(old: _Stretch | None, replay: int, current_lsn: int) -> _Stretch:
+    """A replica's stretch this cycle, its replay position now at ``replay``."""
+    if old is None or not old.start <= replay <= old.end or (not old.exact and current_lsn - old.end < GUARD + CHUNK):
+        # Afresh from its position (a record's start), also where the stretch ends short of
+        # a record near the flush, where a read cannot start.
+        return _Stretch(replay, replay, (), replay)
+    # From where its walsender stood last cycle, not this one: the replica's own position,
+    # read at the same moment, may be a reply behind the walsender's.
+    start = min(replay, old.replay)
+    return _Stretch(start, old.end, tuple(c for c in old.commits if c[0] >= start), replay, exact=old.exact)
+
+
 def replay_positions(senders: Sequence[WalSender], own: Mapping[str, int]) -> dict[str, int]:
-    """Where to read past, by walsender: the replica's own replay position of this cycle
-    where it came, else the one its walsender last heard (a reply old: a replica replaying
-    a big transaction is megabytes further on by then)."""
-    return {s.application_name: own.get(s.application_name, s.replay_lsn) for s in senders
-            if s.replay_lsn is not None}
+    """Where to read past, by walsender name: the replica's own replay position of this
+    cycle where it came, else the one its walsender last heard (a reply old: a replica
+    replaying a big transaction is megabytes further on by then). A replica cut off from
+    the primary has no walsender: its own position alone dates it."""
+    heard = {s.application_name: s.replay_lsn for s in senders if s.replay_lsn is not None}
+    return {**heard, **own}

@@ -286,6 +286,7 @@ def _wal_metrics(c: ClusterSnapshot) -> None:
         _one(f.WAL_DATING_READS, key, c.wal_dating.reads)
         _one(f.WAL_DATING_CANCELLED, key, c.wal_dating.cancelled)
         _one(f.WAL_DATING_FAILED, key, c.wal_dating.failed)
+        _one(f.WAL_DATING_RETRIED, key, c.wal_dating.retried)
     if c.heartbeat is not None:
         _one(f.HEARTBEAT_BEATS, key, c.heartbeat[0])
         _one(f.HEARTBEAT_ERRORS, key, c.heartbeat[1])

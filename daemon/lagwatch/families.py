@@ -309,6 +309,9 @@ WAL_DATING_CANCELLED = counter("lagwatch_wal_dating_reads_cancelled", "Reads of 
                                "at their time budget (the replicas are dated by the LSN clock that cycle)", C)
 WAL_DATING_FAILED = counter("lagwatch_wal_dating_reads_failed", "Reads of commit times that failed otherwise "
                             "(the replicas are dated by the LSN clock that cycle)", C)
+WAL_DATING_RETRIED = counter("lagwatch_wal_dating_reads_retried", "Reads of commit times run again without a range "
+                             "that held no whole record yet (a replica caught up to a record still being written, "
+                             "or to a segment's end)", C)
 HEARTBEAT_BEATS = counter("lagwatch_heartbeat_beats", "Heartbeats written on the primary (the optional heartbeat)", C)
 HEARTBEAT_ERRORS = counter("lagwatch_heartbeat_errors", "Heartbeat writes or connections that failed", C)
 WAL_INSPECTED_FPI = counter("lagwatch_wal_inspected_fpi_bytes", "Full-page image bytes in the inspected WAL (after "

@@ -339,12 +339,13 @@ class NodePoller:
                       subscriptions=results.get("subscriptions"), slot_sync=results.get("slotsync"))
 
     async def _replicas_own(self, board: ReplayBoard | None, walsenders: Sequence[WalSender]) -> dict[str, int]:
-        """Where the configured replicas the primary streams to say they have replayed up
-        to, this cycle, waited for no longer than an extra read's budget."""
+        """Where the configured replicas say they have replayed up to, this cycle: those the
+        primary streams to waited for no longer than an extra read's budget, the others (cut
+        off from it: nothing else dates them) taken if they have said by then."""
         if board is None:
             return {}
-        names = {s.application_name for s in walsenders} & {r.walsender_name for r in self.cluster.replicas}
-        return await board.positions(names, self._extra_budget()) if names else {}
+        configured = {r.walsender_name for r in self.cluster.replicas}
+        return await board.positions(configured, self._extra_budget(), {s.application_name for s in walsenders})
 
     def _extra_budget(self) -> float:
         """What each of the primary's extra reads (pg_walinspect's: commit times, FPI

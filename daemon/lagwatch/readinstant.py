@@ -7,40 +7,32 @@ reads low by the gap: on a busy host, or a replica replaying a big transaction, 
 milliseconds (and a replica that replays a hundred milliseconds of WAL in that gap reads
 that much low). The replica's statement also reads its own clock at the same moment
 (views/server.py's ``clock_epoch``). Its clock less ours is at least ``asked - clock``
-for every answer (the clock was read after the question was sent), so the largest of
-that over the last OFFSET_WINDOW seconds, the quickest answer's, is never more than the
-truth: ``clock + offset`` is never later than the true instant, and a staleness dated
-there is never above the truth. It is held within [asked, observed] whatever the clocks
-do (a clock stepped forward within the window could otherwise make it late).
+for every answer (the clock was read after the question was sent), so the bound from the
+quickest answer of the last few seconds (clockoffset.py) is never more than the truth:
+``clock + offset`` is never later than the true instant, and a staleness dated there is
+never above the truth. It is held within [asked, observed] whatever the clocks do (a
+clock stepped forward within the window could otherwise make it late).
 
 Pure: the tracker passes each answer in.
 """
 
 from __future__ import annotations
 
-from collections import deque
-
-# The offset is the largest seen over this long: long enough to hold a quick answer at any
-# interval, short enough that a slewing clock moves it by a millisecond or two at most.
-OFFSET_WINDOW = 10.0
+from lagwatch.clockoffset import ClockOffset
 
 
 class ReadInstants:
     """The clock offsets of each replica's recent answers."""
 
     def __init__(self) -> None:
-        self._offsets: dict[str, deque[tuple[float, float]]] = {}  # by replica: (asked, asked - its clock)
+        self._offsets: dict[str, ClockOffset] = {}  # by replica: ours less its clock
 
     def instant(self, replica: str, asked: float, observed: float, clock_epoch: float | None) -> float:
         """When ``replica``'s answer (sent at ``asked``, back at ``observed``, its clock read
         at ``clock_epoch``) was true, as late as can be proven: ``asked`` without a clock."""
         if clock_epoch is None:
             return asked
-        offsets = self._offsets.setdefault(replica, deque())
-        offsets.append((asked, asked - clock_epoch))
-        while offsets[0][0] < asked - OFFSET_WINDOW:
-            offsets.popleft()
-        offset = max(o for _, o in offsets)
+        offset = self._offsets.setdefault(replica, ClockOffset("at_least")).note(asked, asked - clock_epoch)
         return min(max(clock_epoch + offset, asked), observed)
 
     def forget(self, replicas: list[str]) -> None:

@@ -37,11 +37,13 @@ class ReplayBoard:
             self._posted[name] = replay_lsn
         self._changed.set()
 
-    async def positions(self, names: set[str], timeout: float) -> dict[str, int]:
-        """The positions posted for ``names``, once every one of them that is coming has
-        posted, or ``timeout`` seconds have passed (whatever is there by then)."""
+    async def positions(self, names: set[str], timeout: float, wait_for: set[str] | None = None) -> dict[str, int]:
+        """The positions posted for ``names``, once every one of ``wait_for`` (all of
+        ``names`` if not given) that is coming has posted, or ``timeout`` seconds have
+        passed (whatever is there by then)."""
+        waited = names if wait_for is None else wait_for
         deadline = asyncio.get_running_loop().time() + timeout
-        while self._coming & names:
+        while self._coming & waited:
             self._changed.clear()
             left = deadline - asyncio.get_running_loop().time()
             if left <= 0:

@@ -3,7 +3,8 @@ as the quickest recent answer allows, within [asked, observed]."""
 
 import random
 
-from lagwatch.readinstant import OFFSET_WINDOW, ReadInstants
+from lagwatch.clockoffset import WINDOW as OFFSET_WINDOW
+from lagwatch.readinstant import ReadInstants
 
 OFFSET = 1_700_000_000.0 - 5_000.0  # the replica's clock less ours
 

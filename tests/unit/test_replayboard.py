@@ -68,3 +68,19 @@ def test_the_read_starts_where_the_replica_says_it_is_else_where_its_walsender_h
     # r1 replayed 6 MB past its walsender's last reply: the read starts there; r2 did not
     # answer this cycle: its walsender's position; no replay position at all: nothing.
     assert replay_positions(senders, {"r1": 6_001_000}) == {"r1": 6_001_000, "r2": 2000}
+    # A replica cut off from the primary has no walsender: its own position is read past.
+    assert replay_positions(senders, {"cut": 3000}) == {"r1": 1000, "r2": 2000, "cut": 3000}
+
+
+def test_a_cut_off_replica_is_taken_if_it_has_said_but_not_waited_for() -> None:
+    async def cycle() -> dict[str, int]:
+        board = ReplayBoard()
+        board.expect("r1")
+        board.expect("cut")  # still answering, no walsender: not worth the primary's wait
+        board.expect("late")
+        board.post("cut", 3000)
+        board.post("r1", 1000)
+        # A timeout it will not need: r1, the only one waited for, has posted.
+        return await board.positions({"r1", "cut", "late"}, timeout=3600, wait_for={"r1"})
+
+    assert asyncio.run(cycle()) == {"r1": 1000, "cut": 3000}

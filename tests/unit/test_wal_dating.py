@@ -10,7 +10,7 @@ import re
 import psycopg
 import pytest
 from lagwatch.beats import BeatLog, Beats
-from lagwatch.commitscan import COUNT_FACTOR, CommitScanner
+from lagwatch.commitscan import ABSENT_CYCLES, COUNT_FACTOR, CommitScanner
 from lagwatch.history import LagHistory, ReplayPosition
 from lagwatch.lag import Staleness, WalDates, date_from_wal
 from lagwatch.lsn import format_lsn
@@ -102,6 +102,27 @@ def test_the_scanner_reads_past_each_replay_position_once_and_goes_on_from_where
     # a replica whose answer came after the primary's is read past (up to the live flush).
     assert scanner.plan({"r1": 61_000}, current_lsn=61_000) == []
     assert _plain(scanner.plan({"r1": 61_000}, current_lsn=61_000, writing=True)) == [(61_000, 65_096)]
+
+
+def test_a_stretch_whose_replica_is_not_heard_from_is_kept_unread_for_a_while() -> None:
+    scanner = CommitScanner(max_bytes=4096, max_commits=1, locate=False)
+    scanner.plan({"r1": 1000, "cut": 20_000}, current_lsn=60_000)
+    scanner.absorb(_read(CommitRead(1000, 5096, ((2000, 99.0),), complete=False),
+                         CommitRead(20_000, 24_096, ((21_000, 99.5),), complete=False)), read_at=100.0)
+    read = scanner.dates(100.0)["cut"].commits
+    # The cut-off replica answered after the read this cycle (its position not known):
+    # what was read past it still dates it, and is not read again.
+    for _ in range(ABSENT_CYCLES):
+        assert scanner.plan({"r1": 1000}, current_lsn=61_000) == []
+        assert scanner.dates(100.0)["cut"].commits == read
+        assert not scanner.dates(100.0)["cut"].complete
+    # Heard from again: its stretch goes on as before.
+    assert scanner.plan({"r1": 1000, "cut": 20_000}, current_lsn=61_000) == []
+    assert scanner.dates(100.0)["cut"].commits == read
+    # Gone for longer: forgotten.
+    for _ in range(ABSENT_CYCLES + 1):
+        scanner.plan({"r1": 1000}, current_lsn=61_000)
+    assert "cut" not in scanner.dates(100.0)
 
 
 def test_the_reads_go_as_far_as_the_budget_decodes() -> None:
@@ -288,7 +309,7 @@ def test_the_clocks_offset_is_the_quickest_reads_over_a_window() -> None:
     # Every poll's clock counts, whether or not the cycle reads any WAL.
     asyncio.run(scanner.scan(_Answers(set()), (), 0x1000, "c", 0.1, lambda *a: None,  # type: ignore[arg-type]
                              clock=(1021.0, 71.0005)))
-    assert scanner.dates(71.0) == {} and min(o for _, o in scanner._offsets) == pytest.approx(-949.9995)
+    assert scanner.dates(71.0) == {} and scanner._offset.bound == pytest.approx(-949.9995)
 
 
 def test_the_heartbeat_config_says_what_is_wrong_and_where() -> None:
