@@ -90,7 +90,7 @@ def misreads(readings: Readings, replica: str, log: OracleLog, start: float, end
         under = t.low - r.seconds > tolerance(t.low, 0.010, 0.20)
         over = r.seconds - t.high > tolerance(t.high, 0.005, 0.10)
         if under or over:
-            lines.append(f"    {'under' if under else 'over '} at +{r.at - start:7.3f} s: "
+            lines.append(f"    {'under' if under else 'over '} at +{r.at - start:7.3f} s ({r.at:.3f}): "
                          f"read {1000 * r.seconds:7.1f} ms ({r.evidence}), "
                          f"truth {1000 * t.low:7.1f} .. {1000 * t.high:7.1f} ms, replay {r.replay_lsn}")
     return lines

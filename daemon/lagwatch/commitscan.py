@@ -185,16 +185,18 @@ class CommitScanner:
         if current_lsn is None or not replays:
             self._stretches = {}
             return {}
-        writing = self._last_lsn is not None and current_lsn > self._last_lsn
+        written = current_lsn - self._last_lsn if self._last_lsn is not None else 0
         self._last_lsn = current_lsn
-        ranges = self.plan(replays, current_lsn, int(self._speed * budget * BUDGET_SHARE), writing)
+        ranges = self.plan(replays, current_lsn, int(self._speed * budget * BUDGET_SHARE), written > 0)
         if not ranges:
             return self.dates(time.monotonic())
         # Counted first only where some range is not read whole by describing it (it starts
-        # short of a record, or further from the primary's position than it may describe):
-        # the plain statement is the cheaper one to plan, and a replica keeping up needs no more.
+        # short of a record, or further from where the primary will be when the read runs
+        # than it may describe: about a cycle's writing past its position, read before the
+        # replicas were waited for): the plain statement is the cheaper one to plan, and a
+        # replica keeping up needs no more.
         located = self.locate and self._plain_cycles == 0 and any(
-            r.direct_end == r.start or current_lsn > r.direct_end for r in ranges)
+            r.direct_end == r.start or current_lsn + max(0, written) > r.direct_end for r in ranges)
         self._plain_cycles = max(0, self._plain_cycles - 1)
         asked = time.monotonic()
         self.totals = replace(self.totals, reads=self.totals.reads + 1)

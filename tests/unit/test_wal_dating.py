@@ -374,3 +374,22 @@ def test_a_range_with_no_whole_record_past_it_holds_nothing_visible_and_the_rest
     again = asyncio.run(scanner.scan(conn, (), 0x10_0000, "c", 0.1, lambda *a: None,  # type: ignore[arg-type]
                                      consumers={"r1": 0x5000, "r2": 0x9000}))
     assert again["r2"].commits == dates["r2"].commits and scanner.totals.failed == 1 and scanner.state is False
+
+
+def test_a_read_counts_first_where_the_primary_will_have_written_past_what_it_may_describe() -> None:
+    # Each read may describe 300 kB (10 MB/s x 0.1 s x BUDGET_SHARE); every statement fails
+    # here (only which statement is asked matters).
+    scanner = CommitScanner(max_bytes=1 << 20, locate=True)
+    conn = _Answers(set())
+    conn.other = True
+
+    def scan(current_lsn: int) -> bytes:
+        asyncio.run(scanner.scan(conn, (), current_lsn, "c", 0.1, lambda *a: None,  # type: ignore[arg-type]
+                                 consumers={"r1": 0x10000}))
+        return conn.statements[-1]
+
+    assert b"pg_get_wal_stats" not in scan(0x10000 + 10_000)  # within what a read describes
+    # 190 kB written since: by the time the read runs (the replicas waited for) the primary
+    # is about as far again, past what describing reaches: counted first.
+    assert b"pg_get_wal_stats" in scan(0x10000 + 200_000)
+    assert b"pg_get_wal_stats" not in scan(0x10000 + 200_000)  # idle since
