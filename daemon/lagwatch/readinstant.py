@@ -6,7 +6,7 @@ was read somewhere between, and a staleness dated at ``asked`` from a position r
 reads low by the gap: on a busy host, or a replica replaying a big transaction, tens of
 milliseconds (and a replica that replays a hundred milliseconds of WAL in that gap reads
 that much low). The replica's statement also reads its own clock at the same moment
-(views/server.py's ``clock_epoch``). Its clock less ours is at least ``asked - clock``
+(views/server.py's ``clock_epoch``). Our clock less its is at least ``asked - clock``
 for every answer (the clock was read after the question was sent), so the bound from the
 quickest answer of the last few seconds (clockoffset.py) is never more than the truth:
 ``clock + offset`` is never later than the true instant, and a staleness dated there is
