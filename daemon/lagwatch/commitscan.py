@@ -44,8 +44,10 @@ log = logging.getLogger("lagwatch.poll")
 # cautious guess: each read then measures it), and the least it is taken for.
 INITIAL_SPEED = 10e6
 MIN_SPEED = 1e6
-# A read's time is a fixed part (the round trip, planning) and its decoding: a read of a
-# few kB (a replica keeping up) takes a millisecond or two whatever its size, and taken
+# A read's time (the server's, from the statement's arrival to the reads' end, where it
+# says: walcommits.CommitReads.took; else lagwatch's, round trip and all) is a fixed part
+# (parsing, planning) and its decoding: a read of a
+# few kB (a replica keeping up) takes about as long whatever its size, and taken
 # for decoding speed it would say ~10 MB/s where ~80 are decoded (a primary writing a big
 # transaction). The fixed part is the quickest of the last READS_REMEMBERED reads; a read
 # of at least SPEED_READ_BYTES measures the speed with its time less that part (and never
@@ -206,7 +208,7 @@ class CommitScanner:
             # Slower than the budget (a busy primary, WAL heavy with full-page images): ask
             # for less next time. The session is as it was; the dates are last cycle's.
             asked_bytes = sum((r.end - r.start) // COUNT_FACTOR if located else r.direct_end - r.start for r in ranges)
-            self._slower(asked_bytes, time.monotonic() - asked)
+            self._slower(asked_bytes, min(time.monotonic() - asked, budget))  # the server's time: the budget
             return self.dates(time.monotonic())
         except psycopg.OperationalError:
             raise
@@ -222,7 +224,10 @@ class CommitScanner:
             return self.dates(time.monotonic())
         read_at = time.monotonic()
         self.state = True
-        self._measured(sum(r.described_bytes + r.counted_bytes // COUNT_FACTOR for r in read.reads), read_at - asked)
+        # Timed by the server where it says (a starved lagwatch takes the answer late: its
+        # own clock would make the reads seem slow, and the next ones shrink for nothing).
+        self._measured(sum(r.described_bytes + r.counted_bytes // COUNT_FACTOR for r in read.reads),
+                       read.took if read.took is not None else read_at - asked)
         self.absorb(read, read_at)
         return self.dates(read_at)
 

@@ -197,7 +197,8 @@ def test_the_statements_answer_is_parsed_and_capped() -> None:
         ["0/4000", "0/4800", None, "0/4800"],  # read to the flush: complete
     ]}
     parsed = walcommits.parse([row], max_commits=2)
-    assert parsed.clock_epoch == 1000.25
+    assert parsed.clock_epoch == 1000.25 and parsed.took is None
+    assert walcommits.parse([{**row, "took": 0.004}], max_commits=2).took == 0.004
     # Three listed, two kept: the stretch ends where the first one not kept starts.
     assert parsed.reads[0] == CommitRead(0x1000, 0x1300, ((0x1100, 999.0), (0x1200, 999.1)), complete=False,
                                          described_bytes=0x1000)
@@ -393,3 +394,36 @@ def test_a_read_counts_first_where_the_primary_will_have_written_past_what_it_ma
     # is about as far again, past what describing reaches: counted first.
     assert b"pg_get_wal_stats" in scan(0x10000 + 200_000)
     assert b"pg_get_wal_stats" not in scan(0x10000 + 200_000)  # idle since
+
+
+class _SlowToAnswer:
+    """A primary that describes 1 MB past each start in 10 ms of its own time, its answer
+    taken 200 ms later (lagwatch starved of CPU)."""
+
+    def __init__(self) -> None:
+        self.statements: list[bytes] = []
+
+    async def execute(self, statement: bytes) -> _SlowToAnswer:
+        self.statements.append(statement)
+        await asyncio.sleep(0.2)
+        return self
+
+    def nextset(self) -> None:
+        pass
+
+    async def fetchall(self) -> list[dict[str, object]]:
+        return [{"clock_epoch": 1000.0, "took": 0.01, "reads": [["0/100000", "0/1F4240", None, "1/0"]]}]
+
+
+def test_the_reads_speed_is_the_servers_not_what_a_starved_lagwatch_waited() -> None:
+    scanner = CommitScanner(max_bytes=1 << 30, locate=False)
+    conn = _SlowToAnswer()
+    for _ in range(2):
+        asyncio.run(scanner.scan(conn, (), 1 << 32, "c", 0.1, lambda *a: None,  # type: ignore[arg-type]
+                                 consumers={"r1": 0x100000}))
+    # 1 MB in the server's 10 ms (half of it taken for the read's fixed part: 200 MB/s
+    # sampled): the next read is planned for more than the 10 MB/s guessed before any,
+    # not for the 5 MB/s lagwatch's own wait would say.
+    ends = re.findall(rb"ARRAY\[([^\]]*)\]::pg_lsn\[\]", conn.statements[-1])[1].decode().strip("'").split("/")
+    planned = (int(ends[0], 16) << 32 | int(ends[1], 16)) - 0x1F4240
+    assert planned > 0.1 * 0.3 * 50e6, planned

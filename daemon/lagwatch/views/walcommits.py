@@ -52,7 +52,8 @@ _DESCRIBED = f"""CROSS JOIN LATERAL (
                                END AS t
                         FROM pg_get_wal_records_info@range) w) x"""
 
-_SELECT = f"""SELECT q.reads, extract(epoch FROM clock_timestamp())::float8 AS clock_epoch
+_SELECT = f"""SELECT q.reads, extract(epoch FROM clock_timestamp())::float8 AS clock_epoch,
+       extract(epoch FROM clock_timestamp() - statement_timestamp())::float8 AS took
 FROM (SELECT coalesce((SELECT json_agg(json_build_array(r.s::text, x.scanned::text, x.commits, r.flush::text))
               FROM (SELECT u.s, least(u.e, f.flush) AS e, f.flush
                     FROM unnest(ARRAY[@starts]::pg_lsn[], ARRAY[@ends]::pg_lsn[]) AS u(s, e),
@@ -103,7 +104,8 @@ GUARD = 32768
 # ends: the next read of the stretch starts there, at a record ("counted"). The filters on outer
 # values alone (``c.a < c.b``, ``rr.a < rr.b``) gate the functions: they are not called
 # on an empty range, which they reject.
-_LOCATE = f"""SELECT q.reads, extract(epoch FROM clock_timestamp())::float8 AS clock_epoch
+_LOCATE = f"""SELECT q.reads, extract(epoch FROM clock_timestamp())::float8 AS clock_epoch,
+       extract(epoch FROM clock_timestamp() - statement_timestamp())::float8 AS took
 FROM (SELECT coalesce((SELECT json_agg(json_build_array(r.s::text, x.scanned::text, x.commits, r.flush::text,
                                                         h.j, r.lim::text, r.direct))
               FROM (SELECT u.s, u.d, f.flush, l.lim, u.d > u.s AND (f.flush <= u.d OR l.lim <= u.d) AS direct
@@ -189,6 +191,9 @@ def no_record_after(exc: Exception) -> int | None:
 class CommitReads:
     clock_epoch: float | None  # the primary's clock just after it read them (None: nothing was read)
     reads: tuple[CommitRead, ...]
+    # Seconds the server spent from the statement's arrival to the reads' end (its clock,
+    # not lagwatch's: a starved lagwatch takes its answer late, the server read no slower).
+    took: float | None = None
 
 
 def parse(rows: Sequence[Row], max_commits: int) -> CommitReads:
@@ -212,7 +217,8 @@ def parse(rows: Sequence[Row], max_commits: int) -> CommitReads:
             read = replace(read, scanned_to=commits[max_commits][0], complete=False, exact=True)
             commits = commits[:max_commits]
         reads.append(replace(read, commits=tuple(commits)))
-    return CommitReads(float(row["clock_epoch"]), tuple(reads))
+    took = row.get("took")
+    return CommitReads(float(row["clock_epoch"]), tuple(reads), float(took) if took is not None else None)
 
 
 def _located(read: CommitRead, located: list[Any], flush: int) -> CommitRead:
