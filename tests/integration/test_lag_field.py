@@ -15,10 +15,10 @@ checks, per watcher, the p95 and median of the readings against the oracle's ove
 same instants (within max(10 ms, 20 %)), the share of
 readings under the lower bound by more than max(10 ms, 20 %) (at most 2 %), and the share
 over the upper bound by more than max(5 ms, 10 %) (at most 1 %: an over-read ejects a
-healthy replica). The big UPDATE too, its under-reads at most 5 % here (0-2.4 % measured:
-its replicas replay megabytes between two polls, and the WAL dating reaches their first
-missing commits by counting the WAL before it describes it; views/walcommits.py,
-docs/lag.md). Then pool control at a 50 ms SLA under the same load. What each case
+healthy replica). The big UPDATE too (its replicas replay megabytes between two polls,
+and the WAL dating reaches their first missing commits by counting the WAL before it
+describes it, as far as the primary's own timing of the reads says it can afford;
+views/walcommits.py, docs/lag.md). Then pool control at a 50 ms SLA under the same load. What each case
 measured is printed (pytest -s). bench/lagfield.py measures the same cases with the
 error distributions, and the LSN clock alone beside.
 """
@@ -181,10 +181,7 @@ def test_a_big_transaction_amid_the_load(field: ChaosCluster, watchers: dict[str
         took.append(big_update(field))
         field.wait_replayed(timeout=120)
 
-    # The issue's 2 % is met in most runs here (0-3 of 83-124 readings at 100 ms) and measured
-    # by bench/lagfield.py; at 5 % this guards against the WAL dating falling back again.
-    lines, failures = _case("UPDATE of a million rows", field, watchers, tmp_path, judged=update_and_replay_through,
-                            under_share=0.05)
+    lines, failures = _case("UPDATE of a million rows", field, watchers, tmp_path, judged=update_and_replay_through)
     print(f"the UPDATE took {took[0]:.1f} s")
     _report(lines, failures)
 
