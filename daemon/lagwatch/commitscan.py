@@ -192,14 +192,7 @@ class CommitScanner:
         ranges = self.plan(replays, current_lsn, int(self._speed * budget * BUDGET_SHARE), written > 0)
         if not ranges:
             return self.dates(time.monotonic())
-        # Counted first only where some range is not read whole by describing it (it starts
-        # short of a record, or further from where the primary will be when the read runs
-        # than it may describe: about a cycle's writing past its position, read before the
-        # replicas were waited for): the plain statement is the cheaper one to plan, and a
-        # replica keeping up needs no more.
-        located = self.locate and self._plain_cycles == 0 and any(
-            r.direct_end == r.start or current_lsn + max(0, written) > r.direct_end for r in ranges)
-        self._plain_cycles = max(0, self._plain_cycles - 1)
+        located = self._located(ranges, current_lsn + max(0, written))
         asked = time.monotonic()
         self.totals = replace(self.totals, reads=self.totals.reads + 1)
         try:
@@ -230,6 +223,17 @@ class CommitScanner:
                        read.took if read.took is not None else read_at - asked)
         self.absorb(read, read_at)
         return self.dates(read_at)
+
+    def _located(self, ranges: list[LocatedRange], reach: int) -> bool:
+        """Whether this cycle's read counts first: only where some range is not read whole
+        by describing it (it starts short of a record, or further from ``reach``, where the
+        primary will be when the read runs, than it may describe: about a cycle's writing
+        past the position it was polled at, before the replicas were waited for). The plain
+        statement is the cheaper one to plan, and a replica keeping up needs no more."""
+        located = self.locate and self._plain_cycles == 0 and any(
+            r.direct_end == r.start or reach > r.direct_end for r in ranges)
+        self._plain_cycles = max(0, self._plain_cycles - 1)
+        return located
 
     async def _read(self, conn: psycopg.AsyncConnection[Any], ranges: list[LocatedRange], located: bool,
                     timeout_ms: int) -> CommitReads:
