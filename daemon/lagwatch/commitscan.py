@@ -46,13 +46,13 @@ INITIAL_SPEED = 10e6
 MIN_SPEED = 1e6
 # A read's time (the server's, from the statement's arrival to the reads' end, where it
 # says: walcommits.CommitReads.took; else lagwatch's, round trip and all) is a fixed part
-# (parsing, planning) and its decoding: a read of a
-# few kB (a replica keeping up) takes about as long whatever its size, and taken
-# for decoding speed it would say ~10 MB/s where ~80 are decoded (a primary writing a big
-# transaction). The fixed part is the quickest of the last READS_REMEMBERED reads; a read
-# of at least SPEED_READ_BYTES measures the speed with its time less that part (and never
-# less than half its time: a sample is at most twice what its whole time says, so that
-# from small reads the plan grows, read by read, to what the budget decodes).
+# (parsing, planning) and its decoding: a read of a few kB (a replica keeping up) takes
+# about as long whatever its size, and taken for decoding speed it would say ~10 MB/s
+# where ~80 are decoded (a primary writing a big transaction). The fixed part is the
+# quickest of the last READS_REMEMBERED reads; a read of at least SPEED_READ_BYTES
+# measures the speed with its time less that part (and never less than half its time: a
+# sample is at most twice what its whole time says, so that from small reads the plan
+# grows, read by read, to what the budget decodes).
 READS_REMEMBERED = 32
 SPEED_READ_BYTES = 8192
 # The share of its time budget a read is planned to take at that speed (the server cancels
