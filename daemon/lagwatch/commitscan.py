@@ -136,8 +136,7 @@ class CommitScanner:
         """What this cycle's ranges held, added to the stretches that end where they begin.
         A commit time is the primary's, put on lagwatch's clock by the offset between the two
         clocks (``offset``)."""
-        offset = self.offset(read.clock_epoch, read_at) if read.clock_epoch is not None else \
-            self._offset.bound or 0.0
+        offset = self.offset(read.clock_epoch, read_at) if read.clock_epoch is not None else self._bound
         by_start = {r.start: r for r in read.reads}
         self.totals = replace(self.totals, read_bytes=self.totals.read_bytes
                               + sum(max(r.counted_bytes, r.described_bytes) for r in read.reads))
@@ -161,9 +160,14 @@ class CommitScanner:
         of them, the WAL reads' and every poll's of the primary (``scan``'s ``clock``)."""
         return self._offset.note(answered, answered - clock_epoch)
 
+    @property
+    def _bound(self) -> float:
+        """The offset commits are dated with now (0.0: not measured yet, WalDates.offset)."""
+        return self._offset.bound or 0.0
+
     def dates(self, read_at: float) -> dict[str, WalDates]:
         """Each walsender's stretch (complete only where this cycle's read reached the flush)."""
-        offset = self._offset.bound or 0.0
+        offset = self._bound
         return {name: WalDates(s.start, s.end, s.commits, complete=s.complete, offset=offset)
                 for name, s in self._stretches.items()}
 

@@ -178,12 +178,26 @@ class LagHistory:
                 else replay.replayed_epoch + replay.wal.offset
             dated = date_from_wal(replay.lsn, replay.at, replay.wal, replayed_at)
             if dated is not None:
-                return dated
+                return self._floored(dated, replay)
         reading = self._from_clock(replay, sender)
         cap = self._wal_cap(replay)
         if reading is not None and cap is not None and cap < reading.seconds:
             return Staleness(cap, "wal_commit")
         return reading
+
+    def _floored(self, dated: Staleness, replay: ReplayPosition) -> Staleness:
+        """A WAL read that saw nothing past the replica says 0 as of the read, which can be
+        a cycle before the replica's answer (the primary's poll late on a busy host). If it
+        lacks a commit another replica has replayed, it is at least that commit's age
+        behind (and at most the time since the primary was last seen short of it): the same
+        floor as the LSN clock's (LsnClock.estimate)."""
+        commits = replay.commits
+        seen = self.clock.last_short_of(replay.lsn)
+        if dated.seconds > 0 or commits is None or commits.newest_seen is None or not commits.lacks_newer \
+                or seen is None:
+            return dated
+        floor = replay.at - max(commits.newest_seen, seen)
+        return Staleness(floor, "commit_timestamp") if floor > 0 else dated
 
     def _wal_cap(self, replay: ReplayPosition) -> float | None:
         """What the WAL read proves of a replica it does not date: the commits listed short

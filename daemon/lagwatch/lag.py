@@ -229,7 +229,7 @@ class LsnClock:
         # written the first unreplayed byte by then, and had not at the point before.
         k = bisect.bisect_right(self._lsns, replay_lsn)
         if k == len(self._lsns):
-            return Staleness(0.0, "caught_up")
+            return self._past_the_end(now, later_commit)
         lower: float = max(0.0, now - self._first[k])
         lower_evidence: Evidence = "lsn_clock"
         if later_commit is not None and now - later_commit > lower:
@@ -270,6 +270,15 @@ class LsnClock:
         if value <= lower:
             return Staleness(lower, lower_evidence)
         return Staleness(min(value, upper), evidence)
+
+    def _past_the_end(self, now: float, later_commit: float | None) -> Staleness:
+        """A replica past all the primary was seen to write: caught up, unless it lacks a
+        commit another replica has replayed (the primary wrote since its last poll, late on
+        a busy host): then it is at least that commit's age behind, and at most the time
+        since the primary was last seen short of it."""
+        if later_commit is None or now <= later_commit:
+            return Staleness(0.0, "caught_up")
+        return Staleness(max(0.0, now - max(later_commit, self._last[-1])), "commit_timestamp")
 
     def _interpolable(self, k: int, last_commit_at: float | None) -> bool:
         """Whether the bytes between points k-1 and k may be spread evenly over the time

@@ -20,11 +20,11 @@ from typing import Any
 from lagwatch.beats import Beats
 from lagwatch.config import ClusterConfig
 from lagwatch.diagnosis import Diagnosis, Positions, Signals, diagnose
-from lagwatch.fastinit import fast_init
 from lagwatch.history import LagHistory, LagReading, ReplayPosition
 from lagwatch.lag import Commits, LsnClock, WalDates
 from lagwatch.logical import LogicalConsumers
 from lagwatch.nodehealth import NodeHealthTracker
+from lagwatch.primaryclock import PrimaryClock, last_commit_at
 from lagwatch.rates import CatchUp, Forecaster
 from lagwatch.readinstant import ReadInstants
 from lagwatch.replayload import ConflictTotals, ReplayLoadTracker
@@ -38,36 +38,6 @@ from lagwatch.views.walinspect import WalInspectTally
 log = logging.getLogger("lagwatch.tracker")
 
 
-@fast_init
-@dataclass(frozen=True)
-class _PrimaryClock:
-    """The primary's wall clock read against our monotonic clock in one poll: turns a
-    timestamp the primary wrote (a commit's) into our time, without comparing two hosts'
-    clocks. Off by at most the poll's round trip."""
-
-    observed_at: float
-    epoch: float
-
-    @classmethod
-    def of(cls, primary: NodeObservation, standby: bool) -> _PrimaryClock | None:
-        """A standby cluster's commits were stamped by a primary lagwatch does not poll:
-        their ages are read against the standby leader's last replayed commit, taken as of
-        the moment it was asked (only differences between that primary's stamps, no two
-        hosts' clocks). Measured this way a replica's commit lag behind the standby leader
-        is short by at most the age of the standby leader's own last commit."""
-        position = primary.position
-        if position is None:
-            return None
-        if standby:
-            epoch = position.last_replay_epoch
-            return None if epoch is None else cls(primary.asked_at or primary.observed_at, epoch)
-        read_at = primary.answered_at or primary.observed_at
-        return None if position.clock_epoch is None else cls(read_at, position.clock_epoch)
-
-    def monotonic(self, epoch: float) -> float:
-        return self.observed_at - (self.epoch - epoch)
-
-
 @dataclass(frozen=True)
 class _PrimaryView:
     """What this cycle's primary answer says, as the replicas' readings need it."""
@@ -76,7 +46,7 @@ class _PrimaryView:
     at: float  # when it answered (or the cycle's end, with no answer)
     senders: Mapping[str, WalSender]  # by application_name
     senders_at: float  # the primary's view of a replica is as of its answer, not the cycle's end
-    clock: _PrimaryClock | None
+    clock: PrimaryClock | None
     standby: bool  # the primary is a standby cluster's leader
     wal_dates: Mapping[str, WalDates]  # by application_name (commitscan.py)
     next_xid: int | None = None  # its transaction ID clock (vacuumhorizon.py)
@@ -105,6 +75,7 @@ class ClusterTracker:
         # The cluster's heartbeat writer's beats (heartbeat.py), where it has one: set when
         # the runtime is put in force.
         self.beats: Callable[[], Beats] | None = None
+        self._primary_clock: PrimaryClock | None = None  # the primary's, as its last answer read it
 
     @property
     def clock(self) -> LsnClock:
@@ -156,10 +127,14 @@ class ClusterTracker:
         if roles.changed:  # another server: rates over both would mean nothing
             self.history.forget_xacts()
             self.forecast.forget()
+            self._primary_clock = None
         primary = roles.primary
         standby = roles.standby_leader is not None  # the primary is the standby leader, in recovery
         if primary is None or primary.position is None:
-            return _PrimaryView(None, now, _NO_PRIMARY, now, None, standby, {})
+            # Its poll late (a busy host): its clock as last read still turns the replicas'
+            # commit timestamps into bounds (lag.Commits), which a late cycle needs most: the
+            # LSN clock ends a cycle back, and a replica past its end would read caught up.
+            return _PrimaryView(None, now, _NO_PRIMARY, now, self._primary_clock if not standby else None, standby, {})
         position = primary.position
         read_at = primary.answered_at or primary.observed_at  # not later by the extra reads that follow
         lsn = position.current_lsn if not standby else position.received_lsn
@@ -170,9 +145,12 @@ class ClusterTracker:
             self.forecast.note_primary(read_at, lsn)
         if not standby:  # a standby's transactions are its readers', not the writes to replicate
             self.history.note_xacts(read_at, position.xacts_total)
+        clock = PrimaryClock.of(primary, standby)
+        if clock is not None and not standby:  # a standby leader's is as of its last replayed commit
+            self._primary_clock = clock
         return _PrimaryView(lsn, read_at, {s.application_name: s for s in primary.walsenders},
-                            primary.asked_at or primary.observed_at, _PrimaryClock.of(primary, standby), standby,
-                            primary.wal_dates, position.next_xid)
+                            primary.asked_at or primary.observed_at, clock, standby, primary.wal_dates,
+                            position.next_xid)
 
     # -- replicas -------------------------------------------------------------------------
 
@@ -200,7 +178,7 @@ class ClusterTracker:
 
     def _commits(self, by_node: dict[str, NodeObservation], primary: _PrimaryView) -> dict[str, Commits]:
         """What commit timestamps say of each configured replica (lag.Commits)."""
-        at = {r.name: _last_commit_at(by_node.get(r.name), primary.clock) for r in self.cluster.replicas}
+        at = {r.name: last_commit_at(by_node.get(r.name), primary.clock) for r in self.cluster.replicas}
         known = [t for t in at.values() if t is not None]
         # In a standby cluster how often its primary commits is not known (its transaction
         # counters are out of reach): a commit's age then only caps an interpolation, and
@@ -355,14 +333,6 @@ def _signals(answered: NodeObservation | None, streaming: bool | None, advanced:
     return Signals(answered.recovery if answered is not None else None, own.replay_pause_state if own else None,
                    own.apply_delay_seconds if own else None, streaming, receiver.status if receiver else None,
                    receiver.last_msg_age if receiver else None, advanced, walsender, answered is not None)
-
-
-def _last_commit_at(obs: NodeObservation | None, primary_clock: _PrimaryClock | None) -> float | None:
-    """When (our clock) the primary made the last commit this replica has replayed."""
-    if obs is None or not obs.ok or obs.position is None or primary_clock is None:
-        return None
-    epoch = obs.position.last_replay_epoch
-    return None if epoch is None else primary_clock.monotonic(epoch)
 
 
 def _follows_primary(sender: WalSender | None, obs: NodeObservation | None, roles: RoleView) -> bool | None:

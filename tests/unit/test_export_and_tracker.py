@@ -215,6 +215,30 @@ def test_unconfigured_walsender_named_like_a_configured_replica_gets_its_own_lab
                                                                ("replica1 (not configured)", False)]
 
 
+def test_a_cycle_without_the_primarys_answer_still_reads_commit_timestamps() -> None:
+    """The primary's poll late (a busy host: no answer this cycle). Its clock as last read
+    still dates the replicas' commits: replica1, past all the primary was seen to write,
+    lacks a commit replica2 has replayed, so it is not read caught up."""
+    tracker = ClusterTracker(CONFIG.clusters[0], 0.1, 60.0)
+
+    def answered(name: str, at: float, replay: int, last_commit: float) -> NodeObservation:
+        obs = replica(name, at, replay)
+        assert obs.position is not None
+        return replace(obs, position=replace(obs.position, last_replay_epoch=last_commit))
+
+    first = primary(10.0, 1000)
+    assert first.position is not None
+    first = replace(first, position=replace(first.position, clock_epoch=1000.0))  # our 10.0 is its 1000.0
+    tracker.update([first, answered("replica1", 10.0, 1000, 999.95), answered("replica2", 10.0, 1000, 999.95)], 10.0)
+    late = NodeObservation(cluster="main", node="primary", role="primary", observed_at=10.15, duration=0.15,
+                           pending="late")
+    snap = tracker.update([late, answered("replica1", 10.15, 1100, 1000.02),
+                           answered("replica2", 10.15, 1200, 1000.05)], 10.15)
+    r1, r2 = snap.replicas
+    assert r1.staleness == pytest.approx(0.10) and r1.staleness_evidence == "commit_timestamp"
+    assert r2.staleness == 0.0 and r2.staleness_evidence == "caught_up"  # nothing newer known anywhere
+
+
 def test_the_commit_interval_follows_a_stream_that_starts_after_an_idle_spell() -> None:
     """25 s with only lagwatch's own poll transactions (1 a second), then 200 commits a
     second, counted in pg_stat_database in one-second lumps: within 3 s of the stream the

@@ -23,6 +23,22 @@ def test_clock_is_zero_when_replica_has_replayed_everything() -> None:
     assert seconds(clock, 1500, now=70.0) == 0.0
 
 
+def test_past_all_the_primary_was_seen_to_write_but_lacking_a_commit_another_replayed() -> None:
+    """The primary's poll late (a busy host): the clock ends a cycle back, and a replica past
+    its end would read caught up. Another replica has replayed a commit made at 10.05 that
+    this one lacks: it is at least that commit's age behind, never more than the time since
+    the primary was last seen short of it (a stamp older than that is held there)."""
+    clock = LsnClock(100)
+    clock.record(1000, now=10.0)
+    assert clock.estimate(1200, now=10.15, commits=Commits(9.99, newest_seen=10.05)) == \
+        Staleness(pytest.approx(0.10), "commit_timestamp")
+    assert clock.estimate(1200, now=10.15, commits=Commits(9.9, newest_seen=9.95)) == \
+        Staleness(pytest.approx(0.15), "commit_timestamp")
+    # Nothing newer anywhere (or newer than the reading's instant): caught up.
+    assert clock.estimate(1200, now=10.15, commits=Commits(10.05, newest_seen=10.05)) == Staleness(0.0, "caught_up")
+    assert clock.estimate(1200, now=10.15, commits=Commits(9.9, newest_seen=10.2)) == Staleness(0.0, "caught_up")
+
+
 def test_steady_writes_are_interpolated_between_polls() -> None:
     """A steady stream: 100 bytes a second, polled every second. The first unreplayed
     byte was written at a time the polls only bracket; bytes say where in between."""

@@ -12,7 +12,7 @@ import pytest
 from lagwatch.beats import BeatLog, Beats
 from lagwatch.commitscan import ABSENT_CYCLES, COUNT_FACTOR, CommitScanner
 from lagwatch.history import LagHistory, ReplayPosition
-from lagwatch.lag import Staleness, WalDates, date_from_wal
+from lagwatch.lag import Commits, Staleness, WalDates, date_from_wal
 from lagwatch.lsn import format_lsn
 from lagwatch.views import walcommits
 from lagwatch.views.walcommits import CHUNK, GUARD, OVERLAP, STEP, CommitRead, CommitReads, LocatedRange
@@ -65,6 +65,27 @@ def test_a_big_transaction_is_bounded_by_where_the_read_stopped() -> None:
     assert reading["staleness_evidence"] == "wal_commit"
     plain = history.reading("r2", ReplayPosition(1_500_000, 10.0, "replica"), None, 10.0)
     assert plain["staleness"] == pytest.approx(9.0) and plain["staleness_evidence"] == "lsn_clock"
+
+
+def test_a_read_that_saw_nothing_past_the_replica_is_floored_by_a_commit_another_replayed() -> None:
+    """The WAL read (a late primary poll's, a cycle before the replica's answer) found no
+    commit past the replica: 0 as of the read. Another replica has replayed a commit made
+    after it that this one lacks: it reads at least that commit's age, held within the time
+    since the primary was last seen short of its position."""
+    history = LagHistory("main", interval=0.1, window=10.0)
+    history.record_primary(1000, 10.0, 10.0, None)
+    nothing_past = WalDates(start=1200, end=1200, commits=(), complete=True)
+    lacking = history.reading("r1", ReplayPosition(1200, 10.15, "replica", Commits(9.99, 10.05), nothing_past),
+                              None, 10.15)
+    assert lacking["staleness"] == pytest.approx(0.10) and lacking["staleness_evidence"] == "commit_timestamp"
+    # Nothing newer replayed anywhere: the read's 0 stands.
+    level = history.reading("r2", ReplayPosition(1200, 10.15, "replica", Commits(10.05, 10.05), nothing_past),
+                            None, 10.15)
+    assert level["staleness"] == 0.0 and level["staleness_evidence"] == "wal_commit"
+    # A commit found past it dates it: the floor is not needed.
+    found = WalDates(start=1200, end=1400, commits=((1300, 10.0),), complete=True)
+    dated = history.reading("r3", ReplayPosition(1200, 10.15, "replica", Commits(9.99, 10.05), found), None, 10.15)
+    assert dated["staleness"] == pytest.approx(0.15) and dated["staleness_evidence"] == "wal_commit"
 
 
 def _read(*reads: CommitRead, clock_epoch: float = 1000.0) -> CommitReads:

@@ -52,8 +52,13 @@ _DESCRIBED = f"""CROSS JOIN LATERAL (
                                END AS t
                         FROM pg_get_wal_records_info@range) w) x"""
 
-_SELECT = f"""SELECT q.reads, extract(epoch FROM clock_timestamp())::float8 AS clock_epoch,
-       extract(epoch FROM clock_timestamp() - statement_timestamp())::float8 AS took
+# Both statements' head: the reads, the primary's clock after them, and how long the
+# server took (from the statement's arrival: lagwatch's own wait for the answer would count
+# its host's delays as the reads' time, commitscan.CommitScanner._measured).
+_HEAD = """SELECT q.reads, extract(epoch FROM clock_timestamp())::float8 AS clock_epoch,
+       extract(epoch FROM clock_timestamp() - statement_timestamp())::float8 AS took"""
+
+_SELECT = f"""{_HEAD}
 FROM (SELECT coalesce((SELECT json_agg(json_build_array(r.s::text, x.scanned::text, x.commits, r.flush::text))
               FROM (SELECT u.s, least(u.e, f.flush) AS e, f.flush
                     FROM unnest(ARRAY[@starts]::pg_lsn[], ARRAY[@ends]::pg_lsn[]) AS u(s, e),
@@ -104,8 +109,7 @@ GUARD = 32768
 # ends: the next read of the stretch starts there, at a record ("counted"). The filters on outer
 # values alone (``c.a < c.b``, ``rr.a < rr.b``) gate the functions: they are not called
 # on an empty range, which they reject.
-_LOCATE = f"""SELECT q.reads, extract(epoch FROM clock_timestamp())::float8 AS clock_epoch,
-       extract(epoch FROM clock_timestamp() - statement_timestamp())::float8 AS took
+_LOCATE = f"""{_HEAD}
 FROM (SELECT coalesce((SELECT json_agg(json_build_array(r.s::text, x.scanned::text, x.commits, r.flush::text,
                                                         h.j, r.lim::text, r.direct))
               FROM (SELECT u.s, u.d, f.flush, l.lim, u.d > u.s AND (f.flush <= u.d OR l.lim <= u.d) AS direct
