@@ -9,7 +9,7 @@ the replica's position and ends short of the primary's position (or the primary 
 writing: a replica's answer can come after the primary's), is read on from its end as far
 as the primary has flushed, within a budget: the read is planned to take no more than a
 share of its time budget at the speed reads have decoded so far, and the server cancels
-it at the budget (poll.py gives each extra read a quarter of the poll's deadline). Where
+it at the budget (extrareads.py: at most a quarter of the poll's deadline). Where
 permitted a read counts the WAL before it describes it (views/walcommits.py: six times as
 far for the same cost). A replica that keeps up costs the WAL written since the last
 cycle, read once for every replica at the same place; one further behind costs nothing
@@ -174,7 +174,7 @@ class CommitScanner:
     async def scan(self, conn: psycopg.AsyncConnection[Any], senders: Sequence[WalSender], current_lsn: int | None,
                    cluster: str, budget: float, note_failure: Callable[[str, str], None],
                    own: Mapping[str, int] | None = None, consumers: Mapping[str, int] | None = None,
-                   clock: tuple[float | None, float] | None = None) -> dict[str, WalDates]:
+                   clock: tuple[float | None, float] | None = None, may_read: bool = True) -> dict[str, WalDates]:
         """This cycle's reads on the primary's connection, and each walsender's dates. The
         read may take at most ``budget`` seconds (the server cancels it past that: it never
         costs the poll its answer); it asks for no more than that time decodes at the speed
@@ -184,7 +184,8 @@ class CommitScanner:
         ``logical_key``: each dated by the first commit past it, as a replica is.
         ``clock``: the primary's clock as this poll read it, and when the poll was answered
         (every poll's tightens the offset commits are dated with, not only the WAL reads':
-        those are a few a minute at `1s` once the stretches hold their commits)."""
+        those are a few a minute at `1s` once the stretches hold their commits). ``may_read``:
+        False where the cycle has no time left for it (the stretches move on, unread)."""
         if clock is not None and clock[0] is not None:
             self.offset(clock[0], clock[1])
         replays = {**replay_positions(senders, own or {}), **(consumers or {})}
@@ -194,7 +195,7 @@ class CommitScanner:
         written = current_lsn - self._last_lsn if self._last_lsn is not None else 0
         self._last_lsn = current_lsn
         ranges = self.plan(replays, current_lsn, int(self._speed * budget * BUDGET_SHARE), written > 0)
-        if not ranges:
+        if not ranges or not may_read:
             return self.dates(time.monotonic())
         located = self._located(ranges, current_lsn + max(0, written))
         asked = time.monotonic()

@@ -66,6 +66,7 @@ class LagReading(TypedDict):
 class LagHistory:
     def __init__(self, cluster: str, interval: float, window: float) -> None:
         self.cluster = cluster
+        self.interval = interval
         self.window = window
         self.clock = LsnClock(CLOCK_MAX_POINTS)
         self._window_samples = math.ceil(window / interval) * 2 + 16
@@ -73,6 +74,7 @@ class LagHistory:
         self._histograms: dict[str, LagHistogram] = {}
         self._last_replay: dict[str, int] = {}
         self._last_seen: dict[str, float] = {}
+        self._last_reading: dict[str, tuple[Staleness, str, float]] = {}  # what, from whom, when
         self._xacts: deque[tuple[float, float]] = deque()
 
     # -- the primary ----------------------------------------------------------------------
@@ -140,23 +142,40 @@ class LagHistory:
         window = self._windows.setdefault(replica, LagWindow(self.window, self._window_samples))
         histogram = self._histograms.setdefault(replica, LagHistogram())
         self._last_seen[replica] = now
-        reading = None
+        measured = None
         if replay is not None:
             self._last_replay[replica] = replay.lsn
             reading = self._estimate(replay, sender)
-        if reading is not None and replay is not None:
-            window.add(replay.at, reading.seconds)
-            histogram.observe(reading.seconds)
+            if reading is not None and self._past_a_late_primary(replay, reading) and replica in self._last_reading:
+                measured = self._last_reading[replica]  # it stands: no new reading
+            elif reading is not None:
+                measured = self._last_reading[replica] = (reading, replay.source, replay.at)
+                window.add(replay.at, reading.seconds)
+                histogram.observe(reading.seconds)
         return {
-            "staleness": reading.seconds if reading is not None else None,
-            "staleness_source": replay.source if replay is not None and reading is not None else None,
-            "staleness_evidence": reading.evidence if reading is not None else None,
-            "staleness_at": replay.at if replay is not None and reading is not None else None,
+            "staleness": measured[0].seconds if measured is not None else None,
+            "staleness_source": measured[1] if measured is not None else None,
+            "staleness_evidence": measured[0].evidence if measured is not None else None,
+            "staleness_at": measured[2] if measured is not None else None,
             "replay_lsn": replay.lsn if replay is not None else None,
             "window": window.stats(now),
             "histogram": histogram.snapshot(),
             "samples": window.samples(now),
         }
+
+    def _past_a_late_primary(self, replay: ReplayPosition, reading: Staleness) -> bool:
+        """Whether all this reading says is that the replica is past where the primary was
+        last seen, more than an interval before the replica answered: the primary's poll
+        late on a busy host, its answer (taken a cycle late) older than the replica's. What
+        the primary wrote since nobody has read, so 0 (or a floor from commits) would be a
+        guess from lagwatch's own lateness: the replica's last reading stands instead, and
+        the window takes nothing. A commit the WAL read found past it, or the heartbeat's
+        bounds, still date it."""
+        latest = self.clock.latest_lsn
+        seen = None if latest is None else self.clock.last_short_of(latest)
+        if latest is None or seen is None or replay.lsn < latest or replay.at - seen <= self.interval:
+            return False
+        return reading.evidence != "heartbeat" and not (reading.evidence == "wal_commit" and reading.seconds > 0)
 
     def _estimate(self, replay: ReplayPosition, sender: WalSender | None) -> Staleness | None:
         reading = self._dated(replay, sender)
@@ -233,6 +252,6 @@ class LagHistory:
         Returns the replicas forgotten."""
         gone = [n for n, seen in self._last_seen.items() if n not in present and seen < now - self.window]
         for name in gone:
-            for table in (self._windows, self._histograms, self._last_replay, self._last_seen):
+            for table in (self._windows, self._histograms, self._last_replay, self._last_seen, self._last_reading):
                 table.pop(name, None)
         return gone

@@ -22,10 +22,10 @@ import psycopg.conninfo
 import psycopg.errors
 from psycopg.rows import dict_row
 
-from lagwatch.commitscan import CommitScanner
 from lagwatch.config import ClusterConfig, Config, NodeConfig, PasswordUnavailableError
 from lagwatch.conninfo import build_conninfo, connected_address, poller_application_name
 from lagwatch.errors import flat_message
+from lagwatch.extrareads import ExtraReads
 from lagwatch.lag import WalDates
 from lagwatch.lateness import Verdict
 from lagwatch.redact import redact_text
@@ -37,7 +37,7 @@ from lagwatch.views import heartbeat, probe, recovery
 from lagwatch.views.horizon import Horizon
 from lagwatch.views.probe import Capabilities
 from lagwatch.views.recovery import Recovery
-from lagwatch.views.replication import LogicalSender, Senders, WalSender, logical_key
+from lagwatch.views.replication import LogicalSender, Senders, WalSender
 from lagwatch.views.server import ServerPosition
 from lagwatch.views.slots import Slot
 from lagwatch.views.slotsync import SlotSync
@@ -46,7 +46,6 @@ from lagwatch.views.wal import WalStats
 from lagwatch.views.wal_dir import WalDir
 from lagwatch.views.wal_receiver import WalReceiver
 from lagwatch.views.walinspect import WalInspection
-from lagwatch.walinspector import WalInspector
 
 log = logging.getLogger("lagwatch.poll")
 
@@ -87,6 +86,10 @@ class NodeError(Exception):
         self.backing_off = backing_off  # skipped this cycle: not a new failure
 
 
+class _SlowError(Exception):
+    """The node cancelled the poll's statement at its timeout: alive, slow (no evidence either way)."""
+
+
 class NodePoller:
     """Polls one node. Keeps its connection, its capabilities and its reconnect backoff."""
 
@@ -99,6 +102,7 @@ class NodePoller:
         self.interval = config.interval
         self.connect_timeout = config.effective_connect_timeout
         self.query_timeout = config.effective_query_timeout
+        self.cycle_budget = config.cycle_budget  # how long poll_all waits for this poll's answer
         self.conflict_query_text = config.conflict_query_text
         self.backoff_max = config.reconnect_backoff_max
         self._session = Session(context or SessionContext())
@@ -110,8 +114,8 @@ class NodePoller:
         self._next_attempt = 0.0
         self._connects = 0  # connection attempts since start: a reconnect storm would show here
         self._evidence = False  # a poll's outcome (an answer or a failure) was taken since this poller began
-        self._inspector = WalInspector(config.interval)
-        self._scanner = CommitScanner(cluster.lag_from_wal_max_bytes)
+        self._answered = False  # the poll under way has had its node's answer (its extra reads may follow)
+        self._extras = ExtraReads(cluster, config.interval, self.query_timeout)  # the primary's, after its answer
         self._last_error = ""
         self._said_skipped = False
         self._poll: Outlasting[NodeObservation] = Outlasting()  # the poll under way (poll_all)
@@ -136,7 +140,11 @@ class NodePoller:
         return self._poll.take(poll)
 
     def judge(self, now: float, budget: float) -> Verdict:
-        """Why this node's poll, still under way, has not answered within the cycle's budget."""
+        """Why this node's poll, still under way, has not answered within the cycle's budget.
+        Never silent once the node has answered this poll: what is under way then is one of
+        lagwatch's own extra reads (pg_walinspect's), slow on a busy server, not a dead one."""
+        if self._answered:
+            return "late"
         return self._session.judge(now, budget, first_connection=not self._evidence)
 
     def expire_overdue(self, now: float) -> None:
@@ -175,8 +183,12 @@ class NodePoller:
 
     async def _observe(self, board: ReplayBoard | None) -> NodeObservation:
         started = time.monotonic()
+        self._answered = False
         try:
-            answer, asked_at = await self._poll_once(board)
+            answer, asked_at = await self._poll_once(board, started + self.cycle_budget)
+        except _SlowError as exc:
+            log.debug("%s/%s: %s: read late this cycle", self.cluster.name, self.node, exc)
+            return self.unanswered(time.monotonic() - started, "late")
         except NodeError as exc:
             return self._failed(exc, started)
         except Exception as exc:  # a bug must not kill the cycle; it is logged with a trace
@@ -193,7 +205,7 @@ class NodePoller:
                                heartbeat_seq=answer.heartbeat_seq, views=answer.views, recovery=answer.recovery,
                                horizon=answer.horizon, logical=answer.logical, subscriptions=answer.subscriptions,
                                slot_sync=answer.slot_sync,
-                               wal_dating=self._scanner.totals if self._scanner.state is not None else None,
+                               wal_dating=self._extras.wal_dating(),
                                view_errors_total=dict(self._reader.view_errors), connects_total=self._connects)
 
     def _failed(self, error: NodeError, started: float) -> NodeObservation:
@@ -214,15 +226,21 @@ class NodePoller:
         except PasswordUnavailableError:
             return None
 
-    async def _poll_once(self, board: ReplayBoard | None) -> tuple[Answer, float]:
-        """The node's answer, and when it was asked for."""
+    async def _poll_once(self, board: ReplayBoard | None, deadline: float) -> tuple[Answer, float]:
+        """The node's answer, and when it was asked for; its extra reads end by ``deadline``
+        where they can (extrareads.py)."""
         conn = await self._connection()
         assert self._caps is not None
         asked_at = time.monotonic()
         try:
-            answer = await self._session.ask(self._query(conn, self._caps, board), self.query_timeout)
+            answer = await self._session.ask(self._query(conn, self._caps, board, deadline), self.query_timeout)
         except TimeoutError:
             raise NodeError("timeout", f"no answer within {self.query_timeout:.3g}s") from None
+        except psycopg.errors.QueryCanceled as exc:
+            # Its statement_timeout (or a cancel): the server is there and said so, slower
+            # than the deadline on a busy host. No evidence of down, and its session is kept
+            # (a reconnect would cost the busy host more).
+            raise _SlowError(flat_message(exc)) from None
         except psycopg.OperationalError as exc:
             await self._disconnect()
             raise NodeError("query", flat_message(exc)) from None
@@ -270,7 +288,7 @@ class NodePoller:
             await self._show_conflict_queries(self._conn)
         # A new session, or the server's role changed: its WAL may not be the one read
         # before (a failover forks it), so the commits listed are forgotten.
-        self._scanner.forget()
+        self._extras.scanner.forget()
         self._say_skipped(caps)
         return self._conn
 
@@ -307,52 +325,33 @@ class NodePoller:
                      "measured", self.cluster.name, self.node, caps.major)
 
     async def _query(self, conn: psycopg.AsyncConnection[dict[str, Any]], caps: Capabilities,
-                     board: ReplayBoard | None) -> Answer:
+                     board: ReplayBoard | None, deadline: float) -> Answer:
         read = await self._reader.read(conn, caps)
         answered_at = time.monotonic()
+        self._answered = True
         results, health = read.results, read.health
         if "server" not in results:
             raise NodeError("query", read.failed.get("server", "no answer from the server view"))
         position = results["server"]
-        inspection = await self._inspector.inspect(conn, caps, position.current_lsn, self.cluster,
-                                                   self.role == "primary", self._reader.is_resting,
-                                                   self._reader.note_failure, self._extra_budget())
-        if self._inspector.state is not None:
-            health["walinspect"] = self._inspector.state
+        inspection = await self._extras.inspect(conn, caps, position, self.role == "primary",
+                                                self._reader.is_resting, self._reader.note_failure, deadline)
+        if self._extras.inspector.state is not None:
+            health["walinspect"] = self._extras.inspector.state
         senders = results.get("replication", Senders((), ()))
         walsenders = senders.physical
         wal_dates = {}
         if self._dates_from_wal(caps):
-            own = await self._replicas_own(board, walsenders)
-            consumers = {logical_key(s.slot_name): s.position for s in senders.logical if s.position is not None}
-            self._scanner.locate = caps.can_walinspect  # pg_get_wal_stats too: counted before described
-            wal_dates = await self._scanner.scan(conn, walsenders, position.current_lsn, self.cluster.name,
-                                                 self._extra_budget(), self._reader.note_failure, own, consumers,
-                                                 clock=(position.clock_epoch, answered_at))
-            if self._scanner.state is not None:
-                health["wal_dating"] = self._scanner.state
+            self._extras.scanner.locate = caps.can_walinspect  # pg_get_wal_stats too: counted before described
+            wal_dates = await self._extras.dates(conn, position, senders, board, self._reader.note_failure, deadline,
+                                                 answered_at)
+            if self._extras.scanner.state is not None:
+                health["wal_dating"] = self._extras.scanner.state
         return Answer(capabilities=caps, position=position, walsenders=walsenders,
                       receiver=results.get("wal_receiver"), slots=results.get("slots", ()), wal=results.get("wal"),
                       wal_dir=results.get("wal_dir"), walinspect=inspection, wal_dates=wal_dates,
                       heartbeat_seq=results.get("heartbeat"), views=health, answered_at=answered_at,
                       recovery=results.get("recovery"), horizon=results.get("horizon"), logical=senders.logical,
                       subscriptions=results.get("subscriptions"), slot_sync=results.get("slotsync"))
-
-    async def _replicas_own(self, board: ReplayBoard | None, walsenders: Sequence[WalSender]) -> dict[str, int]:
-        """Where the configured replicas say they have replayed up to, this cycle: those the
-        primary streams to waited for no longer than an extra read's budget, the others (cut
-        off from it: nothing else dates them) taken if they have said by then."""
-        if board is None:
-            return {}
-        configured = {r.walsender_name for r in self.cluster.replicas}
-        return await board.positions(configured, self._extra_budget(), {s.application_name for s in walsenders})
-
-    def _extra_budget(self) -> float:
-        """What each of the primary's extra reads (pg_walinspect's: commit times, FPI
-        statistics, compression savings) may take before the server cancels it: a quarter
-        of the poll's deadline or the interval, whichever is shorter, so that the poll's
-        own answer is never late for them."""
-        return max(0.005, min(self.query_timeout, self.interval) / 4)
 
     def _dates_from_wal(self, caps: Capabilities) -> bool:
         """Whether this poll reads commit times from the WAL: on the primary's DSN, where

@@ -216,9 +216,10 @@ def test_unconfigured_walsender_named_like_a_configured_replica_gets_its_own_lab
 
 
 def test_a_cycle_without_the_primarys_answer_still_reads_commit_timestamps() -> None:
-    """The primary's poll late (a busy host: no answer this cycle). Its clock as last read
-    still dates the replicas' commits: replica1, past all the primary was seen to write,
-    lacks a commit replica2 has replayed, so it is not read caught up."""
+    """The primary's poll failed this cycle. Its clock as last read still dates the
+    replicas' commits: replica1, behind where the primary was last seen, is bounded by the
+    commit it replayed (made inside the bracket, with a later one replayed elsewhere);
+    replica2, past it, keeps its last reading (what the primary wrote since, nobody read)."""
     tracker = ClusterTracker(CONFIG.clusters[0], 0.1, 60.0)
 
     def answered(name: str, at: float, replay: int, last_commit: float) -> NodeObservation:
@@ -226,17 +227,22 @@ def test_a_cycle_without_the_primarys_answer_still_reads_commit_timestamps() -> 
         assert obs.position is not None
         return replace(obs, position=replace(obs.position, last_replay_epoch=last_commit))
 
-    first = primary(10.0, 1000)
-    assert first.position is not None
-    first = replace(first, position=replace(first.position, clock_epoch=1000.0))  # our 10.0 is its 1000.0
-    tracker.update([first, answered("replica1", 10.0, 1000, 999.95), answered("replica2", 10.0, 1000, 999.95)], 10.0)
-    late = NodeObservation(cluster="main", node="primary", role="primary", observed_at=10.15, duration=0.15,
-                           pending="late")
-    snap = tracker.update([late, answered("replica1", 10.15, 1100, 1000.02),
+    def primary_at(at: float, lsn: int) -> NodeObservation:
+        obs = primary(at, lsn)
+        assert obs.position is not None
+        return replace(obs, position=replace(obs.position, clock_epoch=990.0 + at))  # our 10.0 is its 1000.0
+
+    tracker.update([primary_at(9.9, 900), answered("replica1", 9.9, 900, 999.85),
+                    answered("replica2", 9.9, 900, 999.85)], 9.9)
+    tracker.update([primary_at(10.0, 1000), answered("replica1", 10.0, 900, 999.85),
+                    answered("replica2", 10.0, 1000, 999.95)], 10.0)
+    failed = NodeObservation(cluster="main", node="primary", role="primary", observed_at=10.15, duration=0.15,
+                             error_kind="query", error="canceling statement due to conflict")
+    snap = tracker.update([failed, answered("replica1", 10.15, 950, 999.99),
                            answered("replica2", 10.15, 1200, 1000.05)], 10.15)
     r1, r2 = snap.replicas
-    assert r1.staleness == pytest.approx(0.10) and r1.staleness_evidence == "commit_timestamp"
-    assert r2.staleness == 0.0 and r2.staleness_evidence == "caught_up"  # nothing newer known anywhere
+    assert r1.staleness == pytest.approx(0.16) and r1.staleness_evidence == "commit_timestamp"
+    assert (r2.staleness, r2.staleness_evidence, r2.staleness_at) == (0.0, "caught_up", 10.0)
 
 
 def test_the_commit_interval_follows_a_stream_that_starts_after_an_idle_spell() -> None:

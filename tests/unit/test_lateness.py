@@ -10,12 +10,14 @@ import socket
 import time
 from typing import Any
 
+import psycopg.errors
 import pytest
 from lagwatch.config import parse_config
 from lagwatch.lateness import MAX_STRETCH, LoopLag, Pacer, judge_unanswered
 from lagwatch.poll import Answer, NodePoller, poll_all
 from lagwatch.session import SessionContext
 from lagwatch.snapshot import NodeObservation
+from lagwatch.viewreader import ViewsRead
 from lagwatch.views.probe import Capabilities
 from lagwatch.views.server import ServerPosition
 
@@ -189,11 +191,85 @@ class SocketNode(NodePoller):
         self._caps = CAPS
         return self._session.conn
 
-    async def _query(self, conn: Any, caps: Capabilities, board: Any) -> Answer:
+    async def _query(self, conn: Any, caps: Capabilities, board: Any, deadline: float) -> Answer:
         if not self.answers:
             await asyncio.get_running_loop().create_future()  # never done
         return Answer(capabilities=caps, position=ServerPosition(True, None, 100, 100, "not paused", 1.0),
                       walsenders=(), receiver=None, slots=(), wal=None, wal_dir=None, walinspect=None, views={})
+
+
+class SlowExtrasPrimary(SocketNode):
+    """A primary that answers its views at once, then spends its extra reads (pg_walinspect's,
+    extrareads.py) past the cycle's budget: a server slow under load, not a dead one."""
+
+    def __init__(self, context: SessionContext) -> None:
+        super().__init__(context)
+        self.node, self.role = "primary", "primary"
+        self.slow = False
+
+        async def read(conn: Any, caps: Capabilities) -> ViewsRead:
+            position = ServerPosition(False, 100, None, None, None, None)
+            return ViewsRead({"server": position}, {}, {})
+
+        async def inspect(*args: Any) -> None:
+            if self.slow:
+                await asyncio.sleep(10 * CONFIG.cycle_budget)
+
+        self._reader.read = read  # type: ignore[method-assign]
+        self._extras.inspect = inspect  # type: ignore[method-assign]
+
+    async def _query(self, conn: Any, caps: Capabilities, board: Any, deadline: float) -> Answer:
+        return await NodePoller._query(self, conn, caps, board, deadline)
+
+
+def test_a_node_that_answered_is_never_silent_while_lagwatchs_extra_reads_go_on() -> None:
+    """Its views answered, the primary's poll goes on with lagwatch's own extra reads, slow
+    on a busy server: the cycle that stops waiting reads it late (no evidence), never down."""
+    budget = CONFIG.cycle_budget
+
+    async def scenario() -> NodeObservation:
+        context = SessionContext()
+        context.loop_lag.start()
+        primary = SlowExtrasPrimary(context)
+        [first] = await poll_all([primary], budget)
+        assert first.ok, first
+        primary.slow = True
+        [late] = await poll_all([primary], budget)
+        await primary.close()
+        context.loop_lag.stop()
+        return late
+
+    late = asyncio.run(scenario())
+    assert (late.pending, late.error_kind) == ("late", None), late
+
+
+def test_a_statement_the_server_cancelled_at_its_timeout_is_a_slow_node_not_a_down_one() -> None:
+    """The poll's statement cancelled by the node's statement_timeout (a busy host): it is
+    there and said so. The cycle reads it late (no evidence either way) and keeps its
+    session: reading it down, or reconnecting, is the spiral a busy host must not start."""
+
+    class Cancelling(SocketNode):
+        async def _query(self, conn: Any, caps: Capabilities, board: Any, deadline: float) -> Answer:
+            if not self.answers:
+                raise psycopg.errors.QueryCanceled("canceling statement due to statement timeout")
+            return await super()._query(conn, caps, board, deadline)
+
+    async def scenario() -> tuple[NodeObservation, bool, int]:
+        context = SessionContext()
+        context.loop_lag.start()
+        node = Cancelling(context)
+        [first] = await poll_all([node], CONFIG.cycle_budget)
+        assert first.ok, first
+        node.answers = False
+        [slow] = await poll_all([node], CONFIG.cycle_budget)
+        kept = node._session.conn is not None and not node.stub.pgconn.finished
+        await node.close()
+        context.loop_lag.stop()
+        return slow, kept, node._connects
+
+    slow, kept, connects = asyncio.run(scenario())
+    assert (slow.pending, slow.error_kind) == ("late", None), slow
+    assert kept and connects == 1
 
 
 class BusyNeighbour(NodePoller):

@@ -103,3 +103,18 @@ def test_what_compression_savings_need_is_said_once_where_it_is_missing(caplog: 
     assert [level for level, _ in denied] == [logging.WARNING]
     assert "GRANT EXECUTE ON FUNCTION pg_get_wal_block_info(pg_lsn, pg_lsn, boolean)" in denied[0][1]
     assert said(Capabilities(version_num=180001, can_walinspect_blocks=True, **base)) == []
+
+
+def test_the_primarys_extra_reads_take_at_most_the_time_left_in_the_cycle() -> None:
+    """Each extra read (extrareads.py) gets a quarter of the interval at most (the query
+    timeout being longer), and no more than what is left before the cycle stops waiting
+    for the poll; with under MIN_EXTRA left it is not made."""
+    import time
+
+    from lagwatch.extrareads import MIN_EXTRA, ExtraReads
+
+    extras = ExtraReads(CONFIG.clusters[0], CONFIG.interval, CONFIG.effective_query_timeout)
+    now = time.monotonic()
+    assert extras.budget(now + 10.0) == pytest.approx(CONFIG.interval / 4)
+    assert extras.budget(now + 0.015) == pytest.approx(0.015, abs=0.002)
+    assert extras.budget(now + 0.004) < MIN_EXTRA

@@ -88,6 +88,32 @@ def test_a_read_that_saw_nothing_past_the_replica_is_floored_by_a_commit_another
     assert dated["staleness"] == pytest.approx(0.15) and dated["staleness_evidence"] == "wal_commit"
 
 
+def test_past_a_primary_seen_over_an_interval_before_the_replica_its_last_reading_stands() -> None:
+    """The primary's answer taken a cycle late (its poll outlasted its cycle on a busy host):
+    a replica past where it was seen reads 0 from what lagwatch knows, which is nothing
+    of what the primary wrote since. Its last reading stands (same value, same instant, no
+    window sample) until the primary is seen again in time; a commit found past it in the
+    WAL still dates it."""
+    history = LagHistory("main", interval=0.1, window=10.0)
+    history.record_primary(1000, 10.0, 10.0, None)
+    behind = history.reading("r1", ReplayPosition(900, 10.05, "replica"), None, 10.05)
+    assert behind["staleness"] == pytest.approx(0.05) and behind["staleness_at"] == 10.05
+    stood = history.reading("r1", ReplayPosition(1200, 10.15, "replica"), None, 10.15)
+    assert (stood["staleness"], stood["staleness_at"], stood["staleness_evidence"]) == \
+        (behind["staleness"], 10.05, behind["staleness_evidence"])
+    assert stood["window"] is not None and stood["window"].count == 1
+    nothing_past = WalDates(start=1200, end=1200, commits=(), complete=True)
+    assert history.reading("r1", ReplayPosition(1200, 10.15, "replica", wal=nothing_past), None,
+                           10.15)["staleness_at"] == 10.05
+    found = WalDates(start=1200, end=1400, commits=((1300, 10.1),), complete=True)
+    dated = history.reading("r1", ReplayPosition(1200, 10.16, "replica", wal=found), None, 10.16)
+    assert dated["staleness"] == pytest.approx(0.06) and dated["staleness_at"] == 10.16
+    # The primary seen in time again: caught up is a reading.
+    history.record_primary(1400, 10.2, 10.2, None)
+    fresh = history.reading("r1", ReplayPosition(1400, 10.25, "replica"), None, 10.25)
+    assert (fresh["staleness"], fresh["staleness_evidence"], fresh["staleness_at"]) == (0.0, "caught_up", 10.25)
+
+
 def _read(*reads: CommitRead, clock_epoch: float = 1000.0) -> CommitReads:
     return CommitReads(clock_epoch, tuple(reads))
 
