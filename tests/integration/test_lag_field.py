@@ -7,15 +7,16 @@ clients (tests/integration/loads.py) beside the oracle's writer (200 commits/s) 
 probes (tests/integration/oracle.py). The cases: a steady 40 ms apply delay; replay held in
 bursts of tens of ms; the same apply delay with the host busy with CPU-bound neighbours;
 one UPDATE of a million rows (some 300 MB of WAL, which the replicas replay for seconds
-while the load goes on), judged from its start until both have replayed through it.
+while the load goes on), twice, judged from the first's start until both replicas have
+replayed through the second.
 Three `lagwatch run` processes watch: at 1 s and 100 ms, and at 100 ms with a 10 ms
 heartbeat. For every reading of either replica the oracle proves a lower and an upper
 bound of the truth (the upper one counting pgbench's commits: see oracle.py); each case
-checks, per watcher, the p95 and median of the readings against the oracle's over the
-same instants (within max(10 ms, 20 %)), the share of
-readings under the lower bound by more than max(10 ms, 20 %) (at most 2 %), and the share
-over the upper bound by more than max(5 ms, 10 %) (at most 1 %: an over-read ejects a
-healthy replica). The big UPDATE too (its replicas replay megabytes between two polls,
+checks, per watcher and replica, the p95 and median of the readings against the oracle's
+over the same instants (within max(10 ms, 20 %)) and the share over the upper bound by
+more than max(5 ms, 10 %) (at most 1 %: an over-read ejects a healthy replica), and per
+watcher the share of its readings (both replicas') under the lower bound by more than
+max(10 ms, 20 %) (at most 2 %). The big UPDATE too (its replicas replay megabytes between two polls,
 and the WAL dating reaches their first missing commits by counting the WAL before it
 describes it, as far as the primary's own timing of the reads says it can afford;
 views/walcommits.py, docs/lag.md). Then pool control at a 50 ms SLA under the same load. What each case
@@ -75,21 +76,31 @@ def watchers(field: ChaosCluster, tmp_path_factory: pytest.TempPathFactory) -> I
 def judge(case: str, collected: dict[str, Readings], log: OracleLog, start: float, end: float,
           under_share: float = 0.02) -> tuple[list[str], list[str]]:
     """What each interval read of each replica in [start, end] against the oracle: the
-    report's lines, and the failures."""
+    report's lines, and the failures. The p95, the median and the over-reads are judged per
+    replica; the under-read share over each watcher's readings (of both replicas: the
+    issue's share of a load's readings at an interval and arm; per replica, at 70-100
+    readings in a case, one reading would be 1-1.4 % of them)."""
     lines, failures = [], []
     for name, readings in collected.items():
+        under: list[tuple[Reading, Truth]] = []
+        count = 0
         for replica in REPLICAS:
             seen = [r for r in readings.of(replica, start, end) if log.covers(replica, r.at)]
             if len(seen) < 5:
                 failures.append(f"{case} @ {name} {replica}: only {len(seen)} readings")
                 continue
-            line, problems = _judge_one(f"{case} @ {name} {replica}", seen, log, under_share)
+            line, problems, replica_under = _judge_one(f"{case} @ {name} {replica}", seen, log)
             lines.append(line)
             failures += problems
+            under += replica_under
+            count += len(seen)
+        if len(under) > under_share * count:
+            failures.append(f"under-reads: {case} @ {name}: {len(under)} of {count} readings of both replicas: "
+                            + "; ".join(f"{r.replica} {_show(r, t)}" for r, t in under[:6]))
     return lines, failures
 
 
-def _judge_one(label: str, seen: list[Reading], log: OracleLog, under_share: float) -> tuple[str, list[str]]:
+def _judge_one(label: str, seen: list[Reading], log: OracleLog) -> tuple[str, list[str], list[tuple[Reading, Truth]]]:
     truths = [log.truth(r.replica, r.at) for r in seen]
     values = [r.seconds for r in seen]
     p95, median = nearest_rank(values, 0.95), statistics.median(values)
@@ -106,11 +117,9 @@ def _judge_one(label: str, seen: list[Reading], log: OracleLog, under_share: flo
         problems.append(f"p95: {line}")
     if not _within(median, *oracle_median):
         problems.append(f"median: {line}")
-    if len(under) > under_share * len(seen):
-        problems.append(f"under-reads: {line}: " + "; ".join(_show(r, t) for r, t in under[:5]))
     if len(over) > 0.01 * len(seen):
         problems.append(f"over-reads: {line}: " + "; ".join(_show(r, t) for r, t in over[:5]))
-    return line, problems
+    return line, problems, under
 
 
 def _within(value: float, low: float, high: float) -> bool:
@@ -181,11 +190,14 @@ def test_a_big_transaction_amid_the_load(field: ChaosCluster, watchers: dict[str
     took: list[float] = []
 
     def update_and_replay_through() -> None:
-        took.append(big_update(field))
-        field.wait_replayed(timeout=120)
+        # Twice: one UPDATE gives a watcher at 100 ms some 150 readings of the two replicas,
+        # where one reading is 0.7 % of them; two judge the 2 % share on twice as many.
+        for _ in range(2):
+            took.append(big_update(field))
+            field.wait_replayed(timeout=120)
 
-    lines, failures = _case("UPDATE of a million rows", field, watchers, tmp_path, judged=update_and_replay_through)
-    print(f"the UPDATE took {took[0]:.1f} s")
+    lines, failures = _case("UPDATEs of a million rows", field, watchers, tmp_path, judged=update_and_replay_through)
+    print("the UPDATEs took " + ", ".join(f"{t:.1f} s" for t in took))
     _report(lines, failures)
 
 
