@@ -131,9 +131,9 @@ class ClusterTracker:
         primary = roles.primary
         standby = roles.standby_leader is not None  # the primary is the standby leader, in recovery
         if primary is None or primary.position is None:
-            # Its poll late (a busy host): its clock as last read still turns the replicas'
-            # commit timestamps into bounds (lag.Commits), which a late cycle needs most: the
-            # LSN clock ends a cycle back, and a replica past its end would read caught up.
+            # Its poll failed this cycle: its clock as last read still turns the replicas'
+            # commit timestamps into bounds (lag.Commits) where the LSN clock, ending a
+            # cycle back, says least (a late poll's cycle is carried over: evidence.py).
             return _PrimaryView(None, now, _NO_PRIMARY, now, self._primary_clock if not standby else None, standby, {})
         position = primary.position
         read_at = primary.answered_at or primary.observed_at  # not later by the extra reads that follow
