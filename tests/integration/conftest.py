@@ -9,6 +9,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+import failure_logs
 import pytest
 from chaoscluster import ChaosCluster
 from lagwatch.demo.binaries import find_binaries
@@ -36,6 +37,21 @@ def _majors() -> list[int]:
 
 _MAJORS = _majors()
 _MAJOR_PARAMS = [pytest.param(m, id=f"pg{m}") for m in _MAJORS]
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    failure_logs.new_test()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[pytest.TestReport]:
+    """A failed integration test's report carries the tail of every lagwatch and server log
+    live when it failed (failure_logs.py): a red CI run is read from its output alone."""
+    report: pytest.TestReport = yield
+    if report.failed and item.get_closest_marker("integration") is not None:
+        for title, text in failure_logs.tails():
+            report.sections.append((title, text))
+    return report
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

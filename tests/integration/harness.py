@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import failure_logs
 import yaml
 from chaoscluster import ChaosCluster
 from lagwatch.demo.ports import free_port
@@ -163,6 +164,7 @@ class Lagwatch(LagwatchHttp):
             env={**os.environ, "PYTHONPATH": str(ROOT / "daemon"), **(env or {})},
             preexec_fn=None if max_descriptors is None else lambda: resource.setrlimit(
                 resource.RLIMIT_NOFILE, (max_descriptors, max_descriptors)))
+        failure_logs.watch(self, f"lagwatch {self.log_path}", self.log_tail)
 
     @classmethod
     def for_cluster(cls, workdir: Path, cluster: ChaosCluster, **kwargs: Any) -> Lagwatch:
@@ -178,6 +180,9 @@ class Lagwatch(LagwatchHttp):
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def log_tail(self, lines: int) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
 
     def wait_logged(self, text: str, count: int = 1, timeout: float = 5) -> None:
         """Wait until ``text`` is in the log ``count`` times. The pooler shows a change the
@@ -202,6 +207,7 @@ class Lagwatch(LagwatchHttp):
                 self.proc.kill()
                 self.proc.wait()
         self._log.close()
+        failure_logs.unwatch(self)
         return self.proc.returncode
 
 

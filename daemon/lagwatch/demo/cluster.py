@@ -153,9 +153,11 @@ class LocalCluster:
 
     def _initdb_primary(self, timeout: float) -> None:
         p = self.primary
+        # --no-instructions is 14+ (it only drops the "start the server with" hint).
+        quiet = ["--no-instructions"] if self.binaries.major >= 14 else []
         r = run_as_server_user(
             [self.binaries.tool("initdb"), "-D", p.datadir, "-U", SUPERUSER, "-A", "trust",
-             "-E", "UTF8", "--locale=C", "-N", "--no-instructions"],
+             "-E", "UTF8", "--locale=C", "-N", *quiet],
             cwd=p.folder, timeout=timeout,
         )  # fmt: skip
         if r.returncode != 0:
