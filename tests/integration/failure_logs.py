@@ -26,9 +26,13 @@ def watch(owner: object, name: str, tail: Callable[[int], str]) -> None:
 
 
 def unwatch(owner: object) -> None:
+    """``owner`` stopped: its tail as of now is kept for the rest of the test (its folder
+    may be removed next)."""
     ended = _LIVE.pop(id(owner), None)
     if ended is not None:
-        _ENDED[id(owner)] = ended
+        name, tail = ended
+        text = _read(tail, TAIL_LINES)
+        _ENDED[id(owner)] = (name, lambda lines: "\n".join(text.splitlines()[-lines:]))
 
 
 def new_test() -> None:
@@ -39,11 +43,11 @@ def new_test() -> None:
 def tails(lines: int = TAIL_LINES) -> list[tuple[str, str]]:
     """(section title, tail) of every log live now or stopped during the current test; a
     log that cannot be read says why."""
-    out = []
-    for name, tail in [*_ENDED.values(), *_LIVE.values()]:
-        try:
-            text = tail(lines)
-        except Exception as exc:  # a report must never fail on a log it cannot read
-            text = f"<cannot read: {exc!r}>"
-        out.append((f"tail of {name}", text))
-    return out
+    return [(f"tail of {name}", _read(tail, lines)) for name, tail in [*_ENDED.values(), *_LIVE.values()]]
+
+
+def _read(tail: Callable[[int], str], lines: int) -> str:
+    try:
+        return tail(lines)
+    except Exception as exc:  # a report must never fail on a log it cannot read
+        return f"<cannot read: {exc!r}>"

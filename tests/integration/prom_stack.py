@@ -18,6 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import failure_logs
 import yaml
 from lagwatch.demo.ports import free_port
 
@@ -48,6 +49,7 @@ class _Process:
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
         log.close()
+        failure_logs.watch(self, f"{self.name} {self.log_path}", self.log_tail)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -75,6 +77,7 @@ class _Process:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        failure_logs.unwatch(self)
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
