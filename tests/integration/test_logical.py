@@ -38,10 +38,11 @@ from typing import Any
 import psycopg
 import pytest
 from chaoscluster import ChaosCluster
-from harness import ROOT, Lagwatch, Readings, cluster_config
+from harness import ROOT, Lagwatch, Reading, Readings, cluster_config
 from lagwatch.demo.binaries import find_binaries
 from lagwatch.demo.cluster import LocalCluster
 from lagwatch.demo.ports import free_port
+from lagwatch.lsn import parse_lsn
 from loads import Oltp, prepare
 from oracle import TABLE, LagOracle, nearest_rank, tolerance
 from prom_stack import Prometheus, rules_with_shorter_for
@@ -52,6 +53,9 @@ PUBLICATION, SUBSCRIPTION, CDC_SLOT = "lw_pub", "lw_sub", "lw_cdc"
 READ = "logical:" + SUBSCRIPTION  # its readings (harness.Readings)
 RULES = ROOT / "alerts" / "lagwatch.rules.yml"
 HORIZON_ALERT_XIDS = 100
+# Readings lagwatch publishes (one a cycle, at 100 ms) in each span of the first test: under
+# the held apply (its p95 is the 38th of 40), while disabled, and once resumed.
+STEADY_READINGS, PAUSE_READINGS, AFTER_READINGS = 40, 10, 10
 
 
 class LogicalCluster(ChaosCluster):
@@ -138,56 +142,108 @@ def as_replica(subscriber: LocalCluster) -> Any:
     return SimpleNamespace(name=SUBSCRIPTION, dsn=subscriber.primary.dsn)
 
 
+def wait_readings(lw: Lagwatch, readings: Readings, since: float, count: int, what: str) -> list[Reading]:
+    """Wait until the subscription has ``count`` readings dated after ``since`` (on lagwatch's
+    own instants) and return them: a span counted in the product's published cycles, not in
+    seconds of a shared host's clock."""
+
+    def span() -> list[Reading]:
+        return [r for r in readings.of(READ, since) if r.at > since]
+
+    lw.wait_for(f"{count} readings {what}", lambda: len(span()) >= count, 20 + count)
+    return span()
+
+
+def _stop_position(span: list[Reading]) -> int:
+    position = parse_lsn(span[-1].replay_lsn)
+    assert position is not None, span[-1]
+    return position
+
+
 def test_a_subscriptions_staleness_against_the_oracle_paused_and_resumed(
         publisher: LogicalCluster, subscriber: LocalCluster, lagwatch: Lagwatch, tmp_path: Path) -> None:
     lw = lagwatch
     oracle_view = SimpleNamespace(primary=publisher.primary, replicas=[as_replica(subscriber)],
                                   wait_replayed=lambda: None)
-    pause = 3.0
     (tmp_path / "oltp").mkdir()
+    history = int(publisher.primary.scalar("SELECT count(*) FROM pgbench_history"))
     with Oltp(publisher, tmp_path / "oltp", rate=100, clients=2, seconds=60), \
             LagOracle(oracle_view, tmp_path / "oracle", max_seconds=60) as oracle:  # type: ignore[arg-type]
         with Readings(lw, every=0.02) as readings:
-            time.sleep(1.0)  # the load in force
+            # The load in force: pgbench committing (each of its transactions adds a history
+            # row) beside the oracle's writer, which LagOracle started before returning.
+            lw.wait_for("pgbench committing", lambda: int(publisher.primary.scalar(
+                "SELECT count(*) FROM pgbench_history")) >= history + 20, 20)
             start = time.monotonic()
-            with ApplyHeld(subscriber.primary.dsn(), seconds=10):
-                time.sleep(4.0)
-            steady_end = time.monotonic()
+            with ApplyHeld(subscriber.primary.dsn(), seconds=60):
+                steady = wait_readings(lw, readings, start, STEADY_READINGS, "under the held apply")
             subscriber.primary.execute(f"ALTER SUBSCRIPTION {SUBSCRIPTION} DISABLE")
             disabled_at = time.monotonic()
-            time.sleep(pause)
+            lw.wait_for("the subscription's walsender gone", lambda: not consumers(lw)[SUBSCRIPTION]["active"], 20)
+            gone = wait_readings(lw, readings, time.monotonic(), PAUSE_READINGS, "while disabled")
             subscriber.primary.execute(f"ALTER SUBSCRIPTION {SUBSCRIPTION} ENABLE")
             enabled_at = time.monotonic()
-            lw.wait_for("the subscription caught up again", lambda: (consumers(lw)[SUBSCRIPTION].get(
-                "staleness_seconds") or 1.0) < 0.05, 30)
-            time.sleep(1.0)
-            end = time.monotonic()
+            stopped_at = _stop_position(gone)
+
+            def resumed() -> list[Reading]:
+                return [r for r in readings.of(READ, enabled_at) if (parse_lsn(r.replay_lsn) or 0) > stopped_at]
+
+            lw.wait_for("the subscription confirming past where it stopped", lambda: bool(resumed()), 30)
+            after = wait_readings(lw, readings, resumed()[0].at, AFTER_READINGS, "after it resumed")
         log = oracle.read(others=True)  # pgbench commits beside the writer (unpublished)
-    seen = [r for r in readings.of(READ, start, end) if log.covers(SUBSCRIPTION, r.at)]
-    assert len(seen) > 50, f"too few readings: {len(seen)}"
     assert [r["name"] for r in lw.status()["clusters"][0]["replicas"]] == ["replica1"], "a consumer among replicas"
 
-    def within(span: list[Any], q: float) -> None:
+    def within(label: str, span: list[Reading], q: float) -> None:
+        """The reading's quantile against the oracle's. The oracle proves the truth only
+        between ``low`` and ``high`` (oracle.py): with pgbench committing beside the writer,
+        ``high`` is the age of the last writer commit replayed, a writer's period (and on a
+        busy host more) above ``low``; the midpoint is no truth (runs that failed against it
+        read the median at the low end: 10.2 ms against 10.4..32.9 ms, midpoint 25.6 ms). Each
+        truth lies within its reading's [low, high], so its quantile lies within the
+        quantiles of the lows and of the highs: the reading is judged against that interval,
+        give or take the promise under test (the module's max(10 ms, 20 %), as test_lag_field
+        judges replicas)."""
+        span = [r for r in span if log.covers(SUBSCRIPTION, r.at)]
+        assert span, label
         read = nearest_rank([r.seconds for r in span], q)
-        truth = nearest_rank([log.truth(SUBSCRIPTION, r.at).mid for r in span], q)
-        print(f"q{q}: read {read * 1000:.1f} ms, oracle {truth * 1000:.1f} ms ({len(span)} readings, "
-              f"{sorted({r.evidence for r in span})})")
-        assert abs(read - truth) <= tolerance(truth, 0.010, 0.20), (q, read, truth)
+        truths = [log.truth(SUBSCRIPTION, r.at) for r in span]
+        low, high = nearest_rank([t.low for t in truths], q), nearest_rank([t.high for t in truths], q)
+        line = (f"{label} q{q}: read {read * 1000:.1f} ms, oracle {low * 1000:.1f}..{high * 1000:.1f} ms "
+                f"({len(span)} readings, {sorted({r.evidence for r in span})})")
+        print(line)
+        assert low - tolerance(low, 0.010, 0.20) <= read <= high + tolerance(high, 0.010, 0.20), line
 
-    steady = [r for r in seen if r.at <= steady_end]
     for q in (0.5, 0.95):
-        within(steady, q)
-        within(seen, q)
-    # Disabled: the walsender is gone, the reading grows with wall time (dated from the
-    # slot's position and the consumer's last applied one); enabled: it falls back.
-    during = [r for r in seen if disabled_at + 0.5 <= r.at <= enabled_at]
-    assert during and max(r.seconds for r in during) >= pause - 0.6, [round(r.seconds, 3) for r in during[-5:]]
-    for r in during:
+        within("held apply", steady, q)
+    # Enabled again, it falls back: the readings after the first that confirmed past where
+    # it stopped (that one is the catch-up's) against the oracle's, as above.
+    within("resumed", after, 0.5)
+
+    # Disabled: the walsender is gone, nothing more is confirmed, and the reading grows with
+    # wall time, dated from where the consumer stopped (the LSN clock: the first poll that
+    # saw the primary past it). Judged reading by reading, on lagwatch's own instants:
+    disabled = [r for r in readings.of(READ, disabled_at, enabled_at)
+                if parse_lsn(r.replay_lsn) == stopped_at and log.covers(SUBSCRIPTION, r.at)]
+    assert len(disabled) >= PAUSE_READINGS, disabled
+    polls = [r.at for r in readings.of(READ)]  # the primary polls lagwatch published, in order
+    print(f"disabled: {len(disabled)} readings, {disabled[0].seconds:.3f}..{disabled[-1].seconds:.3f} s "
+          f"({sorted({r.evidence for r in disabled})}); under the oracle's low by at most "
+          f"{max(log.truth(SUBSCRIPTION, r.at).low - r.seconds for r in disabled) * 1000:.0f} ms")
+    for r in disabled:
         truth = log.truth(SUBSCRIPTION, r.at)
-        assert truth.low - tolerance(truth.low, 0.010, 0.20) <= r.seconds <= truth.high + tolerance(
-            truth.high, 0.005, 0.10), (r, truth)
-    after = [r for r in seen if r.at >= end - 0.8]
-    assert after and max(r.seconds for r in after) < 0.05, after
+        # Not over: the oracle's high is the earliest the change it lacks can have been made.
+        # A stopped position is the last the subscriber told its walsender, which may lag
+        # what it had applied by its reply's way (milliseconds): the over-read the issue
+        # allows a reading, max(5 ms, 10 %), holds that.
+        assert r.seconds <= truth.high + tolerance(truth.high, 0.005, 0.10), (r, truth)
+        # Under by no more than the LSN clock's bracket: the change was made by r.at -
+        # truth.low (the oracle's latest); the first poll asked after that saw it, and had
+        # its answer before the poll after it was asked (one connection, one question at a
+        # time). Both are lagwatch's published instants: no tolerance.
+        made_by = r.at - truth.low
+        after_it = [at for at in polls if at >= made_by]
+        if len(after_it) >= 2:
+            assert r.seconds >= r.at - after_it[1], (r, truth, after_it[:2])
     assert lw.value("lagwatch_logical_consumer_active", cluster="main", consumer=SUBSCRIPTION,
                     slot=SUBSCRIPTION) == 1
     assert lw.value("lagwatch_replica_lag_seconds", cluster="main", replica=SUBSCRIPTION) is None
@@ -215,33 +271,50 @@ def test_a_stopped_cdc_client_grows_stale_and_holds_wal(publisher: LogicalCluste
     recv = [str(publisher.binaries.tool("pg_recvlogical")), "-d", primary.dsn(), "--slot", CDC_SLOT, "--start",
             "-f", str(out), "-F", "0", "-s", "1", "--no-loop"]
     proc = subprocess.Popen(recv)  # a client: it runs as anyone
-    try:
+    with Readings(lw, every=0.02) as readings:  # the primary polls lagwatch publishes, by their instants
+        try:
+            with contextlib.closing(psycopg.connect(primary.dsn(), autocommit=True)) as conn:
+                for i in range(20):
+                    conn.execute(f"INSERT INTO {TABLE} VALUES ({10_000_000 + i})")
+            # All the WAL so far, read after ``written_by``: every byte past it came later.
+            written_by = time.monotonic()
+            written = parse_lsn(str(primary.scalar("SELECT pg_current_wal_insert_lsn()")))
+            assert written is not None
+            lw.wait_for("pg_recvlogical confirmed all written so far", lambda: consumers(lw).get(CDC_SLOT, {}).get(
+                "active") is True and (parse_lsn(consumers(lw)[CDC_SLOT]["position"]) or 0) >= written, 20)
+            assert consumers(lw)[CDC_SLOT]["consumer"] == "pg_recvlogical"
+        finally:
+            proc.terminate()
+            proc.wait(10)
         with contextlib.closing(psycopg.connect(primary.dsn(), autocommit=True)) as conn:
-            for i in range(20):
-                conn.execute(f"INSERT INTO {TABLE} VALUES ({10_000_000 + i})")
-        lw.wait_for("pg_recvlogical confirmed what it read", lambda: (consumers(lw).get(CDC_SLOT, {}).get(
-            "staleness_seconds") or 9.9) < 1.5 and consumers(lw)[CDC_SLOT]["active"], 20)
-        assert consumers(lw)[CDC_SLOT]["consumer"] == "pg_recvlogical"
-    finally:
-        proc.terminate()
-        proc.wait(10)
-    stopped = time.monotonic()
-    with contextlib.closing(psycopg.connect(primary.dsn(), autocommit=True)) as conn:
-        for i in range(40):
-            conn.execute(f"INSERT INTO {TABLE} VALUES ({20_000_000 + i})")
-            time.sleep(0.05)
-        for _ in range(2 * HORIZON_ALERT_XIDS):
-            conn.execute("SELECT txid_current()")  # transactions its catalog_xmin falls behind
-    lw.wait_for("the slot inactive", lambda: not consumers(lw)[CDC_SLOT]["active"], 10)
-    first = consumers(lw)[CDC_SLOT]
-    time.sleep(1.5)
-    second = consumers(lw)[CDC_SLOT]
+            conn.execute(f"INSERT INTO {TABLE} VALUES (20000000)")
+            # The slot's catalog_xmin was handed out by now: it is no newer than the next ID
+            # at the stop, and this insert took an ID.
+            xid_passed_by = time.monotonic()
+            for i in range(1, 40):
+                conn.execute(f"INSERT INTO {TABLE} VALUES ({20_000_000 + i})")
+            for _ in range(2 * HORIZON_ALERT_XIDS):
+                conn.execute("SELECT txid_current()")  # transactions its catalog_xmin falls behind
+        lw.wait_for("the slot inactive", lambda: not consumers(lw)[CDC_SLOT]["active"], 10)
+        seen_inactive = time.monotonic()
+        first = consumers(lw)[CDC_SLOT]
+        lw.wait_cycles(10)
+        second = consumers(lw)[CDC_SLOT]
     grew = second["staleness_seconds"] - first["staleness_seconds"]
     elapsed = second["staleness_measured_at_monotonic"] - first["staleness_measured_at_monotonic"]
     # Nothing confirmed since it stopped: the staleness grows with wall time, one for one.
-    assert abs(grew - elapsed) <= 0.05, (grew, elapsed)
-    assert second["staleness_seconds"] <= time.monotonic() - stopped + 1.5
-    slot = next(s for s in lw.status()["clusters"][0]["slots"] if s["name"] == CDC_SLOT)
+    # Both readings date the same first byte past its position, by the LSN clock's same
+    # point, unless the clock was thinned between them: by at most 1/64 of the staleness
+    # (lag.LsnClock's resolution).
+    assert abs(grew - elapsed) <= second["staleness_seconds"] / 64, (grew, elapsed)
+    # No older than its last confirmation: what it lacks was written after ``written_by``,
+    # and the reading (the LSN clock's lower end: the first poll that saw it) is never more
+    # than its age at the reading's own instant.
+    assert second["staleness_seconds"] <= second["staleness_measured_at_monotonic"] - written_by, (
+        second, written_by)
+    read = lw.status()["clusters"][0]  # the slot as one primary poll, asked at ``slot_at``, read it
+    slot = next(s for s in read["slots"] if s["name"] == CDC_SLOT)
+    slot_at = next(c for c in read["logical_consumers"] if c["slot"] == CDC_SLOT)["staleness_measured_at_monotonic"]
     assert slot["retained_bytes"] > 0 and second["lag_bytes"] > 0
     # The catalog rows its decoding needs: the slot holds the vacuum horizon, named, as many
     # transactions back as the primary's own age(catalog_xmin), and for at least as long
@@ -251,9 +324,20 @@ def test_a_stopped_cdc_client_grows_stale_and_holds_wal(publisher: LogicalCluste
                                (CDC_SLOT,)))
     assert truth >= 2 * HORIZON_ALERT_XIDS + 40
     lw.expect("lagwatch_horizon_held_xids", truth, timeout=5, cluster="main", holder=holder)
-    held_for = lw.value("lagwatch_horizon_held_seconds", cluster="main", holder=holder)
-    since_stop = time.monotonic() - stopped
-    assert held_for is not None and held_for >= since_stop - 0.3, (held_for, since_stop)
+    status = lw.status()["clusters"][0]
+    held_for = status["vacuum_horizon_held_seconds"][holder]
+    at = next(c for c in status["logical_consumers"] if c["slot"] == CDC_SLOT)["staleness_measured_at_monotonic"]
+    # Dated by the first poll that saw the transaction ID clock past the held ID: at the
+    # latest the first poll asked after ``xid_passed_by`` (polls[0]), answered before the
+    # next was asked (polls[1]: one connection, one question at a time). The reading is as
+    # of a poll asked at ``at`` (the same status): held at least from polls[1] to ``at``,
+    # less the ID clock's resolution (thinned as the LSN clock is: at most 1/64 short).
+    polls = [r.at for r in readings.of("logical:" + CDC_SLOT, xid_passed_by)]
+    assert len(polls) >= 2, polls
+    print(f"stopped client: staleness {second['staleness_seconds']:.3f} s (at most "
+          f"{second['staleness_measured_at_monotonic'] - written_by:.3f}), horizon held {held_for:.3f} s (at least "
+          f"{at - polls[1]:.3f})")
+    assert held_for * (1 + 1 / 64) >= at - polls[1], (held_for, at - polls[1], at - xid_passed_by)
     prometheus = Prometheus([f"127.0.0.1:{lw.port}"], [rules_with_shorter_for(RULES, tmp_path, 300, floor=2.0)])
     prometheus.start()
     try:
@@ -270,15 +354,20 @@ def test_a_stopped_cdc_client_grows_stale_and_holds_wal(publisher: LogicalCluste
         try:
             lw.wait_for("the idle timeout's time left", lambda: lw.value(
                 "lagwatch_slot_idle_timeout_left_seconds", cluster="main", slot=CDC_SLOT) is not None, 10)
-            left = lw.value("lagwatch_slot_idle_timeout_left_seconds", cluster="main", slot=CDC_SLOT)
-            slots_now = {s["name"]: s for s in lw.status()["clusters"][0]["slots"]}
-            inactive = slots_now[CDC_SLOT]["inactive_seconds"]
-            assert left is not None and abs(left - (3600 - inactive)) <= 1.0, (left, inactive)
+            idle = next(s for s in lw.status()["clusters"][0]["slots"] if s["name"] == CDC_SLOT)
+            # One row of one poll: both from inactive_since, each by its own clock_timestamp()
+            # (microseconds apart: 1 ms is more than that).
+            assert idle["idle_timeout_left"] is not None and abs(
+                idle["idle_timeout_left"] + idle["inactive_seconds"] - 3600) <= 0.001, idle
         finally:
             primary.alter_system("idle_replication_slot_timeout", None)
             primary.reload()
     if publisher.binaries.major >= 17:
-        assert slot["inactive_seconds"] is not None and slot["inactive_seconds"] >= 1.0, slot
+        # Inactive since its walsender let the slot go (before it left pg_stat_replication,
+        # so before lagwatch read it inactive: ``seen_inactive``), counted by the server's
+        # clock_timestamp() in the poll asked at ``slot_at``, after that.
+        assert slot["inactive_seconds"] is not None and slot["inactive_seconds"] >= slot_at - seen_inactive, (
+            slot, slot_at - seen_inactive)
     primary.execute("SELECT pg_drop_replication_slot(%s)", (CDC_SLOT,))
     lw.wait_for("the dropped slot's consumer gone", lambda: CDC_SLOT not in consumers(lw), 10)
     # Released: the slot no longer holds the horizon.
