@@ -113,9 +113,10 @@ class CommitScanner:
         alike, never under 8 kB), and counted COUNT_FACTOR times as far where reads are
         located. Stretches that end at one place share one read. A stretch is read on only
         while it holds no commit past its replica's position: the first is all that dates it.
-        One whose replica's position is not known this cycle (a cut-off replica that
-        answered after the read, a walsender reconnecting) is kept unread for ABSENT_CYCLES:
-        the WAL it has read is still what it was."""
+        One whose replica's position is not known this cycle (a replica with no walsender
+        that said nothing in time this cycle nor the last, extrareads.py; a walsender
+        reconnecting) is kept unread for ABSENT_CYCLES: the WAL it has read is still what it
+        was."""
         stretches = {name: replace(old, complete=False, absent=old.absent + 1) for name, old in self._stretches.items()
                      if name not in replays and old.absent < ABSENT_CYCLES}
         for name, replay in replays.items():

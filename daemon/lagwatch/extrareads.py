@@ -46,6 +46,7 @@ class ExtraReads:
         self.query_timeout = query_timeout
         self.inspector = WalInspector(interval)
         self.scanner = CommitScanner(cluster.lag_from_wal_max_bytes)
+        self._board: ReplayBoard | None = None  # the board of the last cycle read: what came after its read
 
     def wal_dating(self) -> WalDatingTotals | None:
         """The WAL dating's reads since start, once it has read (NodeObservation.wal_dating)."""
@@ -79,11 +80,23 @@ class ExtraReads:
 
     async def _replicas_own(self, board: ReplayBoard | None, walsenders: Sequence[WalSender],
                             deadline: float) -> dict[str, int]:
-        """Where the configured replicas say they have replayed up to, this cycle: those the
-        primary streams to waited for no longer than an extra read's budget, the others (cut
-        off from it: nothing else dates them) taken if they have said by then."""
+        """Where the configured replicas say they have replayed up to, this cycle, each
+        waited for no longer than an extra read's budget. Those the primary does not stream
+        to (cut off from it, or cascaded) are waited for as those it does: their own answer
+        is all that dates them (a walsender's position dates the others when theirs is
+        late), and a read that went ahead without it left a replica cut off just past where
+        its stretch ended undated for as long as its answer kept coming after the read. The
+        wait costs no more for them: a hung replica's poll goes on across cycles and is
+        coming only on the board of the cycle it began; a stopped one's fails at once.
+        Where such a replica's answer of this cycle comes too late even so, the position it
+        posted the cycle before (before or after that cycle's read) stands in for it, as a
+        walsender's last-heard position does for a streamed replica: a replica cut off stays
+        where it was, and the WAL past there dates it."""
         if board is None:
             return {}
         configured = {r.walsender_name for r in self.cluster.replicas}
-        return await board.positions(configured, max(0.0, self.budget(deadline)),
-                                     {s.application_name for s in walsenders})
+        last, self._board = self._board, board
+        said = last.posted(configured) if last is not None and last is not board else {}
+        own = await board.positions(configured, max(0.0, self.budget(deadline)))
+        streamed = {s.application_name for s in walsenders}
+        return {**{name: lsn for name, lsn in said.items() if name not in streamed}, **own}

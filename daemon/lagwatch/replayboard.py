@@ -9,9 +9,10 @@ and the primary's poll, its own answer taken, waits for them briefly before it r
 commit times from the WAL: it reads from where each replica is, which is what dates it.
 
 One board per cluster per cycle (poll.poll_all): a poll still under way from an earlier
-cycle posts to that cycle's board, so nothing on a board is older than its cycle. Plain
-asyncio, one event loop: a replica's poll says it is coming before the primary's poll
-can get past its first round trip.
+cycle posts to that cycle's board, so nothing on a board is older than its cycle; what a
+replica the primary does not stream to posts after the read, the next cycle's read takes
+from there (extrareads.py). Plain asyncio, one event loop: a replica's poll says it is
+coming before the primary's poll can get past its first round trip.
 """
 
 from __future__ import annotations
@@ -37,17 +38,20 @@ class ReplayBoard:
             self._posted[name] = replay_lsn
         self._changed.set()
 
-    async def positions(self, names: set[str], timeout: float, wait_for: set[str] | None = None) -> dict[str, int]:
-        """The positions posted for ``names``, once every one of ``wait_for`` (all of
-        ``names`` if not given) that is coming has posted, or ``timeout`` seconds have
-        passed (whatever is there by then)."""
-        waited = names if wait_for is None else wait_for
+    async def positions(self, names: set[str], timeout: float) -> dict[str, int]:
+        """The positions posted for ``names``, once every one of them that is coming has
+        posted, or ``timeout`` seconds have passed (whatever is there by then)."""
         deadline = asyncio.get_running_loop().time() + timeout
-        while self._coming & waited:
+        while self._coming & names:
             self._changed.clear()
             left = deadline - asyncio.get_running_loop().time()
             if left <= 0:
                 break
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), left)
+        return self.posted(names)
+
+    def posted(self, names: set[str]) -> dict[str, int]:
+        """The positions posted for ``names`` so far, without waiting: on the board of a
+        cycle whose read is done, what came after it (extrareads.py reads past it next)."""
         return {name: lsn for name, lsn in self._posted.items() if name in names}

@@ -157,8 +157,9 @@ def test_a_stretch_whose_replica_is_not_heard_from_is_kept_unread_for_a_while() 
     scanner.absorb(_read(CommitRead(1000, 5096, ((2000, 99.0),), complete=False),
                          CommitRead(20_000, 24_096, ((21_000, 99.5),), complete=False)), read_at=100.0)
     read = scanner.dates(100.0)["cut"].commits
-    # The cut-off replica answered after the read this cycle (its position not known):
-    # what was read past it still dates it, and is not read again.
+    # The cut-off replica's position is not known this cycle (it said nothing in time this
+    # cycle nor the last: extrareads.py): what was read past it still dates it, and is not
+    # read again.
     for _ in range(ABSENT_CYCLES):
         assert scanner.plan({"r1": 1000}, current_lsn=61_000) == []
         assert scanner.dates(100.0)["cut"].commits == read
