@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from lagwatch.config import CommandPoolerConfig, TomlPoolerConfig
+from lagwatch.demo.servers import proc_state
 from lagwatch.poolers import pgcat, pgdog
 from lagwatch.poolers.base import Backend, PoolerError
 from lagwatch.poolers.command import CommandPooler
@@ -288,36 +291,86 @@ def test_eject_and_readmit_changes_only_the_replica_list(tmp_path: Path, kind: s
             '+database_name = "app_main"', "+"]
 
 
-def test_toml_unchanged_pool_means_no_write_and_no_reload(toml_setup: tuple[str, Path, Reloader]) -> None:
+def test_toml_unchanged_pool_means_no_write_and_no_reload(toml_setup: tuple[str, Path, Reloader],
+                                                          tmp_path: Path) -> None:
     kind, config, reloader = toml_setup
     before = stat_key(config)
-    toml_pooler(kind, config, reloader.reload_command).apply_pool(frozenset({"replica1"}))
+    # The reload command notes that it ran before it signals the pooler: had it run, the
+    # note would be there when apply_pool returns (no waiting for a signal to land).
+    ran = tmp_path / "reload-ran"
+    noting = ("sh", "-c", 'echo ran >> "$0" && exec "$@"', str(ran), *reloader.reload_command)
+    toml_pooler(kind, config, noting).apply_pool(frozenset({"replica1"}))
     # a reload command that would fail proves none runs
     toml_pooler(kind, config, ("false",)).apply_pool(frozenset({"replica1"}))
-    time.sleep(0.3)
+    assert not ran.exists()
     assert stat_key(config) == before
     assert reloader.seen() == []
+
+
+# A reload command that never ends by itself (a pooler that hangs on reload): a shell
+# waiting on a child in its process group; {token} makes the child's command line unique.
+HANGING = ("sh", "-c", "sleep {token} & wait")
 
 
 @pytest.mark.parametrize(("command", "timeout", "message"), [
     (("false",), 10.0, "exited with status 1"),
     (("sh", "-c", "echo 'config error: bad servers' >&2; exit 3"), 10.0, "status 3: config error: bad servers"),
-    (("sleep", "30"), 0.5, "timed out after 0.5s"),
+    (HANGING, 0.5, "timed out after 0.5s"),
     (("/nonexistent/reload-pooler",), 10.0, "could not be started"),
 ])
 def test_toml_failed_reload_restores_the_previous_file(toml_setup: tuple[str, Path, Reloader],
                                                        command: tuple[str, ...], timeout: float, message: str) -> None:
     kind, config, reloader = toml_setup
     original = config.read_bytes()
-    pooler = toml_pooler(kind, config, command, timeout=timeout)
-    started = time.monotonic()
+    token = f"100000.{random.randrange(10**9)}"
+    pooler = toml_pooler(kind, config, tuple(arg.replace("{token}", token) for arg in command), timeout=timeout)
     with pytest.raises(PoolerError, match=message) as caught:
-        pooler.apply_pool(frozenset({"replica1", "replica2"}))
-    assert time.monotonic() - started < 5
+        apply_or_give_up(pooler, frozenset({"replica1", "replica2"}))
     assert "restored" in str(caught.value)
     assert config.read_bytes() == original
     assert pooler.read_pool() == {"replica1"}
     assert reloader.seen() == []
+    # apply_pool came back from a command that never ends (so it did not wait it out), and
+    # the command's whole process group went with it: no child left behind.
+    deadline = time.monotonic() + 10  # a SIGKILL lands when its process is next scheduled
+    while left := running_with(token):
+        assert time.monotonic() < deadline, f"the reload command's child {left} outlived its timeout"
+        time.sleep(0.01)
+
+
+def running_with(token: str) -> list[int]:
+    """Live (not zombie) processes with ``token`` in their command line."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                cmdline = Path(entry.path, "cmdline").read_bytes()
+            except OSError:
+                continue
+            if token.encode() in cmdline and proc_state(int(entry.name)) not in (None, "Z", "X"):
+                found.append(int(entry.name))
+    return found
+
+
+def apply_or_give_up(pooler: TomlFilePooler, members: frozenset[str], limit: float = 60) -> None:
+    """``pooler.apply_pool(members)``, given up on (a failure) if it has not returned in
+    ``limit`` seconds: a pooler that waits out a reload command that never ends would
+    hang the suite. The limit is no measure of anything, only a way not to wait forever."""
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            pooler.apply_pool(members)
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(limit)
+    assert outcome, f"apply_pool still waiting on its reload command after {limit:g}s"
+    if outcome[0] is not None:
+        raise outcome[0]
 
 
 def test_toml_read_pool_names_unknown_entries(toml_setup: tuple[str, Path, Reloader]) -> None:
@@ -391,8 +444,7 @@ def test_command_unchanged_means_no_write_and_no_reload(command_setup: tuple[Pat
     command_pooler(output, reloader.reload_command).apply_pool(frozenset({"replica1"}))
     reloader.wait_reloads(1)
     before = stat_key(output), stat_key(output.with_name(output.name + ".members"))
-    command_pooler(output, ("false",)).apply_pool(frozenset({"replica1"}))
-    time.sleep(0.3)
+    command_pooler(output, ("false",)).apply_pool(frozenset({"replica1"}))  # would fail, had it run
     assert (stat_key(output), stat_key(output.with_name(output.name + ".members"))) == before
     assert len(reloader.seen()) == 1
 
