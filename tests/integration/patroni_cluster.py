@@ -30,6 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import failure_logs
 import yaml
 from lagwatch.demo.binaries import find_binaries, run_user
 from lagwatch.demo.ports import free_port
@@ -176,6 +177,8 @@ class PatroniMember:
                                      stderr=subprocess.STDOUT, cwd=self.folder, env={**env, "HOME": str(self.folder)},
                                      start_new_session=True, **kwargs)
         log.close()
+        # Patroni's log holds its PostgreSQL's too: a failed test prints its tail.
+        failure_logs.watch(self, f"Patroni {self.name} {self.folder / 'patroni.log'}", self.log_tail)
 
     def stop(self, timeout: float = 30) -> None:
         """SIGTERM: Patroni stops its PostgreSQL and leaves the cluster (its member key goes)."""
@@ -352,6 +355,7 @@ class PatroniCluster:
         member = self.member(name)
         assert member.proc is None or member.proc.poll() is not None, f"{name} still runs"
         member.kill()
+        failure_logs.unwatch(member)
         self.members.remove(member)
         self._spare_hosts.insert(0, member.host)
         shutil.rmtree(member.folder, ignore_errors=True)
@@ -443,6 +447,8 @@ class PatroniCluster:
             if _alive(pid):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
+        for member in self.members:
+            failure_logs.unwatch(member)  # its tail kept before the folder goes
         if self.etcd is not None and self.etcd.poll() is None:
             self.etcd.terminate()
             try:
