@@ -4,10 +4,18 @@ running its own PostgreSQL, all on loopback and free ports, all stopped afterwar
 Patroni starts PostgreSQL, so it runs as the unprivileged server user, from the venv that
 tests/setup-machine.sh makes with the system's Python (this Python may sit under /root,
 out of that user's reach). Only processes started here are signalled, by their PID.
+
+Patroni's timing is at its minimums (``loop_wait`` 1 s, ``ttl`` 20 s: Patroni raises a
+lower one to these), ``retry_timeout`` a little above its minimum of 3 s: a DCS call slowed
+by a busy host is retried, not taken for a lost DCS (a demotion). What a test would
+otherwise wait ``ttl`` for, a dead member's keys running out, ``expire`` makes happen now,
+as etcd does when the ttl runs out.
 """
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import json
 import os
 import shutil
@@ -22,6 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import failure_logs
 import yaml
 from lagwatch.demo.binaries import find_binaries, run_user
 from lagwatch.demo.ports import free_port
@@ -30,6 +39,11 @@ PATRONI = Path("/opt/lagwatch-test/patroni/bin/patroni")
 ETCD = Path("/usr/bin/etcd")
 SCOPE = "lagwatch-test"
 LEADER_ROLES = ("leader", "standby_leader")
+# The clusters' files (PostgreSQL's data above all) on tmpfs where there is one: they are
+# thrown away after the module (fsync is off anyway), and on a busy host's disk initdb, each
+# base backup and their removal took seconds (a cluster started in ~13 s, not ~9; removing
+# one took 1.5-3.5 s).
+WORK_ROOT = "/dev/shm" if os.access("/dev/shm", os.W_OK | os.X_OK) else None
 
 
 def available() -> str | None:
@@ -74,6 +88,16 @@ class RestTls:
         context = ssl.create_default_context(cafile=str(self.ca))
         context.load_cert_chain(*map(str, self.client))
         return context
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _wait(what: str, predicate: Callable[[], bool], timeout: float, every: float = 0.2) -> None:
@@ -153,6 +177,8 @@ class PatroniMember:
                                      stderr=subprocess.STDOUT, cwd=self.folder, env={**env, "HOME": str(self.folder)},
                                      start_new_session=True, **kwargs)
         log.close()
+        # Patroni's log holds its PostgreSQL's too: a failed test prints its tail.
+        failure_logs.watch(self, f"Patroni {self.name} {self.folder / 'patroni.log'}", self.log_tail)
 
     def stop(self, timeout: float = 30) -> None:
         """SIGTERM: Patroni stops its PostgreSQL and leaves the cluster (its member key goes)."""
@@ -164,17 +190,42 @@ class PatroniMember:
         except subprocess.TimeoutExpired:
             self.kill()
 
-    def kill(self) -> None:
-        """SIGKILL Patroni and the PostgreSQL it started (its session)."""
+    def _postmaster(self) -> int | None:
+        """The PID of this member's PostgreSQL if it runs: postmaster.pid's, if that process
+        is a postgres of this data directory (a file left by a killed one may name a PID
+        the system has since given to another process)."""
+        data = self.folder / "data"
+        try:
+            pid = int((data / "postmaster.pid").read_text().split()[0])
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            return None
+        return pid if str(data).encode() in command else None
+
+    def _kill_patroni(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
-        pid_file = self.folder / "data" / "postmaster.pid"
-        try:
-            pid = int(pid_file.read_text().split()[0])
-            os.kill(pid, signal.SIGKILL)
-        except (OSError, ValueError, IndexError):
-            pass
+
+    def kill(self) -> None:
+        """SIGKILL Patroni and the PostgreSQL it started (its session)."""
+        self._kill_patroni()
+        pid = self._postmaster()
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    def discard(self) -> int | None:
+        """For a cluster being thrown away: SIGKILL Patroni (nothing restarts PostgreSQL
+        then), and an immediate shutdown of its PostgreSQL (SIGQUIT: no checkpoint, but its
+        shared memory removed, where SIGKILL would leave it behind). Returns the
+        postmaster's PID, to wait for (``PatroniCluster.cleanup``)."""
+        self._kill_patroni()
+        pid = self._postmaster()
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGQUIT)
+        return pid
 
     def freeze(self, frozen: bool) -> None:
         """SIGSTOP / SIGCONT Patroni only: its REST API stops answering, PostgreSQL goes on
@@ -207,17 +258,21 @@ class PatroniCluster:
     127.0.0.21-23 (one PostgreSQL port for all, as a pooler entry needs), one etcd.
 
     ``standby_of=(host, port)``: a standby cluster of that primary (its leader is Patroni's
-    ``standby_leader``, streaming from there), members named s1, s2... on ``hosts``."""
+    ``standby_leader``, streaming from there), members named s1, s2... on ``hosts``.
+    ``etcd_of``: another cluster whose etcd to share (under a scope of its own; left running)."""
 
     def __init__(self, tags: dict[str, dict[str, Any]] | None = None, standby_of: tuple[str, int] | None = None,
                  hosts: list[str] | None = None, size: int = 3,
-                 recovery_conf: dict[str, dict[str, str]] | None = None) -> None:
-        self.workdir = Path(tempfile.mkdtemp(prefix="lagwatch-patroni-"))
+                 recovery_conf: dict[str, dict[str, str]] | None = None,
+                 etcd_of: PatroniCluster | None = None) -> None:
+        self.workdir = Path(tempfile.mkdtemp(prefix="lagwatch-patroni-", dir=WORK_ROOT))
         os.chmod(self.workdir, 0o755)
         self.namespace = f"lw{os.getpid()}"
         self.bindir = find_binaries().bindir
-        self.etcd_port = free_port(["127.0.0.1"])
-        self.etcd_peer_port = free_port(["127.0.0.1"], exclude={self.etcd_port})
+        self.etcd_shared = etcd_of is not None
+        self.etcd_port = etcd_of.etcd_port if etcd_of is not None else free_port(["127.0.0.1"])
+        self.etcd_peer_port = (etcd_of.etcd_peer_port if etcd_of is not None
+                               else free_port(["127.0.0.1"], exclude={self.etcd_port}))
         self.etcd: subprocess.Popen[bytes] | None = None
         self.standby_of = standby_of
         self.recovery_conf = recovery_conf or {}  # member -> recovery settings (recovery_min_apply_delay)
@@ -252,25 +307,31 @@ class PatroniCluster:
         self.cleanup()
 
     def start(self, timeout: float = 90) -> None:
-        etcd_dir = self.workdir / "etcd"
-        peer = f"http://127.0.0.1:{self.etcd_peer_port}"
-        client = f"http://127.0.0.1:{self.etcd_port}"
-        log = open(self.workdir / "etcd.log", "ab")
-        self.etcd = subprocess.Popen(
-            [str(ETCD), "--name", "lw", "--data-dir", str(etcd_dir), "--listen-client-urls", client,
-             "--advertise-client-urls", client, "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-             "--initial-cluster", f"lw={peer}", "--log-level", "error"],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        log.close()
+        if not self.etcd_shared:
+            etcd_dir = self.workdir / "etcd"
+            peer = f"http://127.0.0.1:{self.etcd_peer_port}"
+            client = f"http://127.0.0.1:{self.etcd_port}"
+            log = open(self.workdir / "etcd.log", "ab")
+            self.etcd = subprocess.Popen(
+                [str(ETCD), "--name", "lw", "--data-dir", str(etcd_dir), "--listen-client-urls", client,
+                 "--advertise-client-urls", client, "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                 "--initial-cluster", f"lw={peer}", "--log-level", "error"],
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            log.close()
         _wait("etcd answering", self._etcd_healthy, 20)
         first, *others = self.members
         first.write_config()
         first.start()  # the first bootstraps (initdb, or a copy of standby_of) and leads; the others clone from it
-        _wait(f"{first.name} leading", lambda: self.leader() == first.name, timeout)
+        # The others start as soon as the first holds the initialize key (while it bootstraps):
+        # a member that finds the key taken and no leader waits for one, then clones from it.
+        _wait(f"{first.name} bootstrapping", lambda: self._has_key("initialize") or first.proc is None
+              or first.proc.poll() is not None, timeout)
         for member in others:
             member.write_config()
             member.start()
         self.wait_streaming(timeout)
+        if self.leader() != first.name:  # its bootstrap failed and another took over
+            raise RuntimeError(f"{first.name} does not lead: {self.cluster_view()}\n{first.log_tail()}")
 
     def add_member(self, timeout: float = 60) -> PatroniMember:
         """A new member on the spare address: it clones from the leader and streams."""
@@ -281,6 +342,51 @@ class PatroniCluster:
         member.start()
         self.wait_streaming(timeout)
         return member
+
+    def remove_member(self, name: str) -> None:
+        """A member leaves for good: stopped, its keys gone at once (``expire``), forgotten."""
+        self.member(name).stop()
+        self.expire(name)
+        self.forget(name)
+
+    def forget(self, name: str) -> None:
+        """A member stopped for good: out of the list, its folder removed, its address
+        free for the next ``add_member``."""
+        member = self.member(name)
+        assert member.proc is None or member.proc.poll() is not None, f"{name} still runs"
+        member.kill()
+        failure_logs.unwatch(member)
+        self.members.remove(member)
+        self._spare_hosts.insert(0, member.host)
+        shutil.rmtree(member.folder, ignore_errors=True)
+
+    def _etcd(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """One call to etcd's v3 JSON gateway (keys and lease IDs as etcd's JSON carries them)."""
+        request = urllib.request.Request(f"http://127.0.0.1:{self.etcd_port}/v3/{path}", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"}, method="POST")
+        with urllib.request.urlopen(request, timeout=5) as answer:
+            result: dict[str, Any] = json.loads(answer.read())
+            return result
+
+    def _key(self, path: str) -> str:
+        return base64.b64encode(f"/{self.namespace}/{self.scope}/{path}".encode()).decode()
+
+    def _has_key(self, path: str) -> bool:
+        try:
+            return int(self._etcd("kv/range", {"key": self._key(path), "count_only": True}).get("count", 0)) > 0
+        except (OSError, ValueError):
+            return False
+
+    def expire(self, name: str) -> None:
+        """What etcd does ``ttl`` seconds after a dead member's last renewal, now: revoke the
+        lease its keys hang on (its member key, and the leader key if it led). Patroni's
+        other members see the keys gone at their next loop, as after the ttl. Only for a
+        member whose Patroni no longer runs (one that runs would renew or take a new lease)."""
+        member = self.member(name)
+        assert member.proc is None or member.proc.poll() is not None, f"{name}'s Patroni still runs"
+        found = self._etcd("kv/range", {"key": self._key(f"members/{name}")}).get("kvs", [])
+        for lease in {kv.get("lease") for kv in found} - {None, "0"}:
+            self._etcd("lease/revoke", {"ID": lease})
 
     def _etcd_healthy(self) -> bool:
         try:
@@ -330,11 +436,19 @@ class PatroniCluster:
         assert code == 200, (code, body)
 
     def cleanup(self) -> None:
+        # Every member at once, and no graceful stop: the cluster and its folders are thrown
+        # away, and one member stopped after the other (each Patroni stopping its PostgreSQL
+        # and leaving the cluster) took 7-14 s of a busy host for nothing.
+        postmasters = [pid for pid in (member.discard() for member in self.members) if pid is not None]
+        deadline = time.monotonic() + 10
+        for pid in postmasters:
+            while _alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if _alive(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
         for member in self.members:
-            member.freeze(False)  # a frozen Patroni cannot stop
-        for member in self.members:
-            member.stop(timeout=20)
-            member.kill()  # nothing left behind, whatever stop() achieved
+            failure_logs.unwatch(member)  # its tail kept before the folder goes
         if self.etcd is not None and self.etcd.poll() is None:
             self.etcd.terminate()
             try:
