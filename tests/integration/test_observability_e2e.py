@@ -10,10 +10,7 @@ at all for the same duration, and must not make a single replica alert even go p
 
 What the tests wait on is the product's path to the pager, not production's patience:
 every ``for:`` FOR_FACTOR times shorter (at least FOR_FLOOR; promtool's tests hold the
-shipped ones), Prometheus evaluating every EVALUATION_INTERVAL, Alertmanager grouping
-within GROUP_WAIT. The scrape stays at 1 s: a scrape that timed out would mark every series
-stale and reset a pending alert, and lagwatch's /metrics of two clusters is not instant on
-a busy host.
+shipped ones), Prometheus evaluating and Alertmanager grouping sooner (quick_alerting.py).
 """
 
 from __future__ import annotations
@@ -27,20 +24,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from chaoscluster import ChaosCluster
 from harness import ROOT, Lagwatch, Writer, chromium, cluster_config
 from lagwatch.demo.binaries import find_binaries
 from lagwatch.demo.ports import free_port
 from pgbouncer_server import PgBouncerServer, readable_by_servers
 from prom_stack import Alertmanager, Prometheus, WebhookReceiver, alertmanager_config, rules_with_shorter_for
+from quick_alerting import evaluate_every, quicker_grouping
 
 ARTIFACTS = ROOT / "test-artifacts"
 RULES = ROOT / "alerts" / "lagwatch.rules.yml"
 FOR_FACTOR = 40  # the shipped for:s, 40 times shorter (prom_stack.rules_with_shorter_for) ...
 FOR_FLOOR = 3.0  # ... and at least 3 s: a pending state the tests' sampling (every 0.2 s) sees
-EVALUATION_INTERVAL = "500ms"
-GROUP_WAIT = "1s"  # Alertmanager's group_wait and group_interval ("resolved" is sent at the next)
 SLA = {"max_lag": "1s", "eject_after": 2, "readmit_below": "500ms", "readmit_after": 3, "min_replicas": 1}
 
 
@@ -72,22 +67,6 @@ def pooled_cluster(name: str, cluster: ChaosCluster, pgbouncer: PgBouncerServer)
     }
 
 
-def quicker_grouping(config_text: str) -> str:
-    """prom_stack's Alertmanager config (the shipped example's routes, receivers and
-    inhibitions) with group_wait and group_interval of GROUP_WAIT."""
-    config = yaml.safe_load(config_text)
-    config["route"].update(group_wait=GROUP_WAIT, group_interval=GROUP_WAIT)
-    return yaml.safe_dump(config)
-
-
-def evaluate_every(prometheus: Prometheus, interval: str) -> None:
-    """Before it starts: Prometheus evaluates the rules every ``interval`` (a for: is
-    judged at evaluations, so each wait on one ends up to an evaluation late)."""
-    config = yaml.safe_load(prometheus.config_file.read_text())
-    config["global"]["evaluation_interval"] = interval
-    prometheus.config_file.write_text(yaml.safe_dump(config))
-
-
 @pytest.fixture(scope="module")
 def stack(pg_cluster: ChaosCluster, pg_major: int, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     workdir = tmp_path_factory.mktemp("e2e")
@@ -110,7 +89,7 @@ def stack(pg_cluster: ChaosCluster, pg_major: int, tmp_path_factory: pytest.Temp
         # 3 s): promtool's tests hold the real for:s; here the path to the pager is what is shown.
         rules = rules_with_shorter_for(RULES, workdir, FOR_FACTOR, floor=FOR_FLOOR)
         prometheus = Prometheus([f"127.0.0.1:{lagwatch.port}"], [rules], alertmanager.address)
-        evaluate_every(prometheus, EVALUATION_INTERVAL)
+        evaluate_every(prometheus)
         started.callback(prometheus.stop)
         prometheus.start()
         yield Stack(pg_cluster, idle_cluster, lagwatch, prometheus, alertmanager, webhook)
