@@ -11,6 +11,10 @@ at all for the same duration, and must not make a single replica alert even go p
 What the tests wait on is the product's path to the pager, not production's patience:
 every ``for:`` FOR_FACTOR times shorter (at least FOR_FLOOR; promtool's tests hold the
 shipped ones), Prometheus evaluating and Alertmanager grouping sooner (quick_alerting.py).
+
+One version (the first): what is shown is the path from lagwatch's metrics and pages to
+Prometheus, Alertmanager and a browser, which no server version changes; the views each
+major reads are test_versions.py's.
 """
 
 from __future__ import annotations
