@@ -149,6 +149,10 @@ def test_a_quorum_that_loses_both_standbys_stalls_commits_within_two_intervals(
                     and bench.progress()[-1] > 0, 10)
         assert sync_waiters(pg_cluster) == 0 or bench.progress()[-1] > 0
     finally:
+        # SIGTERM first: bench.stop()'s SIGINT is ignored by a pgbench started from a
+        # background job (a shell without job control ignores SIGINT in it), which then ran
+        # on 10 s until killed.
+        bench.proc.terminate()
         output = bench.stop()
     print(f"pgbench progress (tps): {bench.progress()}")
     assert "progress:" in output
