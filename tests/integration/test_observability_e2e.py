@@ -162,7 +162,12 @@ def screenshot(stack: Stack, name: str) -> Path:
 
 
 def test_status_page_in_chromium_healthy(stack: Stack) -> None:
-    """First: Prometheus, started with the stack, scrapes meanwhile what the dashboard test reads."""
+    """First: Prometheus, started with the stack, scrapes meanwhile what the dashboard test reads.
+    Healthy: every replica in its pool (in reversed order the paused test comes before, and
+    lagwatch readmits its replica readmit_after cycles after it caught up)."""
+    for cluster in ("main", "idle"):
+        for replica in ("replica1", "replica2"):
+            stack.lagwatch.expect("lagwatch_pool_member", 1, timeout=30, cluster=cluster, replica=replica)
     dom = status_dom(stack)
     for cluster in ("main", "idle"):
         for replica in ("replica1", "replica2"):
