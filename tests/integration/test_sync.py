@@ -4,6 +4,9 @@ pgbench commits on the primary, FIRST 2 with one standby down, and the commit wa
 remote_apply against pgbench's own commit latency.
 
 What is measured here does not depend on the server version: one version runs these.
+One lagwatch watches the quorum and FIRST tests (at INTERVAL: their "within two intervals"
+is counted in its cycles); the commit wait is sampled from one at FAST_INTERVAL, so that
+a few seconds of pgbench give it tens of readings.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from loads import Pgbench
 pytestmark = pytest.mark.one_pg_version
 
 INTERVAL = 0.5
+FAST_INTERVAL = 0.1
+BENCH_SECONDS = 3  # each pgbench run of the commit-wait test: ~50 commits at 50 ms, tens of readings
 
 
 @pytest.fixture(scope="module")
@@ -34,12 +39,23 @@ def table(pg_cluster: ChaosCluster) -> None:
     pg_cluster.wait_replayed()
 
 
-@pytest.fixture
-def lagwatch(pg_cluster: ChaosCluster, table: None, tmp_path: Path) -> Iterator[Lagwatch]:
-    config = cluster_config(pg_cluster, free_port(["127.0.0.1"]), interval=f"{int(INTERVAL * 1000)}ms", window="1m",
-                            state_dir=str(tmp_path / "state"))
-    with Lagwatch(tmp_path, config) as lw:
+def start_lagwatch(cluster: ChaosCluster, folder: Path, interval: float) -> Lagwatch:
+    config = cluster_config(cluster, free_port(["127.0.0.1"]), interval=f"{int(interval * 1000)}ms", window="1m",
+                            state_dir=str(folder / "state"))
+    lw = Lagwatch(folder, config)
+    try:
         lw.wait_ready()
+    except BaseException:
+        lw.stop()
+        raise
+    return lw
+
+
+@pytest.fixture(scope="module")
+def lagwatch(pg_cluster: ChaosCluster, table: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lagwatch]:
+    """One for the module's tests: each waits for the state it set up (lw.expect), and
+    pg_cluster's heal between them is a standby stopped and started, which it follows."""
+    with start_lagwatch(pg_cluster, tmp_path_factory.mktemp("sync"), INTERVAL) as lw:
         yield lw
 
 
@@ -103,7 +119,9 @@ def test_a_quorum_that_loses_both_standbys_stalls_commits_within_two_intervals(
     assert lw.value("lagwatch_sync_commit_at_risk") == 0
     assert lw.value("lagwatch_sync_commit_waits_on_standbys") == 1
 
-    bench = insert_bench(pg_cluster, tmp_path)
+    # At 200 commits a second, not flat out: a stall reads 0 either way, and two clients
+    # committing as fast as they can took a 2-core host from the rest of the suite.
+    bench = insert_bench(pg_cluster, tmp_path, rate=200)
     try:
         r2.stop()
         lw.expect("lagwatch_sync_standbys_healthy", 1, timeout=10)
@@ -131,6 +149,10 @@ def test_a_quorum_that_loses_both_standbys_stalls_commits_within_two_intervals(
                     and bench.progress()[-1] > 0, 10)
         assert sync_waiters(pg_cluster) == 0 or bench.progress()[-1] > 0
     finally:
+        # SIGTERM first: bench.stop()'s SIGINT is ignored by a pgbench started from a
+        # background job (a shell without job control ignores SIGINT in it), which then ran
+        # on 10 s until killed.
+        bench.proc.terminate()
         output = bench.stop()
     print(f"pgbench progress (tps): {bench.progress()}")
     assert "progress:" in output
@@ -149,60 +171,71 @@ def test_first_two_with_one_standby_down_is_at_risk(pg_cluster: ChaosCluster, la
     stopped_at = cycles(lw)
     lw.wait_for("commits at risk", lambda: lw.value("lagwatch_sync_commit_at_risk") == 1, 10)
     assert cycles(lw) - stopped_at <= 2, cycles(lw) - stopped_at
-    # A commit now waits (cancelled after 2 s: PostgreSQL then keeps it, with a WARNING).
+    # A commit now waits; once seen waiting it is cancelled (PostgreSQL then keeps it, with
+    # a WARNING). The statement_timeout only bounds it should the test fail before that.
     done = threading.Event()
 
     def commit() -> None:
         with psycopg.connect(pg_cluster.primary.dsn(), autocommit=True, connect_timeout=5) as conn:
-            conn.execute("SET statement_timeout = '3s'")
+            conn.execute("SET statement_timeout = '30s'")
             conn.execute("INSERT INTO sync_commits DEFAULT VALUES")
         done.set()
 
     worker = threading.Thread(target=commit, daemon=True)
     worker.start()
-    lw.wait_for("the commit waiting in SyncRep", lambda: sync_waiters(pg_cluster) == 1, 5)
+    lw.wait_for("the commit waiting in SyncRep", lambda: sync_waiters(pg_cluster) == 1, 10)
     assert not done.is_set()
+    pg_cluster.primary.execute("SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE wait_event = 'SyncRep'")
     worker.join(10)
+    assert done.is_set(), "the cancelled commit did not return"
 
 
-def test_remote_apply_commit_wait_matches_pgbench(pg_cluster: ChaosCluster, lagwatch: Lagwatch,
-                                                  tmp_path: Path) -> None:
+def test_remote_apply_commit_wait_matches_pgbench(pg_cluster: ChaosCluster, table: None, tmp_path: Path) -> None:
     """remote_apply with a 50 ms recovery_min_apply_delay on the one sync standby: what lagwatch
     says a commit waits against what pgbench measures, with and without the wait."""
-    lw = lagwatch
     r1 = pg_cluster.replicas[0]
     r1.set_apply_delay(0.05)
     set_sync(pg_cluster, f"FIRST 1 ({r1.application_name})", "remote_apply")
-    lw.expect("lagwatch_replica_sync_state", 1, timeout=10, replica=r1.name, state="sync")
+    with start_lagwatch(pg_cluster, tmp_path, FAST_INTERVAL) as lw:
+        lw.expect("lagwatch_replica_sync_state", 1, timeout=10, replica=r1.name, state="sync")
 
-    def latency_ms(options: str, seconds: int = 6) -> float:
-        bench = insert_bench(pg_cluster, tmp_path, clients=1, seconds=seconds, options=options)
-        bench.proc.wait(seconds + 30)
-        match = re.search(r"latency average = ([\d.]+) ms", bench.log.read_text())
-        assert match, bench.log.read_text()
-        return float(match.group(1))
+        def latency_ms(options: str) -> float:
+            bench = insert_bench(pg_cluster, tmp_path, clients=1, seconds=BENCH_SECONDS, options=options)
+            bench.proc.wait(BENCH_SECONDS + 30)
+            match = re.search(r"latency average = ([\d.]+) ms", bench.log.read_text())
+            assert match, bench.log.read_text()
+            return float(match.group(1))
 
-    baseline = latency_ms("-c synchronous_commit=local")
-    readings: list[float] = []
-    stop = threading.Event()
+        baseline = latency_ms("-c synchronous_commit=local")
+        readings: list[tuple[int, float]] = []  # (cycles completed, the reading)
+        stop = threading.Event()
 
-    def sample() -> None:
-        while not stop.wait(INTERVAL):
-            value = lw.value("lagwatch_sync_commit_wait_seconds")
-            if value is not None:
-                readings.append(value)
+        def sample() -> None:
+            while not stop.wait(FAST_INTERVAL):
+                text = lw.get("/metrics")[1]
+                done = re.search(r"^lagwatch_cycles_total (\S+)$", text, re.M)
+                value = re.search(r'^lagwatch_sync_commit_wait_seconds\{cluster="main"\} (\S+)$', text, re.M)
+                if done and value:
+                    readings.append((int(float(done.group(1))), float(value.group(1))))
 
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    try:
-        waited = latency_ms("")
-    finally:
-        stop.set()
-        sampler.join(5)
+        started = lw.cycles()
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        try:
+            waited = latency_ms("")
+        finally:
+            stop.set()
+            sampler.join(5)
     added = (waited - baseline) / 1000
-    assert len(readings) >= 5, readings
-    median = statistics.median(readings[2:])  # the first readings may predate the run
+    # Readings of cycles begun after pgbench started (the first one completed may have begun
+    # before, and read the last commits of the run without the wait).
+    during = [value for cycle, value in readings if cycle > started + 1]
+    assert len(during) >= 5, readings
+    median = statistics.median(during)
     print(f"remote_apply, 50 ms apply delay: pgbench {baseline:.2f} -> {waited:.2f} ms per commit "
-          f"(+{added * 1000:.1f} ms); lagwatch_sync_commit_wait_seconds median {median * 1000:.1f} ms")
+          f"(+{added * 1000:.1f} ms); lagwatch_sync_commit_wait_seconds median {median * 1000:.1f} ms "
+          f"of {len(during)} readings")
     assert added > 0.04  # the delay really is in every commit
+    # Within 20 %, the tolerance docs/lag.md holds readings to against an oracle: pgbench's
+    # average is of every commit of the run (~50), lagwatch's of the standby's replies.
     assert abs(median - added) <= 0.2 * added, (median, added)
