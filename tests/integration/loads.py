@@ -81,8 +81,11 @@ class Pgbench:
         return [float(m.group(1)) for m in re.finditer(r"progress: [\d.]+ s, ([\d.]+) tps", self.log.read_text())]
 
     def stop(self) -> str:
+        # SIGTERM, not SIGINT: a pgbench started from a shell's background job (a CI runner
+        # may start one so) ignores SIGINT, and each stop waited out the 10 s below. Either
+        # ends it without its summary; the progress lines are what the tests read.
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
+            self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
