@@ -69,6 +69,27 @@ def test_hostile_text_gets_one_line_per_problem(tmp_path: Path, name: str, text:
     assert check_output(code, err) is None and code == 2, err
 
 
+@pytest.mark.parametrize("setting", ["state_dir", "clusters_dir", "password_file"])
+@pytest.mark.parametrize("why", ["name too long", "symlink loop"])
+def test_a_path_the_system_cannot_look_up_is_a_problem_not_a_traceback(tmp_path: Path, setting: str, why: str,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """Path.exists() and is_dir() raise on a name longer than the system allows or a loop of
+    symlinks (found by the fuzz run below once its folder's name had another length)."""
+    if why == "name too long":
+        path, reason = "/" + "x" * 5000, "File name too long"
+    else:
+        (tmp_path / "loop").symlink_to(tmp_path / "loop")
+        path, reason = str(tmp_path / "loop"), "Too many levels of symbolic links"
+    config: dict[str, object] = {**BASE, setting: path}
+    if setting == "password_file":
+        config = {**BASE, "clusters": [{**BASE["clusters"][0],  # type: ignore[index]
+                                        "primary": {"dsn": "host=127.0.0.1 port=1", "password_file": path}}]}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    code, err = validate(capsys, "-c", str(tmp_path / "config.yaml"))
+    assert code == 2 and reason in err and "Traceback" not in err, err
+    assert check_output(code, err) is None and len(err) < 1000, err
+
+
 @pytest.mark.parametrize(("web", "expected"), [
     ("basic_auth_users: {p: '$2b$03$" + "a" * 53 + "'}", "p: bcrypt cost 03 is out of range (4 to 16"),
     ("basic_auth_users: {p: '$2b$99$" + "a" * 53 + "'}", "p: bcrypt cost 99 is out of range"),

@@ -8,6 +8,7 @@ module is the whole file's schema and how it is loaded.
 
 from __future__ import annotations
 
+import stat
 from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -35,6 +36,8 @@ from lagwatch.config.base import (
     SlaConfig,
     SlaOverride,
     _Strict,
+    shown_path,
+    stat_of,
 )
 from lagwatch.config.patroni import MemberTemplate, PatroniClusterConfig, PatroniDiscoveryConfig
 from lagwatch.config.poolers import (
@@ -263,8 +266,10 @@ class Config(_Strict):
     @field_validator("clusters_dir")
     @classmethod
     def _a_directory(cls, value: Path | None) -> Path | None:
-        if value is not None and not value.is_dir():
-            raise ValueError(f"{str(value)!r} is not a directory")
+        if value is not None:
+            found = stat_of(value)
+            if found is None or not stat.S_ISDIR(found.st_mode):
+                raise ValueError(f"{shown_path(value)} is not a directory")
         return value
 
     @field_validator("state_dir")
@@ -273,9 +278,10 @@ class Config(_Strict):
         """A directory, or one lagwatch can make (it need not exist before the first hold):
         no part of the path is a file."""
         for path in (value, *value.parents):
-            if path.exists():
-                if not path.is_dir():
-                    raise ValueError(f"{str(path)!r} is not a directory (operator holds are kept in state_dir)")
+            found = stat_of(path)
+            if found is not None:
+                if not stat.S_ISDIR(found.st_mode):
+                    raise ValueError(f"{shown_path(path)} is not a directory (operator holds are kept in state_dir)")
                 break
         return value
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from pathlib import Path
 from typing import Annotated
 
@@ -20,12 +21,33 @@ from pydantic import (
 )
 
 from lagwatch.durations import parse_duration
+from lagwatch.errors import one_line
 
 # WAL read a cycle, at most, per place a replica's replay stands, to date its staleness from
 # commits (lag_from_wal); each read is bounded in time too (commitscan.py).
 LAG_FROM_WAL_MAX_BYTES = 16 * 1024 * 1024
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+
+def shown_path(path: Path) -> str:
+    """A configured path as an error message quotes it: one line, at most 100 characters."""
+    return repr(one_line(str(path), 100))
+
+
+def stat_of(path: Path, setting: str = "") -> os.stat_result | None:
+    """What is at a configured path, None when nothing is. Where the system cannot look it
+    up (a name longer than it allows, a loop of symlinks, a directory on the way it may not
+    search), a ValueError that names the path (after ``setting``, where the problem's own
+    place does not say it) and the reason: ``Path.exists()`` and
+    ``is_dir()`` raise those rather than answer."""
+    try:
+        return path.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        named = f"{setting} {shown_path(path)}" if setting else shown_path(path)
+        raise ValueError(f"{named} cannot be looked up: {exc.strerror}") from None
 
 
 def _greater_than_zero(value: float) -> float:
@@ -93,8 +115,11 @@ class NodeConfig(_Strict):
 def _password_sources(file: Path | None, env: str | None, prefix: str = "") -> None:
     if file is not None and env is not None:
         raise ValueError(f"set at most one of {prefix}password_file and {prefix}password_env")
-    if file is not None and not (file.is_file() and os.access(file, os.R_OK)):
-        raise ValueError(f"{prefix}password_file {str(file)!r} is not a readable file")
+    if file is None:
+        return
+    found = stat_of(file, f"{prefix}password_file")
+    if found is None or not stat.S_ISREG(found.st_mode) or not os.access(file, os.R_OK):
+        raise ValueError(f"{prefix}password_file {shown_path(file)} is not a readable file")
 
 
 def _dsn_problem(libpq_message: str) -> str:
