@@ -38,14 +38,19 @@ MIN_EXTRA = 0.005
 
 
 class ExtraReads:
-    """One primary poller's extra reads and what they keep between cycles."""
+    """One primary poller's extra reads and what they keep between cycles.
 
-    def __init__(self, cluster: ClusterConfig, interval: float, query_timeout: float) -> None:
-        self.cluster = cluster
+    It keeps no cluster config of its own: each read takes the one in force from its
+    poller, so a reload or discovery that adds a replica while the poller is kept reaches
+    the reads in the same step (a copy made here once missed it: a replica added later was
+    filtered out of the replay board and never WAL-dated). What it is built from, the read
+    sizes and the pacing, makes a new poller when it changes (runtime._pollers)."""
+
+    def __init__(self, scan_max_bytes: int, interval: float, query_timeout: float) -> None:
         self.interval = interval
         self.query_timeout = query_timeout
         self.inspector = WalInspector(interval)
-        self.scanner = CommitScanner(cluster.lag_from_wal_max_bytes)
+        self.scanner = CommitScanner(scan_max_bytes)
         self._board: ReplayBoard | None = None  # the board of the last cycle read: what came after its read
 
     def wal_dating(self) -> WalDatingTotals | None:
@@ -56,29 +61,29 @@ class ExtraReads:
         """What the next extra read may take before the server cancels it (see above)."""
         return min(max(MIN_EXTRA, min(self.query_timeout, self.interval) / 4), deadline - time.monotonic())
 
-    async def inspect(self, conn: psycopg.AsyncConnection[Any], caps: Capabilities, position: ServerPosition,
-                      primary_dsn: bool, resting: Callable[[str], bool], note_failure: Callable[[str, str], None],
-                      deadline: float) -> WalInspection | None:
+    async def inspect(self, conn: psycopg.AsyncConnection[Any], cluster: ClusterConfig, caps: Capabilities,
+                      position: ServerPosition, primary_dsn: bool, resting: Callable[[str], bool],
+                      note_failure: Callable[[str, str], None], deadline: float) -> WalInspection | None:
         """The WAL inspection due this cycle, if any and if there is time for it (walinspector.py)."""
         budget = self.budget(deadline)
         if budget < MIN_EXTRA:
             return None  # still due: the next cycle with time makes it
-        return await self.inspector.inspect(conn, caps, position.current_lsn, self.cluster, primary_dsn, resting,
+        return await self.inspector.inspect(conn, caps, position.current_lsn, cluster, primary_dsn, resting,
                                             note_failure, budget)
 
-    async def dates(self, conn: psycopg.AsyncConnection[Any], position: ServerPosition, senders: Senders,
-                    board: ReplayBoard | None, note_failure: Callable[[str, str], None], deadline: float,
-                    answered_at: float) -> dict[str, WalDates]:
+    async def dates(self, conn: psycopg.AsyncConnection[Any], cluster: ClusterConfig, position: ServerPosition,
+                    senders: Senders, board: ReplayBoard | None, note_failure: Callable[[str, str], None],
+                    deadline: float, answered_at: float) -> dict[str, WalDates]:
         """Each walsender's and logical consumer's commit dates (commitscan.py), read from
         where the replicas said they are this cycle, as far as they have said by then."""
-        own = await self._replicas_own(board, senders.physical, deadline)
+        own = await self._replicas_own(cluster, board, senders.physical, deadline)
         consumers = {logical_key(s.slot_name): s.position for s in senders.logical if s.position is not None}
         budget = self.budget(deadline)
-        return await self.scanner.scan(conn, senders.physical, position.current_lsn, self.cluster.name, budget,
+        return await self.scanner.scan(conn, senders.physical, position.current_lsn, cluster.name, budget,
                                        note_failure, own, consumers, clock=(position.clock_epoch, answered_at),
                                        may_read=budget >= MIN_EXTRA)
 
-    async def _replicas_own(self, board: ReplayBoard | None, walsenders: Sequence[WalSender],
+    async def _replicas_own(self, cluster: ClusterConfig, board: ReplayBoard | None, walsenders: Sequence[WalSender],
                             deadline: float) -> dict[str, int]:
         """Where the configured replicas say they have replayed up to, this cycle, each
         waited for no longer than an extra read's budget. Those the primary does not stream
@@ -94,7 +99,7 @@ class ExtraReads:
         where it was, and the WAL past there dates it."""
         if board is None:
             return {}
-        configured = {r.walsender_name for r in self.cluster.replicas}
+        configured = {r.walsender_name for r in cluster.replicas}
         last, self._board = self._board, board
         said = last.posted(configured) if last is not None and last is not board else {}
         own = await board.positions(configured, max(0.0, self.budget(deadline)))

@@ -115,7 +115,8 @@ class NodePoller:
         self._connects = 0  # connection attempts since start: a reconnect storm would show here
         self._evidence = False  # a poll's outcome (an answer or a failure) was taken since this poller began
         self._answered = False  # the poll under way has had its node's answer (its extra reads may follow)
-        self._extras = ExtraReads(cluster, config.interval, self.query_timeout)  # the primary's, after its answer
+        # The primary's, after its answer (they take the cluster config in force per read).
+        self._extras = ExtraReads(cluster.lag_from_wal_max_bytes, config.interval, self.query_timeout)
         self._last_error = ""
         self._said_skipped = False
         self._poll: Outlasting[NodeObservation] = Outlasting()  # the poll under way (poll_all)
@@ -333,7 +334,7 @@ class NodePoller:
         if "server" not in results:
             raise NodeError("query", read.failed.get("server", "no answer from the server view"))
         position = results["server"]
-        inspection = await self._extras.inspect(conn, caps, position, self.role == "primary",
+        inspection = await self._extras.inspect(conn, self.cluster, caps, position, self.role == "primary",
                                                 self._reader.is_resting, self._reader.note_failure, deadline)
         if self._extras.inspector.state is not None:
             health["walinspect"] = self._extras.inspector.state
@@ -342,8 +343,8 @@ class NodePoller:
         wal_dates = {}
         if self._dates_from_wal(caps):
             self._extras.scanner.locate = caps.can_walinspect  # pg_get_wal_stats too: counted before described
-            wal_dates = await self._extras.dates(conn, position, senders, board, self._reader.note_failure, deadline,
-                                                 answered_at)
+            wal_dates = await self._extras.dates(conn, self.cluster, position, senders, board,
+                                                 self._reader.note_failure, deadline, answered_at)
             if self._extras.scanner.state is not None:
                 health["wal_dating"] = self._extras.scanner.state
         return Answer(capabilities=caps, position=position, walsenders=walsenders,

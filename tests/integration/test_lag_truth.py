@@ -16,6 +16,7 @@ staleness at every instant from the commits' own sequence numbers and times.
 from __future__ import annotations
 
 import asyncio
+import signal
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -25,7 +26,7 @@ from typing import Any
 import psycopg
 import pytest
 from chaoscluster import ChaosCluster
-from harness import Lagwatch, Reading, Readings, Writer, let_time_pass
+from harness import Lagwatch, Reading, Readings, Writer, cluster_config, let_time_pass
 from lagwatch.commitscan import CommitScanner
 from lagwatch.lag import Staleness, WalDates, date_from_wal
 from lagwatch.lsn import format_lsn, parse_lsn
@@ -430,6 +431,44 @@ def test_cut_off_replica_grows_and_is_not_streaming(pg_cluster: ChaosCluster, wa
         # The healthy replica is unaffected.
         assert _at_most(lag(watchers[name], "replica1"), 0.005), name
         assert watchers[name].value("lagwatch_replica_streaming", replica="replica2") == 0
+
+
+@pytest.mark.one_pg_version
+def test_a_replica_added_by_a_reload_is_dated_as_one_configured_from_the_start(pg_cluster: ChaosCluster,
+                                                                               tmp_path: Path) -> None:
+    """A reload that adds a replica while the primary's poller is kept (same poll settings,
+    same primary: its session carries over) reaches the primary's WAL reads in the same
+    step. replica2, cut off from the primary and then added by SIGHUP, is dated from the
+    WAL past its own position as test_cut_off_replica_grows_and_is_not_streaming shows of
+    one configured from the start. (The reads once kept the cluster config their poller was
+    made with: the added replica was left off the replay board and read by commit
+    timestamps in every cycle.)"""
+    replica2 = pg_cluster.replicas[1]
+    primary_session = "SELECT pid FROM pg_stat_activity WHERE application_name = 'lagwatch/main/primary'"
+    (tmp_path / "lagwatch").mkdir()
+    with LagOracle(pg_cluster, tmp_path / "oracle"), \
+            Lagwatch.for_cluster(tmp_path / "lagwatch", pg_cluster, interval="200ms", window="10s",
+                                 replicas=["replica1"]) as lw:
+        lw.wait_ready()
+        replica2.cut_off()
+        session = pg_cluster.primary.scalar(primary_session)
+        lw.write_config(cluster_config(pg_cluster, lw.port, interval="200ms", window="10s"))
+        with Readings(lw) as readings:
+            lw.signal(signal.SIGHUP)
+            status = _status_when(lw, "replica2 added by the reload and read", lambda status: any(
+                r["name"] == "replica2" and r["staleness_measured_at_monotonic"] is not None
+                for r in status["clusters"][0]["replicas"]))
+            first = _replica(status, "replica2")["staleness_measured_at_monotonic"]
+            lw.wait_cycles(10)
+        assert lw.daemon_value("lagwatch_config_last_reload_successful") == 1
+        # The precondition of the defect: the primary's poller was kept, not made anew.
+        assert pg_cluster.primary.scalar(primary_session) == session
+        later = readings.of("replica2", first)
+    # From its first reading on, give or take one cycle (its first answer places it for the
+    # next read, in time for that read or not), each reading is WAL-dated.
+    dated = [i for i, r in enumerate(later) if r.evidence == "wal_commit"]
+    assert len(later) >= 8 and dated and dated[0] <= 1, later
+    assert all(r.evidence == "wal_commit" for r in later[dated[0]:]), later
 
 
 @pytest.mark.one_pg_version

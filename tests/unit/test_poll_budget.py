@@ -113,7 +113,7 @@ def test_the_primarys_extra_reads_take_at_most_the_time_left_in_the_cycle() -> N
 
     from lagwatch.extrareads import MIN_EXTRA, ExtraReads
 
-    extras = ExtraReads(CONFIG.clusters[0], CONFIG.interval, CONFIG.effective_query_timeout)
+    extras = ExtraReads(CONFIG.clusters[0].lag_from_wal_max_bytes, CONFIG.interval, CONFIG.effective_query_timeout)
     now = time.monotonic()
     assert extras.budget(now + 10.0) == pytest.approx(CONFIG.interval / 4)
     assert extras.budget(now + 0.015) == pytest.approx(0.015, abs=0.002)

@@ -10,7 +10,7 @@ import time
 
 import pytest
 from lagwatch.commitscan import replay_positions
-from lagwatch.config import parse_config
+from lagwatch.config import ClusterConfig, parse_config
 from lagwatch.extrareads import ExtraReads
 from lagwatch.lag import Staleness, date_from_wal
 from lagwatch.replayboard import ReplayBoard
@@ -79,14 +79,20 @@ def test_the_read_starts_where_the_replica_says_it_is_else_where_its_walsender_h
     assert replay_positions(senders, {"cut": 3000}) == {"r1": 1000, "r2": 2000, "cut": 3000}
 
 
-def _extras() -> ExtraReads:
-    """The primary's extra reads of a cluster with a replica it streams to (r1) and one cut
-    off from it (cut), polled every hour: a wait the test does not release would last a
-    quarter of that, so nothing here depends on the host's speed."""
-    config = parse_config({"clusters": [{
+def _cluster(*replicas: str) -> ClusterConfig:
+    return parse_config({"clusters": [{
         "name": "main", "primary": {"dsn": "host=p"},
-        "replicas": [{"name": "r1", "dsn": "host=r1"}, {"name": "cut", "dsn": "host=cut"}]}]})
-    return ExtraReads(config.clusters[0], interval=3600.0, query_timeout=3600.0)
+        "replicas": [{"name": name, "dsn": f"host={name}"} for name in replicas]}]}).clusters[0]
+
+
+# A cluster with a replica the primary streams to (r1) and one cut off from it (cut).
+CLUSTER = _cluster("r1", "cut")
+
+
+def _extras() -> ExtraReads:
+    """The primary's extra reads, polled every hour: a wait the test does not release would
+    last a quarter of that, so nothing here depends on the host's speed."""
+    return ExtraReads(CLUSTER.lag_from_wal_max_bytes, interval=3600.0, query_timeout=3600.0)
 
 
 def test_a_replica_the_primary_does_not_stream_to_is_waited_for_as_one_it_does() -> None:
@@ -96,7 +102,8 @@ def test_a_replica_the_primary_does_not_stream_to_is_waited_for_as_one_it_does()
         extras, board = _extras(), ReplayBoard()
         board.expect("r1")
         board.expect("cut")
-        read = asyncio.ensure_future(extras._replicas_own(board, [_sender("r1", 900)], time.monotonic() + 3600))
+        read = asyncio.ensure_future(
+            extras._replicas_own(CLUSTER, board, [_sender("r1", 900)], time.monotonic() + 3600))
         board.post("r1", 1000)
         for _ in range(50):  # every turn of the loop the read could want to return in
             await asyncio.sleep(0)
@@ -129,13 +136,13 @@ def test_a_cut_off_replica_late_for_the_read_is_read_past_from_where_it_said_it_
         first.expect("r1")
         first.expect("cut")
         first.post("r1", 5000)
-        own_first = await extras._replicas_own(first, [_sender("r1", 4000)], time.monotonic())
+        own_first = await extras._replicas_own(CLUSTER, first, [_sender("r1", 4000)], time.monotonic())
         first.post("cut", 2000)  # after the read
         second = ReplayBoard()
         second.expect("r1")
         second.expect("cut")
         second.post("r1", 6000)
-        own_second = await extras._replicas_own(second, [_sender("r1", 5000)], time.monotonic())
+        own_second = await extras._replicas_own(CLUSTER, second, [_sender("r1", 5000)], time.monotonic())
         second.post("cut", 2000)
         return own_first, own_second
 
@@ -160,7 +167,7 @@ def test_only_last_cycles_answer_stands_in_and_only_for_a_replica_with_no_walsen
             board = ReplayBoard()
             board.expect("r1")
             board.expect("cut")
-            out.append(await extras._replicas_own(board, [_sender("r1", 5500)], time.monotonic()))
+            out.append(await extras._replicas_own(CLUSTER, board, [_sender("r1", 5500)], time.monotonic()))
             for name, lsn in posts.items():  # after the read
                 board.post(name, lsn)
         return out
