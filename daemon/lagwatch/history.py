@@ -13,8 +13,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TypedDict
 
+from lagwatch.estimate.dating import Dated, Known, Stands, date, gather
 from lagwatch.fastinit import fast_init
-from lagwatch.lag import Commits, LsnClock, Staleness, WalDates, date_from_wal, visible_commits
+from lagwatch.lag import Commits, LsnClock, WalDates
 from lagwatch.lsn import format_lsn
 from lagwatch.views.replication import WalSender
 from lagwatch.windows import HistogramCounts, LagHistogram, LagSamples, LagWindow, WindowStats
@@ -56,6 +57,7 @@ class LagReading(TypedDict):
     staleness: float | None
     staleness_source: str | None
     staleness_evidence: str | None
+    staleness_bound: str | None
     staleness_at: float | None
     replay_lsn: int | None
     window: WindowStats | None
@@ -74,7 +76,7 @@ class LagHistory:
         self._histograms: dict[str, LagHistogram] = {}
         self._last_replay: dict[str, int] = {}
         self._last_seen: dict[str, float] = {}
-        self._last_reading: dict[str, tuple[Staleness, str, float]] = {}  # what, from whom, when
+        self._last_reading: dict[str, tuple[Dated, str, float]] = {}  # what, from whom, when
         self._xacts: deque[tuple[float, float]] = deque()
 
     # -- the primary ----------------------------------------------------------------------
@@ -139,23 +141,25 @@ class LagHistory:
 
     def reading(self, replica: str, replay: ReplayPosition | None, sender: WalSender | None,
                 now: float) -> LagReading:
+        """This cycle's reading of ``replica`` (estimate/dating.py dates it) and its window."""
         window = self._windows.setdefault(replica, LagWindow(self.window, self._window_samples))
         histogram = self._histograms.setdefault(replica, LagHistogram())
         self._last_seen[replica] = now
         measured = None
         if replay is not None:
             self._last_replay[replica] = replay.lsn
-            reading = self._estimate(replay, sender)
-            if reading is not None and self._past_a_late_primary(replay, reading) and replica in self._last_reading:
-                measured = self._last_reading[replica]  # it stands: no new reading
-            elif reading is not None:
-                measured = self._last_reading[replica] = (reading, replay.source, replay.at)
-                window.add(replay.at, reading.seconds)
-                histogram.observe(reading.seconds)
+            dated = date(self._known(replay, sender), standing=replica in self._last_reading)
+            if isinstance(dated, Stands):
+                measured = self._last_reading[replica]
+            elif dated is not None:
+                measured = self._last_reading[replica] = (dated, replay.source, replay.at)
+                window.add(replay.at, dated.seconds)
+                histogram.observe(dated.seconds)
         return {
             "staleness": measured[0].seconds if measured is not None else None,
             "staleness_source": measured[1] if measured is not None else None,
             "staleness_evidence": measured[0].evidence if measured is not None else None,
+            "staleness_bound": measured[0].bound if measured is not None else None,
             "staleness_at": measured[2] if measured is not None else None,
             "replay_lsn": replay.lsn if replay is not None else None,
             "window": window.stats(now),
@@ -163,88 +167,14 @@ class LagHistory:
             "samples": window.samples(now),
         }
 
-    def _past_a_late_primary(self, replay: ReplayPosition, reading: Staleness) -> bool:
-        """Whether all this reading says is that the replica is past where the primary was
-        last seen, more than an interval before the replica answered: the primary's poll
-        late on a busy host, its answer (taken a cycle late) older than the replica's. What
-        the primary wrote since nobody has read, so 0 (or a floor from commits) would be a
-        guess from lagwatch's own lateness: the replica's last reading stands instead, and
-        the window takes nothing. A commit the WAL read found past it, or the heartbeat's
-        bounds, still date it."""
-        latest = self.clock.latest_lsn
-        seen = None if latest is None else self.clock.last_short_of(latest)
-        if latest is None or seen is None or replay.lsn < latest or replay.at - seen <= self.interval:
-            return False
-        return reading.evidence != "heartbeat" and not (reading.evidence == "wal_commit" and reading.seconds > 0)
-
-    def _estimate(self, replay: ReplayPosition, sender: WalSender | None) -> Staleness | None:
-        reading = self._dated(replay, sender)
-        if replay.beat is None or reading is None:
-            return reading
-        # The heartbeat's bounds are proven (beats.py): a reading outside them is held to them.
-        lower, upper = replay.beat
-        if upper is not None and reading.seconds > upper:
-            return Staleness(upper, "heartbeat")
-        if reading.seconds < lower:
-            return Staleness(lower, "heartbeat")
-        return reading
-
-    def _dated(self, replay: ReplayPosition, sender: WalSender | None) -> Staleness | None:
-        if replay.wal is not None:
-            # On lagwatch's clock through the reads' own offset (the poll's, late by every
-            # statement of the poll, would date it late and read the lag low).
-            replayed_at = None if replay.replayed_epoch is None or not replay.wal.offset \
-                else replay.replayed_epoch + replay.wal.offset
-            dated = date_from_wal(replay.lsn, replay.at, replay.wal, replayed_at)
-            if dated is not None:
-                return self._floored(dated, replay)
-        reading = self._from_clock(replay, sender)
-        cap = self._wal_cap(replay)
-        if reading is not None and cap is not None and cap < reading.seconds:
-            return Staleness(cap, "wal_commit")
-        return reading
-
-    def _floored(self, dated: Staleness, replay: ReplayPosition) -> Staleness:
-        """A WAL read that saw nothing past the replica says 0 as of the read, which can be
-        a cycle before the replica's answer (the primary's poll late on a busy host). If it
-        lacks a commit another replica has replayed, it is at least that commit's age
-        behind (and at most the time since the primary was last seen short of it): the same
-        floor as the LSN clock's (LsnClock.estimate)."""
-        commits = replay.commits
-        seen = self.clock.last_short_of(replay.lsn)
-        if dated.seconds > 0 or commits is None or commits.newest_seen is None or not commits.lacks_newer \
-                or seen is None:
-            return dated
-        floor = replay.at - max(commits.newest_seen, seen)
-        return Staleness(floor, "commit_timestamp") if floor > 0 else dated
-
-    def _wal_cap(self, replay: ReplayPosition) -> float | None:
-        """What the WAL read proves of a replica it does not date: the commits listed short
-        of its position it has replayed, so what it lacks was made after the last of them;
-        and where the read holds no commit past its position, the first it lacks lies beyond
-        what was read, written after the primary was last seen short of there."""
+    def _known(self, replay: ReplayPosition, sender: WalSender | None) -> Known:
         wal = replay.wal
-        if wal is None or replay.lsn < wal.start:
-            return None
-        caps = [replay.at - visible for lsn, visible in visible_commits(wal.commits) if lsn < replay.lsn][-1:]
-        if replay.lsn < wal.end:
-            seen = self.clock.last_short_of(wal.end)
-            if seen is not None:
-                caps.append(replay.at - seen)
-        return max(0.0, min(caps)) if caps else None
-
-    def _from_clock(self, replay: ReplayPosition, sender: WalSender | None) -> Staleness | None:
-        reading = self.clock.estimate(replay.lsn, replay.at, replay.commits)
-        if reading is None or reading.evidence != "history_start" or sender is None:
-            return reading
-        # Our history starts after the primary passed this replay LSN (lagwatch just
-        # started, or the clock restarted): the clock only knows a lower bound. The
-        # walsender's replay_lag, measured by the primary, is a better floor (no higher
-        # than the replayed commit's age, which bounds it from above).
-        floor = sender.lag_seconds("replay") or 0.0
-        if replay.commits is not None and replay.commits.last_replayed is not None:
-            floor = min(floor, replay.at - replay.commits.last_replayed)
-        return Staleness(floor, "walsender") if floor > reading.seconds else reading
+        # On lagwatch's clock through the WAL reads' own offset (0.0: not measured).
+        replayed_at = None if wal is None or replay.replayed_epoch is None or not wal.offset \
+            else replay.replayed_epoch + wal.offset
+        return gather(self.clock, replay.lsn, replay.at, commits=replay.commits, wal=wal, replayed_at=replayed_at,
+                      walsender_lag=sender.lag_seconds("replay") or 0.0 if sender is not None else None,
+                      heartbeat=replay.beat, interval=self.interval)
 
     def forget_vanished(self, present: set[str], now: float) -> list[str]:
         """A replica that stopped streaming drops out of the output at once; its history is

@@ -1,35 +1,23 @@
-"""Staleness without trusting clocks (its windows and histograms: windows.py).
+"""Staleness without trusting clocks: the LSN clock, and what the primary's WAL and commit
+timestamps say of one position (their windows and histograms: windows.py; the one rule
+that weighs all of it into a reading: estimate/dating.py).
 
-Each cycle records (primary's current LSN, our monotonic time). A replica's staleness is
-the age of the oldest change it has not replayed: ``now - W`` where W is when the primary
-wrote the first byte after the replica's replay LSN. It is 0 when the replica has replayed
-everything the primary had, whatever the primary's commit timestamps or the hosts' clocks
-say, so it stays 0 on an idle primary and keeps growing while replay is stalled.
+Each cycle records (primary's current LSN, our monotonic time) on the LSN clock. A
+replica's staleness is the age of the oldest change it has not replayed: ``now - W`` where
+W is when the primary wrote the first change past the replica's replay LSN. It is 0 when
+the replica has replayed everything the primary had, whatever the primary's commit
+timestamps or the hosts' clocks say, so it stays 0 on an idle primary and keeps growing
+while replay is stalled.
 
-The LSN clock brackets W between two polls: the primary was last seen short of the byte
-at one poll and first seen past it at the next. At a 1 s interval that bracket is a
-second wide, so a finer reading combines it with what else is known (``estimate``):
-
-- inside the bracket, W is interpolated by bytes, which is exact for a steady stream of
-  writes. Only for a stream: not across a burst's edge (the primary was idle at the
-  earlier poll, so the writes may have started anywhere in between), nor a jump in the
-  WAL rate, and not unless the replica has lately replayed a commit from around there
-  (one stray record after a quiet spell is no stream);
-- commit timestamps (``Commits``, on the primary's own clock, so no two hosts' clocks are
-  compared): what the replica lacks was written after the last commit it replayed, which
-  caps the reading, and no later than a later commit another replica has replayed, which
-  floors it;
-- the bracket's lower end is the floor, and the answer when nothing finer is known.
-
-Where lagwatch may read the primary's WAL (pg_walinspect), none of that is needed: the
-first commit record past a replica's replay position is the oldest change a reader there
-cannot see, and the commit time it carries dates it (``date_from_wal``), however bursty
-the load or big the transaction. A change is what a reader can see: the records of a
-transaction still running, or of one rolled back, are not missing from the replica's
-answers until their commit is.
-
-An over-read ejects a healthy replica, so every source is either a hard bound or is
-clamped between hard bounds. Everything here is pure: time comes in as an argument.
+The clock brackets W between two polls (``LsnClock.bracket``): the primary was last seen
+short of the byte at one poll (``last_short_of``, the one place that answers that) and
+first seen past it at the next; inside a steady stream of writes the bytes date W between
+the two. Commit timestamps (``Commits``, on the primary's own clock) bound it; where
+lagwatch may read the primary's WAL (pg_walinspect), the first commit record past a
+replica's replay position dates it (``date_from_wal``), however bursty the load or big the
+transaction. A change is what a reader can see: the records of a transaction still
+running, or of one rolled back, are not missing from the replica's answers until their
+commit is. Everything here is pure: time comes in as an argument.
 """
 
 from __future__ import annotations
@@ -42,7 +30,8 @@ from typing import Literal
 
 from lagwatch.fastinit import fast_init
 
-# Which evidence produced a reading (the ``lag_evidence`` label):
+# Which estimate dated a reading (the ``lag_evidence`` label; the bound that held it, if
+# one did, is named beside it: estimate/dating.py):
 #   caught_up         the replica has replayed everything the primary was seen to write: 0
 #   interpolated      by bytes between the two polls that bracket the first unreplayed byte
 #   commit_timestamp  from commit timestamps: the last one the replica replayed, a later one it lacks
@@ -50,9 +39,8 @@ from lagwatch.fastinit import fast_init
 #   history_start     behind lagwatch's history: time since the history began, a lower bound
 #   walsender         behind lagwatch's history: the walsender's replay_lag, a better floor
 #   wal_commit        from the WAL itself: the time of the first commit past the replay position
-#   heartbeat         held to the bounds the heartbeat it has replayed gives (beats.py)
 Evidence = Literal["caught_up", "interpolated", "commit_timestamp", "lsn_clock", "history_start", "walsender",
-                   "wal_commit", "heartbeat"]
+                   "wal_commit"]
 
 
 @fast_init
@@ -92,6 +80,16 @@ class WalDates:
     # Lagwatch's monotonic clock less the primary's wall clock, as the reads measured it
     # (never less than the truth: commitscan.CommitScanner.offset). 0.0: not measured.
     offset: float = 0.0
+
+
+@fast_init
+@dataclass(frozen=True)
+class Bracket:
+    """Where the LSN clock puts the first byte past a position (monotonic seconds)."""
+
+    short_of: float | None  # the last time the primary was seen at or short of it (None: before the history)
+    first_past: float | None  # the first time it was seen past it (None: not seen past it yet)
+    interpolated: float | None = None  # by bytes, inside a steady stream (None: not interpolable)
 
 
 def date_from_wal(replay_lsn: int, at: float, dates: WalDates, replayed_at: float | None = None) -> Staleness | None:
@@ -215,70 +213,30 @@ class LsnClock:
     def __len__(self) -> int:
         return len(self._lsns)
 
-    def estimate(self, replay_lsn: int, now: float, commits: Commits | None = None) -> Staleness | None:
-        """Staleness at ``now`` of a replica that has replayed up to ``replay_lsn``; None
-        only before the primary has been seen at all."""
+    def bracket(self, lsn: int, last_commit: float | None = None) -> Bracket:
+        """When the primary wrote the first byte past ``lsn``, as the clock knows it: after
+        it was last seen short of it, by the time it was first seen past it, and, inside a
+        steady stream where the replica has lately replayed a commit (``last_commit``, its
+        time), where the bytes put it in between."""
+        k = bisect.bisect_right(self._lsns, lsn)
+        short_of = self.last_short_of(lsn)
+        if k == len(self._lsns):
+            return Bracket(short_of, None)
+        first_past = self._first[k]
+        if short_of is None or not self._interpolable(k, last_commit):
+            return Bracket(short_of, first_past)
+        share = (lsn - self._lsns[k - 1]) / (self._lsns[k] - self._lsns[k - 1])
+        return Bracket(short_of, first_past, short_of + share * (first_past - short_of))
+
+    def age(self, lsn: int, now: float) -> float | None:
+        """The bracket's lower end at ``now``: how long since the primary was first seen past
+        ``lsn`` (0 if it has not been; since the history began if it was before). None before
+        the primary has been seen at all. Dates a position on the clock alone (a stage's
+        boundary, a held transaction ID), where no commit says more."""
         if not self._lsns:
             return None
-        commits = commits or Commits()
-        last_commit = commits.last_replayed
-        # A later commit than this replica's last (another replica has replayed it): the
-        # primary has committed since, and what this one misses was written by then.
-        later_commit = commits.newest_seen if commits.lacks_newer else None
-        # The first point strictly past what the replica has replayed: the primary had
-        # written the first unreplayed byte by then, and had not at the point before.
-        k = bisect.bisect_right(self._lsns, replay_lsn)
-        if k == len(self._lsns):
-            return self._past_the_end(now, later_commit)
-        lower: float = max(0.0, now - self._first[k])
-        lower_evidence: Evidence = "lsn_clock"
-        if later_commit is not None and now - later_commit > lower:
-            lower, lower_evidence = now - later_commit, "commit_timestamp"
-        # What the replica lacks became visible after the last commit it replayed: that
-        # commit's age is a proven upper bound. The clock's own bounds date bytes, and the
-        # bytes just past the replay position may be a big transaction's, written long
-        # before the commit that makes them visible: they hold no further than this.
-        proven = float("inf") if last_commit is None else max(0.0, now - last_commit)
-        if lower > proven:
-            lower, lower_evidence = proven, "commit_timestamp"
-        if k == 0:
-            return Staleness(lower, "history_start" if lower_evidence != "commit_timestamp" else lower_evidence)
-        upper = min(now - self._last[k - 1], proven)
-        lower = min(lower, upper)
-        # What the replica misses came after the last commit it replayed: that commit's
-        # age bounds the staleness from above. As an estimate it is high by the wait for
-        # the next change, about one commit interval in a stream (the mean interval over
-        # all the primary's transactions is no longer than that between the writing ones,
-        # so taking it off does not go below the truth there).
-        commit_estimate = None if last_commit is None else now - last_commit - commits.interval
-        value: float
-        evidence: Evidence
-        if self._interpolable(k, last_commit):
-            share = (replay_lsn - self._lsns[k - 1]) / (self._lsns[k] - self._lsns[k - 1])
-            value = now - (self._last[k - 1] + share * (self._first[k] - self._last[k - 1]))
-            evidence = "interpolated"
-        elif (commit_estimate is not None and last_commit is not None and later_commit is not None
-              and self._last[k - 1] < last_commit < self._first[k]):
-            # Writes began somewhere in the bracket, but the replica has replayed a commit
-            # made inside it and the primary has committed again since (another replica
-            # has that later commit): what it misses followed that commit.
-            value, evidence = commit_estimate, "commit_timestamp"
-        else:
-            value, evidence = lower, lower_evidence
-        if commit_estimate is not None and commit_estimate < value:
-            value, evidence = commit_estimate, "commit_timestamp"
-        if value <= lower:
-            return Staleness(lower, lower_evidence)
-        return Staleness(min(value, upper), evidence)
-
-    def _past_the_end(self, now: float, later_commit: float | None) -> Staleness:
-        """A replica past all the primary was seen to write: caught up, unless it lacks a
-        commit another replica has replayed (the primary wrote since its last poll, late on
-        a busy host): then it is at least that commit's age behind, and at most the time
-        since the primary was last seen short of it."""
-        if later_commit is None or now <= later_commit:
-            return Staleness(0.0, "caught_up")
-        return Staleness(max(0.0, now - max(later_commit, self._last[-1])), "commit_timestamp")
+        first_past = self.bracket(lsn).first_past
+        return 0.0 if first_past is None else max(0.0, now - first_past)
 
     def _interpolable(self, k: int, last_commit_at: float | None) -> bool:
         """Whether the bytes between points k-1 and k may be spread evenly over the time

@@ -30,7 +30,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from lagwatch.lag import LsnClock, Staleness, WalDates, date_from_wal
+from lagwatch.estimate.dating import Dated, date, gather
+from lagwatch.lag import LsnClock, WalDates
 from lagwatch.snapshot import LogicalConsumer, NodeObservation
 from lagwatch.views.replication import LogicalSender, logical_key
 from lagwatch.views.slots import Slot
@@ -111,11 +112,10 @@ def _position(sender: LogicalSender | None, slot: Slot | None, seen: int | None)
     return max(known) if known else None
 
 
-def _reading(position: int | None, clock: LsnClock, dates: WalDates | None, at: float) -> Staleness | None:
+def _reading(position: int | None, clock: LsnClock, dates: WalDates | None, at: float) -> Dated | None:
+    """Dated as a replica is (estimate/dating.py), from what is known of a consumer: the
+    WAL past its position and the LSN clock (no commit timestamps, no heartbeat)."""
     if position is None:
         return None
-    if dates is not None:
-        dated = date_from_wal(position, at, dates)
-        if dated is not None:
-            return dated
-    return clock.estimate(position, at)
+    dated = date(gather(clock, position, at, wal=dates), standing=False)
+    return dated if isinstance(dated, Dated) else None

@@ -135,6 +135,7 @@ class ReplicaState:
     walsender: WalSender | None = None
     samples: Sequence[tuple[float, float]] = ()  # (monotonic time, staleness) over the window (lag.LagSamples)
     staleness_evidence: str | None = None  # what dated it (lag.Evidence): interpolated, commit_timestamp, ...
+    staleness_bound: str | None = None  # the proven bound that held it, if one did (estimate.dating.Bound)
     staleness_at: float | None = None  # monotonic time the reading is for (when the replay LSN was read)
     # Whether it replicates from the current primary: that primary has a walsender for it,
     # or its WAL receiver is on the primary's timeline. None: cannot tell (no primary).

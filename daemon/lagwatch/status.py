@@ -45,6 +45,7 @@ def replica_status(r: ReplicaState, sla: ReplicaSla | None = None) -> dict[str, 
         "staleness_seconds": r.staleness,
         "staleness_source": r.staleness_source,
         "staleness_evidence": r.staleness_evidence,
+        "staleness_bound": r.staleness_bound,
         # lagwatch's monotonic clock (seconds): orders readings, means nothing across hosts.
         "staleness_measured_at_monotonic": r.staleness_at,
         "window": None if r.window is None else {"samples": r.window.count,

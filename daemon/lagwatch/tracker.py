@@ -265,8 +265,7 @@ class ClusterTracker:
             return None
 
         def dated(lsn: int) -> float | None:
-            estimate = self.clock.estimate(lsn, at)
-            return estimate.seconds if estimate is not None else None
+            return self.clock.age(lsn, at)
 
         positions = Positions(current, sender.sent_lsn if sender else None, sender.write_lsn if sender else None,
                               sender.flush_lsn if sender else None, received, reading["replay_lsn"])

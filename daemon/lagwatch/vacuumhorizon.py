@@ -58,9 +58,9 @@ class HorizonHolders:
         for s in slots:
             if s.held_xid is None:
                 continue
-            reading = self._xids.estimate(widen(s.held_xid, next_xid), at)
-            if reading is not None:
-                out[f"slot/{s.name}"] = reading.seconds
+            held = self._xids.age(widen(s.held_xid, next_xid), at)
+            if held is not None:
+                out[f"slot/{s.name}"] = held
         return out
 
 

@@ -6,12 +6,26 @@ import math
 from array import array
 
 import pytest
+from lagwatch.estimate.dating import Dated, date, gather
 from lagwatch.lag import Commits, LsnClock, Staleness
 from lagwatch.windows import LAG_BUCKETS, LagHistogram, LagSamples, LagWindow, nearest_rank
 
 
+def estimate(clock: LsnClock, replay_lsn: int, now: float, commits: Commits | None = None) -> Staleness | None:
+    """What the dating rule (estimate/dating.py) reads from the clock and commit timestamps."""
+    dated = date(gather(clock, replay_lsn, now, commits=commits), standing=False)
+    return None if dated is None else Staleness(dated.seconds, dated.evidence)  # type: ignore[union-attr]
+
+
+def dated(clock: LsnClock, replay_lsn: int, now: float, commits: Commits | None = None) -> Dated:
+    """The whole reading: its estimate and the bound that moved it, if one did."""
+    reading = date(gather(clock, replay_lsn, now, commits=commits), standing=False)
+    assert isinstance(reading, Dated)
+    return reading
+
+
 def seconds(clock: LsnClock, replay_lsn: int, now: float, last_commit_at: float | None = None) -> float:
-    reading = clock.estimate(replay_lsn, now, Commits(last_commit_at))
+    reading = estimate(clock, replay_lsn, now, Commits(last_commit_at))
     assert reading is not None
     return reading.seconds
 
@@ -19,7 +33,7 @@ def seconds(clock: LsnClock, replay_lsn: int, now: float, last_commit_at: float 
 def test_clock_is_zero_when_replica_has_replayed_everything() -> None:
     clock = LsnClock(100)
     clock.record(1000, now=10.0)
-    assert clock.estimate(1000, now=70.0) == Staleness(0.0, "caught_up")
+    assert estimate(clock, 1000, now=70.0) == Staleness(0.0, "caught_up")
     assert seconds(clock, 1500, now=70.0) == 0.0
 
 
@@ -30,13 +44,13 @@ def test_past_all_the_primary_was_seen_to_write_but_lacking_a_commit_another_rep
     the primary was last seen short of it (a stamp older than that is held there)."""
     clock = LsnClock(100)
     clock.record(1000, now=10.0)
-    assert clock.estimate(1200, now=10.15, commits=Commits(9.99, newest_seen=10.05)) == \
-        Staleness(pytest.approx(0.10), "commit_timestamp")
-    assert clock.estimate(1200, now=10.15, commits=Commits(9.9, newest_seen=9.95)) == \
-        Staleness(pytest.approx(0.15), "commit_timestamp")
+    assert dated(clock, 1200, now=10.15, commits=Commits(9.99, newest_seen=10.05)) == \
+        Dated(pytest.approx(0.10), "caught_up", "later_commit")  # type: ignore[arg-type]
+    assert dated(clock, 1200, now=10.15, commits=Commits(9.9, newest_seen=9.95)) == \
+        Dated(pytest.approx(0.15), "caught_up", "short_of")  # type: ignore[arg-type]
     # Nothing newer anywhere (or newer than the reading's instant): caught up.
-    assert clock.estimate(1200, now=10.15, commits=Commits(10.05, newest_seen=10.05)) == Staleness(0.0, "caught_up")
-    assert clock.estimate(1200, now=10.15, commits=Commits(9.9, newest_seen=10.2)) == Staleness(0.0, "caught_up")
+    assert estimate(clock, 1200, now=10.15, commits=Commits(10.05, newest_seen=10.05)) == Staleness(0.0, "caught_up")
+    assert estimate(clock, 1200, now=10.15, commits=Commits(9.9, newest_seen=10.2)) == Staleness(0.0, "caught_up")
 
 
 def test_steady_writes_are_interpolated_between_polls() -> None:
@@ -47,7 +61,7 @@ def test_steady_writes_are_interpolated_between_polls() -> None:
         clock.record(1000 + 100 * t, now=10.0 + t)
     # Byte 1150 was written at t=11.5 (between the polls at 11 and 12); the replica's last
     # replayed commit (11.49) says writes were flowing there.
-    reading = clock.estimate(1150, now=12.5, commits=Commits(11.49))
+    reading = estimate(clock, 1150, now=12.5, commits=Commits(11.49))
     assert reading is not None and reading.evidence == "interpolated"
     assert reading.seconds == pytest.approx(1.0)
     # 60 ms behind a steady stream reads 60 ms, not 0 (what the poll alone would say).
@@ -63,7 +77,7 @@ def test_a_stray_record_after_quiet_is_not_a_stream() -> None:
         clock.record(1000 + 100 * t, now=float(t))
     clock.record(1410, now=5.0)  # a stray record after the last writes
     # The replica has replayed all the writes (its last commit at 3.9), not the record.
-    assert clock.estimate(1400, now=5.001, commits=Commits(3.9)) == Staleness(pytest.approx(0.001), "lsn_clock")  # type: ignore[arg-type]
+    assert estimate(clock, 1400, now=5.001, commits=Commits(3.9)) == Staleness(pytest.approx(0.001), "lsn_clock")  # type: ignore[arg-type]
     assert seconds(clock, 1400, now=5.001) == pytest.approx(0.001)
 
 
@@ -73,13 +87,14 @@ def test_never_outside_the_bracket_of_two_polls() -> None:
         clock.record(lsn, now=float(t))
     # Byte 1250: the primary was short of it at t=2 and past it at t=3; bytes say 2.5,
     # and the replica replayed a commit at 2.1, so writes were flowing there.
-    assert clock.estimate(1250, now=4.0, commits=Commits(2.1)) == Staleness(pytest.approx(1.5), "interpolated")  # type: ignore[arg-type]
+    assert estimate(clock, 1250, now=4.0, commits=Commits(2.1)) == Staleness(pytest.approx(1.5), "interpolated")  # type: ignore[arg-type]
     # The last commit the replica replayed was at 2.7: what it lacks came after that.
-    assert clock.estimate(1250, now=4.0, commits=Commits(2.7)) == Staleness(pytest.approx(1.3), "commit_timestamp")  # type: ignore[arg-type]
+    assert estimate(clock, 1250, now=4.0, commits=Commits(2.7)) == Staleness(pytest.approx(1.3), "commit_timestamp")  # type: ignore[arg-type]
     # A commit bound below the bracket's lower end: the bracket dates bytes, and a big
     # transaction writes its bytes long before the commit that makes them visible; what
     # the replica lacks became visible after its last replayed commit (proven): that wins.
-    assert clock.estimate(1250, now=4.0, commits=Commits(3.5)) == Staleness(pytest.approx(0.5), "commit_timestamp")  # type: ignore[arg-type]
+    assert dated(clock, 1250, now=4.0, commits=Commits(3.5)) == \
+        Dated(pytest.approx(0.5), "lsn_clock", "replayed_commit")  # type: ignore[arg-type]
 
 
 def test_a_burst_after_idle_polls_is_not_interpolated() -> None:
@@ -89,19 +104,19 @@ def test_a_burst_after_idle_polls_is_not_interpolated() -> None:
     for t in range(6):
         clock.record(1000, now=float(t))
     clock.record(2000, now=6.0)
-    reading = clock.estimate(1500, now=6.05)
+    reading = estimate(clock, 1500, now=6.05)
     assert reading == Staleness(pytest.approx(0.05), "lsn_clock")  # type: ignore[arg-type]
     # Once the replica has replayed a commit made inside the bracket, the change it still
     # lacks came after that commit.
-    reading = clock.estimate(1500, now=6.05, commits=Commits(5.95, newest_seen=6.04))
+    reading = estimate(clock, 1500, now=6.05, commits=Commits(5.95, newest_seen=6.04))
     assert reading == Staleness(pytest.approx(0.1), "commit_timestamp")  # type: ignore[arg-type]
     # ... but only if the primary has committed since (another replica has a later
     # commit): else the writes may have ended with that commit, and what the replica
     # lacks (a stray record) was written any time after.
-    reading = clock.estimate(1500, now=6.05, commits=Commits(5.95, newest_seen=5.95))
+    reading = estimate(clock, 1500, now=6.05, commits=Commits(5.95, newest_seen=5.95))
     assert reading == Staleness(pytest.approx(0.05), "lsn_clock")  # type: ignore[arg-type]
     # A commit from before the bracket says nothing finer.
-    assert clock.estimate(1500, now=6.05, commits=Commits(1.0)) == Staleness(pytest.approx(0.05), "lsn_clock")  # type: ignore[arg-type]
+    assert estimate(clock, 1500, now=6.05, commits=Commits(1.0)) == Staleness(pytest.approx(0.05), "lsn_clock")  # type: ignore[arg-type]
 
 
 def test_the_end_of_a_burst_then_a_stray_record_is_not_dated_by_the_commit() -> None:
@@ -112,7 +127,7 @@ def test_the_end_of_a_burst_then_a_stray_record_is_not_dated_by_the_commit() -> 
     for t in range(6):
         clock.record(1000, now=float(t))
     clock.record(2000, now=6.0)
-    reading = clock.estimate(1990, now=6.001, commits=Commits(5.3, newest_seen=5.3))
+    reading = estimate(clock, 1990, now=6.001, commits=Commits(5.3, newest_seen=5.3))
     assert reading == Staleness(pytest.approx(0.001), "lsn_clock")  # type: ignore[arg-type]
 
 
@@ -123,10 +138,10 @@ def test_the_commit_bound_is_high_by_about_one_commit_interval() -> None:
     clock.record(2000, now=6.0)
     # Writes since 5.5 at 1000 bytes/s; the replica's last commit was at 5.9, and the
     # primary commits every 10 ms: the change it lacks came ~10 ms after that commit.
-    reading = clock.estimate(1400, now=6.05, commits=Commits(5.9, newest_seen=6.04, interval=0.01))
+    reading = estimate(clock, 1400, now=6.05, commits=Commits(5.9, newest_seen=6.04, interval=0.01))
     assert reading == Staleness(pytest.approx(0.14), "commit_timestamp")  # type: ignore[arg-type]
     # Never below the bracket's lower end, whatever the interval.
-    assert clock.estimate(1400, now=6.05, commits=Commits(5.9, newest_seen=6.04, interval=5.0)) == Staleness(
+    assert estimate(clock, 1400, now=6.05, commits=Commits(5.9, newest_seen=6.04, interval=5.0)) == Staleness(
         pytest.approx(0.05), "lsn_clock")  # type: ignore[arg-type]
 
 
@@ -139,7 +154,7 @@ def test_sparse_commits_read_the_one_the_replica_lacks() -> None:
     for t in range(7):
         clock.record(1000 + 100 * t, now=float(t))
     commits = Commits(last_replayed=5.91, newest_seen=5.99, interval=0.08)
-    reading = clock.estimate(1590, now=6.0, commits=commits)
+    reading = estimate(clock, 1590, now=6.0, commits=commits)
     assert reading is not None and reading.seconds == pytest.approx(0.01, abs=0.001), reading
 
 
@@ -149,7 +164,7 @@ def test_idle_primary_adds_no_points() -> None:
     for t in range(2, 60):
         clock.record(1000, now=float(t))
     assert len(clock) == 1
-    assert clock.estimate(999, now=60.0) == Staleness(59.0, "history_start")
+    assert estimate(clock, 999, now=60.0) == Staleness(59.0, "history_start")
     assert seconds(clock, 1000, now=60.0) == 0.0
 
 
@@ -170,7 +185,7 @@ def test_clock_bounded_keeps_its_first_point_and_stays_bounded() -> None:
         clock.record(100 * (i + 1), now=float(i))
         assert len(clock) <= 200
     # The first point stays: a replica behind it reads the time since the history began.
-    assert clock.estimate(99, now=5000.0) == Staleness(5000.0, "history_start")
+    assert estimate(clock, 99, now=5000.0) == Staleness(5000.0, "history_start")
     # Recent history is interpolated ...
     assert seconds(clock, 100 * 4990, now=5000.0, last_commit_at=4988.9) == pytest.approx(5000.0 - 4989.0)
     # ... older history within a small fraction, never over.
@@ -230,7 +245,7 @@ def test_clock_thins_as_it_goes_instead_of_filling_its_bound_first() -> None:
 
 def test_clock_empty_is_unknown_and_never_negative() -> None:
     clock = LsnClock(10)
-    assert clock.estimate(5, now=1.0) is None
+    assert estimate(clock, 5, now=1.0) is None
     clock.record(10, now=5.0)
     assert seconds(clock, 5, now=4.0) == 0.0
 

@@ -62,7 +62,7 @@ def test_a_big_transaction_is_bounded_by_where_the_read_stopped() -> None:
     # The clock: the byte after 1.5 MB was first seen at t=1 (9 s ago); the commit lies past
     # 7.5 MB, where the primary was last seen short of it at t=6: at most 4 s.
     assert reading["staleness"] == pytest.approx(4.0)
-    assert reading["staleness_evidence"] == "wal_commit"
+    assert (reading["staleness_evidence"], reading["staleness_bound"]) == ("lsn_clock", "wal_read")
     plain = history.reading("r2", ReplayPosition(1_500_000, 10.0, "replica"), None, 10.0)
     assert plain["staleness"] == pytest.approx(9.0) and plain["staleness_evidence"] == "lsn_clock"
 
@@ -77,7 +77,8 @@ def test_a_read_that_saw_nothing_past_the_replica_is_floored_by_a_commit_another
     nothing_past = WalDates(start=1200, end=1200, commits=(), complete=True)
     lacking = history.reading("r1", ReplayPosition(1200, 10.15, "replica", Commits(9.99, 10.05), nothing_past),
                               None, 10.15)
-    assert lacking["staleness"] == pytest.approx(0.10) and lacking["staleness_evidence"] == "commit_timestamp"
+    assert lacking["staleness"] == pytest.approx(0.10)
+    assert (lacking["staleness_evidence"], lacking["staleness_bound"]) == ("wal_commit", "later_commit")
     # Nothing newer replayed anywhere: the read's 0 stands.
     level = history.reading("r2", ReplayPosition(1200, 10.15, "replica", Commits(10.05, 10.05), nothing_past),
                             None, 10.15)
@@ -318,11 +319,12 @@ def test_a_reading_outside_the_heartbeats_bounds_is_held_to_them() -> None:
         history.record_primary(1_000_000 * (t + 1), float(t), float(t), None)
     # The clock alone: the byte after 1.5 MB first seen at t=1: 9 s at t=10.
     high = history.reading("r1", ReplayPosition(1_500_000, 10.0, "replica", beat=(0.1, 0.2)), None, 10.0)
-    assert (high["staleness"], high["staleness_evidence"]) == (0.2, "heartbeat")
+    assert (high["staleness"], high["staleness_evidence"], high["staleness_bound"]) == (0.2, "lsn_clock",
+                                                                                       "heartbeat_upper")
     low = history.reading("r2", ReplayPosition(1_500_000, 10.0, "replica", beat=(9.5, 9.6)), None, 10.0)
-    assert (low["staleness"], low["staleness_evidence"]) == (9.5, "heartbeat")
+    assert (low["staleness"], low["staleness_bound"]) == (9.5, "heartbeat_lower")
     inside = history.reading("r3", ReplayPosition(1_500_000, 10.0, "replica", beat=(8.0, None)), None, 10.0)
-    assert inside["staleness_evidence"] == "lsn_clock"
+    assert (inside["staleness_evidence"], inside["staleness_bound"]) == ("lsn_clock", None)
 
 
 def test_the_commits_it_has_replayed_cap_what_the_clock_says() -> None:
@@ -334,7 +336,8 @@ def test_the_commits_it_has_replayed_cap_what_the_clock_says() -> None:
         history.record_primary(1_000_000 * (t + 1), float(t), float(t), None)
     behind = WalDates(start=1_400_000, end=1_450_000, commits=((1_420_000, 9.7),), complete=False)
     reading = history.reading("r1", ReplayPosition(1_500_000, 10.0, "replica", wal=behind), None, 10.0)
-    assert reading["staleness"] == pytest.approx(0.3) and reading["staleness_evidence"] == "wal_commit"
+    assert reading["staleness"] == pytest.approx(0.3)
+    assert (reading["staleness_evidence"], reading["staleness_bound"]) == ("lsn_clock", "wal_read")
 
 
 def test_a_commit_written_late_dates_from_the_commits_written_before_it() -> None:
