@@ -2,7 +2,8 @@
 granted privilege is more than lagwatch needs.
 
 lagwatch needs pg_read_all_stats (LSNs in pg_stat_replication, pg_stat_wal_receiver's
-columns) and EXECUTE on pg_ls_waldir(); pg_walinspect's functions are optional. Anything
+columns) and EXECUTE on pg_ls_waldir(); pg_walinspect's functions are optional (on a
+primary it says what its replicas are dated by, and how to date them from the WAL). Anything
 more is flagged, as a Nagios check would: superuser, and the roles that make one
 (pg_execute_server_program, pg_write_server_files), CRITICAL; the other attributes and
 roles that reach past monitoring (REPLICATION, CREATEROLE, CREATEDB, BYPASSRLS, reading
@@ -66,6 +67,7 @@ class NodeGrants:
     optional_missing: dict[str, str]
     excess: list[tuple[int, str]]  # (WARNING or CRITICAL, what is more than lagwatch needs)
     error: str | None = None
+    dating: str | None = None  # on a primary: what its replicas are dated by (dating_arm)
 
 
 def missing_grants(caps: probe.Capabilities, user: str) -> tuple[dict[str, str], dict[str, str], list[str]]:
@@ -92,6 +94,25 @@ def missing_grants(caps: probe.Capabilities, user: str) -> tuple[dict[str, str],
     return missing, optional, excess
 
 
+def dating_arm(caps: probe.Capabilities, user: str, lag_from_wal: str) -> str | None:
+    """On a primary: what its replicas' staleness is dated by (estimate/dating.py), and
+    where that is not the WAL, the exact statements that make it so (pure). None on a
+    replica."""
+    if caps.in_recovery:
+        return None
+    clock = "the LSN clock and commit timestamps (no WAL dating: they read low under load, docs/lag.md)"
+    grant = f"GRANT EXECUTE ON FUNCTION pg_get_wal_records_info(pg_lsn, pg_lsn) TO {user};"
+    if lag_from_wal == "off":
+        return f"{clock}: lag_from_wal is off in the config"
+    if caps.major < 15:
+        return f"{clock}: PostgreSQL {caps.major} has no pg_walinspect (15+)"
+    if not caps.has_walinspect:
+        return f"{clock}; to date them from the WAL, in this database: CREATE EXTENSION pg_walinspect; {grant}"
+    if not caps.can_walinspect_records:
+        return f"{clock}; to date them from the WAL: {grant}"
+    return "the WAL (pg_walinspect: the first commit past each replica's position)"
+
+
 def excess_privileges(role: Mapping[str, Any]) -> list[tuple[int, str]]:
     """What the role's attributes, memberships and ownership give beyond what lagwatch
     needs, each with its severity (pure; ``role``: a row of _PRIVILEGES_SQL)."""
@@ -106,7 +127,7 @@ def excess_privileges(role: Mapping[str, Any]) -> list[tuple[int, str]]:
     return out
 
 
-def _check_node(node_name: str, node: NodeConfig, timeout: float) -> NodeGrants:
+def _check_node(node_name: str, node: NodeConfig, timeout: float, lag_from_wal: str) -> NodeGrants:
     try:
         conninfo = build_conninfo(node, timeout, timeout)
         with psycopg.connect(conninfo, autocommit=True, row_factory=psycopg.rows.dict_row) as conn:
@@ -120,11 +141,12 @@ def _check_node(node_name: str, node: NodeConfig, timeout: float) -> NodeGrants:
         except PasswordUnavailableError:
             pass
         return NodeGrants(node_name, "?", {}, {}, [], redact_text(str(exc).strip().splitlines()[0], [secret]))
-    missing, optional, settings = missing_grants(probe.parse(rows), user)
+    caps = probe.parse(rows)
+    missing, optional, settings = missing_grants(caps, user)
     excess = excess_privileges(role) if role is not None else []
     if not (role or {}).get("superuser"):  # a superuser's one line says it all
         excess += [(WARNING, text) for text in settings]
-    return NodeGrants(node_name, user, missing, optional, excess)
+    return NodeGrants(node_name, user, missing, optional, excess, dating=dating_arm(caps, user, lag_from_wal))
 
 
 def _nodes(cluster: ClusterConfig) -> list[tuple[str, NodeConfig]]:
@@ -140,7 +162,7 @@ def run_grants_check(config: Config, out: TextIO) -> int:
         return UNREACHABLE
     for cluster in config.clusters_with_nodes:
         for name, node in _nodes(cluster):
-            result = _check_node(name, node, config.effective_connect_timeout)
+            result = _check_node(name, node, config.effective_connect_timeout, cluster.lag_from_wal)
             where = f"{cluster.name}/{name}"
             if result.error is not None:
                 print(f"{where}: UNKNOWN cannot connect: {result.error}", file=out)
@@ -157,4 +179,6 @@ def run_grants_check(config: Config, out: TextIO) -> int:
                 print(f"{where}: {STATES[state]} more than needed: {excess}", file=out)
             if not result.missing:
                 print(f"{where}: ok as {result.user} (every view lagwatch reads each cycle)", file=out)
+            if result.dating is not None:
+                print(f"{where}: replicas dated by {result.dating}", file=out)
     return worst

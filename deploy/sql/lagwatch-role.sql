@@ -21,14 +21,30 @@ GRANT EXECUTE ON FUNCTION pg_ls_waldir() TO lagwatch;
 -- Not pg_monitor: its pg_read_all_settings shows each replica's primary_conninfo, password
 -- included, which lagwatch never needs.
 
--- Optional: FPI byte statistics from pg_walinspect (PostgreSQL 15+). Only if you want them:
---   CREATE EXTENSION IF NOT EXISTS pg_walinspect;
---   GRANT EXECUTE ON FUNCTION pg_get_wal_stats(pg_lsn, pg_lsn, boolean) TO lagwatch;
--- and what wal_compression saves on full-page images (PostgreSQL 16+):
+-- Each replica's staleness dated from the commit times in the WAL just past its replay
+-- position, to the millisecond under any load (lag_from_wal; docs/lag.md), and the FPI
+-- share of the WAL: pg_walinspect (PostgreSQL 15+), in the database lagwatch connects to
+-- (run this file connected to it: psql -d DBNAME). Without it the replicas are dated by
+-- the LSN clock and commit timestamps, which read low under load (docs/lag.md).
+--   pg_get_wal_records_info: one row per WAL record with its description. What that shows
+--     this role: commit times and transaction IDs, relation and block numbers, the locks a
+--     standby must take, and a logical message's payload in hex
+--     (pg_logical_emit_message(): whatever an application or a CDC tool put in it); no
+--     row data. It decodes the WAL from disk: lagwatch reads at most
+--     lag_from_wal_max_bytes (16 MB) a cycle, planned to 7.5 % of the interval, cancelled
+--     by the server at a quarter of it.
+--   pg_get_wal_stats: counts and sizes per kind of record, nothing of their content; with
+--     it, those reads count the WAL before they describe it and reach six times as far for
+--     the same cost; lagwatch also reads the FPI statistics with it, every 10 s.
+SELECT current_setting('server_version_num')::int >= 150000 AS lagwatch_walinspect \gset
+\if :lagwatch_walinspect
+CREATE EXTENSION IF NOT EXISTS pg_walinspect;
+GRANT EXECUTE ON FUNCTION pg_get_wal_records_info(pg_lsn, pg_lsn) TO lagwatch;
+GRANT EXECUTE ON FUNCTION pg_get_wal_stats(pg_lsn, pg_lsn, boolean) TO lagwatch;
+\endif
+
+-- Optional, not granted here: what wal_compression saves on full-page images
+-- (PostgreSQL 16+). pg_get_wal_block_info returns each block's raw data, full-page images
+-- included: the rows themselves, any table's. Only if you want that figure:
 --   GRANT EXECUTE ON FUNCTION pg_get_wal_block_info(pg_lsn, pg_lsn, boolean) TO lagwatch;
--- and each replica's staleness dated from the commit times in the WAL just past its replay
--- position, to the millisecond under any load (lag_from_wal; docs/lag.md):
---   GRANT EXECUTE ON FUNCTION pg_get_wal_records_info(pg_lsn, pg_lsn) TO lagwatch;
--- (with pg_get_wal_stats granted too, those reads count the WAL before they describe it,
--- and reach six times as far past a replica for the same cost on the primary).
--- Without it lagwatch says once in its log that it skips the FPI statistics, and why.
+-- Without it lagwatch says once in its log that it skips the compression savings, and why.

@@ -1,6 +1,7 @@
-"""lagwatch as the role from deploy/sql/ (pg_read_all_stats and EXECUTE on pg_ls_waldir(),
-not pg_monitor) exports every metric of issue 1/4 except what is documented as needing
-more (pg_walinspect's FPI stats); `check --grants` says what a role lacks.
+"""lagwatch as the role from deploy/sql/ (pg_read_all_stats, EXECUTE on pg_ls_waldir() and
+on pg_walinspect's records and statistics, not pg_monitor) exports every metric of issue
+1/4 and dates the replicas from the WAL, all but what is documented as needing more
+(pg_get_wal_block_info's compression savings); `check --grants` says what a role lacks.
 
 One version, the newest: no grant these tests make or expect differs between the majors
 lagwatch watches. pg_read_all_stats, pg_monitor, pg_read_server_files, pg_signal_backend,
@@ -40,8 +41,9 @@ REQUIRED = [
     "lagwatch_slot_safe_wal_size_bytes", "lagwatch_slot_wal_status", "lagwatch_wal_bytes_total",
     "lagwatch_wal_fpi_total", "lagwatch_wal_records_total", "lagwatch_wal_compression_info",
     "lagwatch_wal_directory_bytes", "lagwatch_up", "lagwatch_poll_duration_seconds", "lagwatch_poll_errors_total",
+    "lagwatch_wal_inspected_bytes_total", "lagwatch_wal_inspected_fpi_bytes_total",
 ]
-NEEDS_MORE = ["lagwatch_wal_inspected_bytes_total", "lagwatch_wal_inspected_fpi_bytes_total"]
+NEEDS_MORE = ["lagwatch_wal_fpi_saved_bytes_total", "lagwatch_wal_fpi_compressed_bytes_total"]
 # What lagwatch does here (read its views, mark one down, say so once) is counted in its
 # cycles, not in seconds: a short interval only makes them come sooner.
 INTERVAL = "500ms"
@@ -91,16 +93,28 @@ def test_monitoring_role_is_enough(pg_cluster: ChaosCluster, tmp_path: Path) -> 
                 assert lw.value("lagwatch_up", node=node) == 1
             lag_bytes = lw.value("lagwatch_replica_lag_bytes", replica="replica1", stage="replay")
             assert lag_bytes is not None  # pg_read_all_stats shows the LSNs
+            # The WAL dating is on with the role as shipped: both replicas dated by the WAL.
+            lw.wait_for("both replicas WAL-dated", lambda: {
+                r["staleness_evidence"] for r in lw.status()["clusters"][0]["replicas"]} == {"wal_commit"}, timeout=30)
             log = lw.log_text()
-            assert log.count("not reading walinspect") == 1
-            assert "pg_get_wal_stats(pg_lsn, pg_lsn, boolean) TO lagwatch" in log
-            assert "wal_dir" not in log and "wal_receiver" not in log
+            # Only the compression savings (pg_get_wal_block_info: raw pages) are left out, said once.
+            assert log.count("not reading walinspect") == 1 and log.count("not reading walinspect_blocks") == 1
+            assert "pg_get_wal_block_info(pg_lsn, pg_lsn, boolean) TO lagwatch" in log
+            assert "wal_dir" not in log and "wal_receiver" not in log and "wal_dating" not in log
             grants = run_cli("check", "--grants", "-c", str(lw.config_path))
             assert grants.returncode == 0, grants.stdout + grants.stderr
             lines = grants.stdout.splitlines()
             for node in ("primary", "replica1", "replica2"):
                 assert f"main/{node}: ok as lagwatch (every view lagwatch reads each cycle)" in lines, lines
+            assert "main/primary: replicas dated by the WAL (pg_walinspect: the first commit past each replica's " \
+                "position)" in lines, lines
             assert not any("MISSING" in line or "more than needed" in line for line in lines), lines
+            # Without the grant, the check names the other arm and the one statement that turns it on.
+            primary.execute("REVOKE EXECUTE ON FUNCTION pg_get_wal_records_info(pg_lsn, pg_lsn) FROM lagwatch")
+            lines = run_cli("check", "--grants", "-c", str(lw.config_path)).stdout.splitlines()
+            assert "main/primary: replicas dated by the LSN clock and commit timestamps (no WAL dating: they read " \
+                "low under load, docs/lag.md); to date them from the WAL: GRANT EXECUTE ON FUNCTION " \
+                "pg_get_wal_records_info(pg_lsn, pg_lsn) TO lagwatch;" in lines, lines
     finally:
         drop_role(primary)
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 from lagwatch.check import CRITICAL, OK, UNKNOWN, WARNING, evaluate, measuring_only, render
 from lagwatch.config import parse_config
+from lagwatch.grants import dating_arm
 from lagwatch.redact import redact_dsn, redact_text
 from lagwatch.snapshot import ClusterSnapshot, NodeHealth, ReplicaState, Snapshot
+from lagwatch.views.probe import Capabilities
 from lagwatch.windows import LagHistogram
 
 
@@ -92,3 +94,28 @@ def test_the_check_names_the_cause_and_a_bad_row_says_why() -> None:
     assert row.cause == "apply_delay" and row.note.endswith(": recovery_min_apply_delay holds replay 5s behind")
     table = render([row])
     assert "CAUSE" in table.splitlines()[0] and "apply_delay" in table.splitlines()[1]
+
+
+def _caps(major: int, *, installed: bool = True, granted: bool = True, replica: bool = False) -> Capabilities:
+    return Capabilities(version_num=major * 10000 + 1, in_recovery=replica, can_ls_waldir=True,
+                        has_walinspect=installed, can_walinspect=granted, can_read_all_stats=True,
+                        can_walinspect_records=granted)
+
+
+GRANT_RECORDS = "GRANT EXECUTE ON FUNCTION pg_get_wal_records_info(pg_lsn, pg_lsn) TO lw;"
+
+
+@pytest.mark.parametrize(("caps", "lag_from_wal", "says"), [
+    (_caps(18), "auto", "the WAL (pg_walinspect"),
+    (_caps(15, granted=False), "auto", f"commit timestamps (no WAL dating: they read low under load, docs/lag.md); "
+                                       f"to date them from the WAL: {GRANT_RECORDS}"),
+    (_caps(16, installed=False, granted=False), "auto",
+     f"in this database: CREATE EXTENSION pg_walinspect; {GRANT_RECORDS}"),
+    (_caps(14, installed=False, granted=False), "auto", "PostgreSQL 14 has no pg_walinspect (15+)"),
+    (_caps(18), "off", "lag_from_wal is off in the config"),
+    (_caps(18, replica=True), "auto", None),
+])
+def test_check_grants_names_the_arm_a_primarys_replicas_are_dated_by(caps: Capabilities, lag_from_wal: str,
+                                                                    says: str | None) -> None:
+    arm = dating_arm(caps, "lw", lag_from_wal)
+    assert (arm is None) if says is None else (arm is not None and says in arm), arm
