@@ -79,6 +79,14 @@ _CONDITION_CSS: dict[Condition, str] = {"down": "bad", "cannot_see": "warn",
                                       "behind": "warn", "streaming": "ok"}
 
 
+def _dated_by(r: ReplicaState) -> str:
+    """What dated the reading and the proven bound that held it, if one did (docs/lag.md)."""
+    if r.staleness_evidence is None:
+        return ""
+    held = f", held by {r.staleness_bound}" if r.staleness_bound else ""
+    return f'<br><span class="muted dated">{_e(r.staleness_evidence)}{_e(held)}</span>'
+
+
 def sla_verdict(sla: ReplicaSla | None, staleness: float | None, p95: float | None) -> tuple[str, str, str]:
     """(verdict, css class, the rules it was decided by): a p95 of 12 s must not stand
     beside "within SLA" without saying that the verdict was on current staleness."""
@@ -126,7 +134,7 @@ def _replica_row(c: ClusterSnapshot, r: ReplicaState) -> str:
         f'<tr data-replica="{_e(r.name)}"><td data-label="replica">{_e(r.name)}{unconfigured}</td>'
         f'<td data-label="state" class="{css}">{_e(state)}{_catch_up(r)}{_why(r)}</td>'
         f'<td data-label="pool"><span class="pill {member_css}" title="{_e(reason)}">{_e(member)}</span></td>'
-        f'<td data-label="staleness" class="num">{_e(_dur(r.staleness))}</td>'
+        f'<td data-label="staleness" class="num">{_e(_dur(r.staleness))}{_dated_by(r)}</td>'
         f'<td data-label="p95" class="num">{_e(_dur(p95))}</td>'
         f'<td data-label="SLA" class="{sla_css}">'
         f'<span>{_e(sla_state)} <span class="muted">{_e(sla_rules)}</span></span></td>'

@@ -198,3 +198,12 @@ def test_the_row_says_why_it_is_behind_escaped() -> None:
     r1 = row(page, "replica1")
     assert 'data-cause="recovery_conflict"' in r1 and "held by pid 7 (&lt;evil&gt;" in r1
     assert 'title="replay 9s"' in r1 and "replay busy 95%" in r1
+
+
+def test_each_reading_says_what_dated_it_and_the_bound_that_held_it() -> None:
+    page = render(Snapshot(1.0e9, 0.004, 5, 0, (ClusterSnapshot(
+        "main", 100, None, (replica("replica1", 0.2, staleness_evidence="wal_commit", staleness_bound="short_of"),
+                            replica("replica2", 0.0, staleness_evidence="caught_up")), (), None, None, None, (),
+        slas={"replica1": SLA, "replica2": SLA}, min_replicas=1),)))
+    assert "wal_commit, held by short_of" in row(page, "replica1")
+    assert "caught_up<" in row(page, "replica2") and "held by" not in row(page, "replica2")
