@@ -6,7 +6,7 @@ the true offset, and ``answered - clock`` never less: the quickest answer bounds
 tightest. Each bound is the most (or least) of its answers over the last WINDOW seconds:
 long enough to hold a quick answer at any interval, short enough that a slewing clock
 moves it by a millisecond or two at most. Used from below for when a replica's answer was
-true (readinstant.py), from above for when the primary made a commit (commitscan.py).
+true (readinstant.py), from above for when the primary made a commit (estimate/clock.py).
 
 Hand-written: a sliding window's extreme is a dozen lines (a deque kept in order, O(1)
 amortised an answer), less than a dependency would cost.

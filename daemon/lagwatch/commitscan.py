@@ -16,7 +16,8 @@ cycle, read once for every replica at the same place; one further behind costs n
 once the first commit past it is listed, until it replays past it; one replaying through
 a big transaction costs a budget's worth a cycle. The primary's poller owns one and runs
 it on its connection after the cycle's views; the tracker dates each replica from what it
-yields (lag.date_from_wal, which says what a WalDates holds).
+yields (lag.date_from_wal, which says what a WalDates holds, once estimate/clock.PrimaryClock
+has put the commits' times on lagwatch's clock).
 """
 from __future__ import annotations
 
@@ -30,13 +31,19 @@ from typing import Any
 import psycopg
 import psycopg.errors
 
-from lagwatch.clockoffset import ClockOffset
 from lagwatch.errors import flat_message
-from lagwatch.lag import WalDates
 from lagwatch.lsn import format_lsn
 from lagwatch.views import walcommits
 from lagwatch.views.replication import WalSender
-from lagwatch.views.walcommits import CHUNK, GUARD, CommitRead, CommitReads, LocatedRange, WalDatingTotals
+from lagwatch.views.walcommits import (
+    CHUNK,
+    GUARD,
+    CommitRead,
+    CommitReads,
+    LocatedRange,
+    WalCommits,
+    WalDatingTotals,
+)
 
 log = logging.getLogger("lagwatch.poll")
 
@@ -76,7 +83,7 @@ MAX_COMMITS = 64
 class _Stretch:
     start: int
     end: int
-    commits: tuple[tuple[int, float], ...]  # (LSN, monotonic time made)
+    commits: tuple[tuple[int, float], ...]  # (LSN, when made: the primary's epoch seconds)
     replay: int  # the walsender's replay position this cycle
     complete: bool = False  # this cycle's read reached the primary's flush position
     exact: bool = True  # ``end`` is where a record starts (walcommits.CommitRead.exact)
@@ -97,7 +104,9 @@ class CommitScanner:
         self._last_lsn: int | None = None  # the primary's position the cycle before
         self._plain_cycles = 0  # cycles left reading without counting first (after a located read failed)
         self._read_times: deque[float] = deque(maxlen=READS_REMEMBERED)  # seconds each read took
-        self._offset = ClockOffset("at_most")  # lagwatch's clock less the primary's
+        # The primary's clock as each read since the last dates() read it (clock_epoch, answered):
+        # estimate/clock.PrimaryClock takes them with every poll's.
+        self._clock: list[tuple[float, float]] = []
 
     def forget(self) -> None:
         self._stretches = {}
@@ -135,9 +144,10 @@ class CommitScanner:
 
     def absorb(self, read: CommitReads, read_at: float) -> None:
         """What this cycle's ranges held, added to the stretches that end where they begin.
-        A commit time is the primary's, put on lagwatch's clock by the offset between the two
-        clocks (``offset``)."""
-        offset = self.offset(read.clock_epoch, read_at) if read.clock_epoch is not None else self._bound
+        Commit times stay on the primary's clock; the clock each read took is kept for
+        estimate/clock.PrimaryClock, the one converter."""
+        if read.clock_epoch is not None:
+            self._clock.append((read.clock_epoch, read_at))
         by_start = {r.start: r for r in read.reads}
         self.totals = replace(self.totals, read_bytes=self.totals.read_bytes
                               + sum(max(r.counted_bytes, r.described_bytes) for r in read.reads))
@@ -145,37 +155,27 @@ class CommitScanner:
             r = by_start.get(s.end)
             if r is None:
                 continue
-            commits = s.commits + tuple((lsn, epoch + offset) for lsn, epoch in r.commits)
+            commits = s.commits + tuple(r.commits)
             # A read that got nowhere leaves the stretch's end as it was, a record's start or not.
             end, complete, exact = r.scanned_to, r.complete, r.exact if r.scanned_to > r.start else s.exact
             if len(commits) > self.max_commits:
                 end, commits, complete, exact = commits[self.max_commits][0], commits[: self.max_commits], False, True
             self._stretches[name] = _Stretch(s.start, end, commits, s.replay, complete, exact)
 
-    def offset(self, clock_epoch: float, answered: float) -> float:
-        """Lagwatch's monotonic clock less the primary's wall clock. Each read's clock was
-        read before its answer came, so ``answered - clock_epoch`` is never less than the
-        true offset: dating commits with it makes them no older than they are (never an
-        over-read). A late answer (lagwatch busy, the host starved) makes it too large by the
-        delay, so the least of the last few seconds' is taken (clockoffset.py): the quickest
-        of them, the WAL reads' and every poll's of the primary (``scan``'s ``clock``)."""
-        return self._offset.note(answered, answered - clock_epoch)
+    def clock_read(self) -> tuple[tuple[float, float], ...]:
+        """The primary's clock as the reads since the last call took it: (its epoch seconds,
+        when the answer came on lagwatch's clock)."""
+        taken, self._clock = tuple(self._clock), []
+        return taken
 
-    @property
-    def _bound(self) -> float:
-        """The offset commits are dated with now (0.0: not measured yet, WalDates.offset)."""
-        return self._offset.bound or 0.0
-
-    def dates(self, read_at: float) -> dict[str, WalDates]:
+    def dates(self) -> dict[str, WalCommits]:
         """Each walsender's stretch (complete only where this cycle's read reached the flush)."""
-        offset = self._bound
-        return {name: WalDates(s.start, s.end, s.commits, complete=s.complete, offset=offset)
-                for name, s in self._stretches.items()}
+        return {name: WalCommits(s.start, s.end, s.commits, complete=s.complete) for name, s in self._stretches.items()}
 
     async def scan(self, conn: psycopg.AsyncConnection[Any], senders: Sequence[WalSender], current_lsn: int | None,
                    cluster: str, budget: float, note_failure: Callable[[str, str], None],
                    own: Mapping[str, int] | None = None, consumers: Mapping[str, int] | None = None,
-                   clock: tuple[float | None, float] | None = None, may_read: bool = True) -> dict[str, WalDates]:
+                   may_read: bool = True) -> dict[str, WalCommits]:
         """This cycle's reads on the primary's connection, and each walsender's dates. The
         read may take at most ``budget`` seconds (the server cancels it past that: it never
         costs the poll its answer); it asks for no more than that time decodes at the speed
@@ -183,12 +183,8 @@ class CommitScanner:
         cycle, by walsender (replayboard.py): read from there rather than from where their
         walsenders last heard of them. ``consumers``: the logical consumers' positions, by
         ``logical_key``: each dated by the first commit past it, as a replica is.
-        ``clock``: the primary's clock as this poll read it, and when the poll was answered
-        (every poll's tightens the offset commits are dated with, not only the WAL reads':
-        those are a few a minute at `1s` once the stretches hold their commits). ``may_read``:
-        False where the cycle has no time left for it (the stretches move on, unread)."""
-        if clock is not None and clock[0] is not None:
-            self.offset(clock[0], clock[1])
+        ``may_read``: False where the cycle has no time left for it (the stretches move on,
+        unread)."""
         replays = {**replay_positions(senders, own or {}), **(consumers or {})}
         if current_lsn is None or not replays:
             self._stretches = {}
@@ -197,7 +193,7 @@ class CommitScanner:
         self._last_lsn = current_lsn
         ranges = self.plan(replays, current_lsn, int(self._speed * budget * BUDGET_SHARE), written > 0)
         if not ranges or not may_read:
-            return self.dates(time.monotonic())
+            return self.dates()
         located = self._located(ranges, current_lsn + max(0, written))
         asked = time.monotonic()
         self.totals = replace(self.totals, reads=self.totals.reads + 1)
@@ -208,7 +204,7 @@ class CommitScanner:
             # for less next time. The session is as it was; the dates are last cycle's.
             asked_bytes = sum((r.end - r.start) // COUNT_FACTOR if located else r.direct_end - r.start for r in ranges)
             self._slower(asked_bytes, min(time.monotonic() - asked, budget))  # the server's time: the budget
-            return self.dates(time.monotonic())
+            return self.dates()
         except psycopg.OperationalError:
             raise
         except psycopg.errors.InsufficientPrivilege as exc:
@@ -220,7 +216,7 @@ class CommitScanner:
             self.totals = replace(self.totals, failed=self.totals.failed + 1)
             log.debug("%s/primary: reading commit times from %s failed: %s", cluster, format_lsn(ranges[0].start),
                       flat_message(exc))
-            return self.dates(time.monotonic())
+            return self.dates()
         read_at = time.monotonic()
         self.state = True
         # Timed by the server where it says (a starved lagwatch takes the answer late: its
@@ -228,7 +224,7 @@ class CommitScanner:
         self._measured(sum(r.described_bytes + r.counted_bytes // COUNT_FACTOR for r in read.reads),
                        read.took if read.took is not None else read_at - asked)
         self.absorb(read, read_at)
-        return self.dates(read_at)
+        return self.dates()
 
     def _located(self, ranges: list[LocatedRange], reach: int) -> bool:
         """Whether this cycle's read counts first: only where some range is not read whole

@@ -23,12 +23,11 @@ import psycopg
 
 from lagwatch.commitscan import CommitScanner
 from lagwatch.config import ClusterConfig
-from lagwatch.lag import WalDates
 from lagwatch.replayboard import ReplayBoard
 from lagwatch.views.probe import Capabilities
 from lagwatch.views.replication import Senders, WalSender, logical_key
 from lagwatch.views.server import ServerPosition
-from lagwatch.views.walcommits import WalDatingTotals
+from lagwatch.views.walcommits import WalCommits, WalDatingTotals
 from lagwatch.views.walinspect import WalInspection
 from lagwatch.walinspector import WalInspector
 
@@ -73,15 +72,14 @@ class ExtraReads:
 
     async def dates(self, conn: psycopg.AsyncConnection[Any], cluster: ClusterConfig, position: ServerPosition,
                     senders: Senders, board: ReplayBoard | None, note_failure: Callable[[str, str], None],
-                    deadline: float, answered_at: float) -> dict[str, WalDates]:
+                    deadline: float) -> dict[str, WalCommits]:
         """Each walsender's and logical consumer's commit dates (commitscan.py), read from
         where the replicas said they are this cycle, as far as they have said by then."""
         own = await self._replicas_own(cluster, board, senders.physical, deadline)
         consumers = {logical_key(s.slot_name): s.position for s in senders.logical if s.position is not None}
         budget = self.budget(deadline)
         return await self.scanner.scan(conn, senders.physical, position.current_lsn, cluster.name, budget,
-                                       note_failure, own, consumers, clock=(position.clock_epoch, answered_at),
-                                       may_read=budget >= MIN_EXTRA)
+                                       note_failure, own, consumers, may_read=budget >= MIN_EXTRA)
 
     async def _replicas_own(self, cluster: ClusterConfig, board: ReplayBoard | None, walsenders: Sequence[WalSender],
                             deadline: float) -> dict[str, int]:

@@ -48,7 +48,6 @@ class ReplayPosition:
     commits: Commits | None = None  # what commit timestamps say (only with the replica's own answer)
     wal: WalDates | None = None  # what the primary's WAL says past its walsender's replay position
     beat: tuple[float, float | None] | None = None  # the heartbeat's bounds at ``at`` (beats.Beats.bounds)
-    replayed_epoch: float | None = None  # the last commit it replayed: its timestamp, on the primary's clock
 
 
 class LagReading(TypedDict):
@@ -168,11 +167,7 @@ class LagHistory:
         }
 
     def _known(self, replay: ReplayPosition, sender: WalSender | None) -> Known:
-        wal = replay.wal
-        # On lagwatch's clock through the WAL reads' own offset (0.0: not measured).
-        replayed_at = None if wal is None or replay.replayed_epoch is None or not wal.offset \
-            else replay.replayed_epoch + wal.offset
-        return gather(self.clock, replay.lsn, replay.at, commits=replay.commits, wal=wal, replayed_at=replayed_at,
+        return gather(self.clock, replay.lsn, replay.at, commits=replay.commits, wal=replay.wal,
                       walsender_lag=sender.lag_seconds("replay") or 0.0 if sender is not None else None,
                       heartbeat=replay.beat, interval=self.interval)
 

@@ -69,7 +69,8 @@ class Commits:
 @dataclass(frozen=True)
 class WalDates:
     """What the primary's WAL says just past one walsender's replay position, on lagwatch's
-    monotonic clock (commitscan.py reads it): every commit in [start, end)."""
+    monotonic clock (commitscan.py reads it as views.walcommits.WalCommits, on the primary's
+    clock; estimate/clock.PrimaryClock.dated puts it here): every commit in [start, end)."""
 
     start: int
     end: int
@@ -77,9 +78,6 @@ class WalDates:
     # Read up to where the primary had flushed when it was read: no commit past the last
     # listed had been made by then.
     complete: bool
-    # Lagwatch's monotonic clock less the primary's wall clock, as the reads measured it
-    # (never less than the truth: commitscan.CommitScanner.offset). 0.0: not measured.
-    offset: float = 0.0
 
 
 @fast_init

@@ -26,7 +26,6 @@ from lagwatch.config import ClusterConfig, Config, NodeConfig, PasswordUnavailab
 from lagwatch.conninfo import build_conninfo, connected_address, poller_application_name
 from lagwatch.errors import flat_message
 from lagwatch.extrareads import ExtraReads
-from lagwatch.lag import WalDates
 from lagwatch.lateness import Verdict
 from lagwatch.redact import redact_text
 from lagwatch.replayboard import ReplayBoard
@@ -45,6 +44,7 @@ from lagwatch.views.subscriptions import Subscription
 from lagwatch.views.wal import WalStats
 from lagwatch.views.wal_dir import WalDir
 from lagwatch.views.wal_receiver import WalReceiver
+from lagwatch.views.walcommits import WalCommits
 from lagwatch.views.walinspect import WalInspection
 
 log = logging.getLogger("lagwatch.poll")
@@ -69,7 +69,7 @@ class Answer:
     wal_dir: WalDir | None
     walinspect: WalInspection | None
     views: dict[str, bool]  # view -> read this cycle (see NodeObservation.views)
-    wal_dates: dict[str, WalDates] = field(default_factory=dict)  # the primary's: see NodeObservation.wal_dates
+    wal_commits: dict[str, WalCommits] = field(default_factory=dict)  # the primary's: NodeObservation.wal_commits
     heartbeat_seq: int | None = None  # a replica's: the beat it has replayed (heartbeat.py)
     answered_at: float | None = None  # when its views answered, before the extra reads (monotonic)
     recovery: Recovery | None = None  # a replica's startup process (views/recovery.py)
@@ -202,11 +202,11 @@ class NodePoller:
                                capabilities=answer.capabilities,
                                position=answer.position, walsenders=answer.walsenders, receiver=answer.receiver,
                                slots=answer.slots, wal=answer.wal, wal_dir=answer.wal_dir,
-                               walinspect=answer.walinspect, wal_dates=answer.wal_dates,
+                               walinspect=answer.walinspect, wal_commits=answer.wal_commits,
                                heartbeat_seq=answer.heartbeat_seq, views=answer.views, recovery=answer.recovery,
                                horizon=answer.horizon, logical=answer.logical, subscriptions=answer.subscriptions,
                                slot_sync=answer.slot_sync,
-                               wal_dating=self._extras.wal_dating(),
+                               wal_dating=self._extras.wal_dating(), wal_clock=self._extras.scanner.clock_read(),
                                view_errors_total=dict(self._reader.view_errors), connects_total=self._connects)
 
     def _failed(self, error: NodeError, started: float) -> NodeObservation:
@@ -340,16 +340,16 @@ class NodePoller:
             health["walinspect"] = self._extras.inspector.state
         senders = results.get("replication", Senders((), ()))
         walsenders = senders.physical
-        wal_dates = {}
+        wal_commits = {}
         if self._dates_from_wal(caps):
             self._extras.scanner.locate = caps.can_walinspect  # pg_get_wal_stats too: counted before described
-            wal_dates = await self._extras.dates(conn, self.cluster, position, senders, board,
-                                                 self._reader.note_failure, deadline, answered_at)
+            wal_commits = await self._extras.dates(conn, self.cluster, position, senders, board,
+                                                 self._reader.note_failure, deadline)
             if self._extras.scanner.state is not None:
                 health["wal_dating"] = self._extras.scanner.state
         return Answer(capabilities=caps, position=position, walsenders=walsenders,
                       receiver=results.get("wal_receiver"), slots=results.get("slots", ()), wal=results.get("wal"),
-                      wal_dir=results.get("wal_dir"), walinspect=inspection, wal_dates=wal_dates,
+                      wal_dir=results.get("wal_dir"), walinspect=inspection, wal_commits=wal_commits,
                       heartbeat_seq=results.get("heartbeat"), views=health, answered_at=answered_at,
                       recovery=results.get("recovery"), horizon=results.get("horizon"), logical=senders.logical,
                       subscriptions=results.get("subscriptions"), slot_sync=results.get("slotsync"))

@@ -14,7 +14,6 @@ from typing import Literal
 from lagwatch.config import ReplicaSla
 from lagwatch.diagnosis import Diagnosis
 from lagwatch.fastinit import fast_init
-from lagwatch.lag import WalDates
 from lagwatch.rates import CatchUp
 from lagwatch.replayload import ReplayLoad
 from lagwatch.syncrep import SyncReplication
@@ -29,7 +28,7 @@ from lagwatch.views.subscriptions import Subscription
 from lagwatch.views.wal import WalStats
 from lagwatch.views.wal_dir import WalDir
 from lagwatch.views.wal_receiver import WalReceiver
-from lagwatch.views.walcommits import WalDatingTotals
+from lagwatch.views.walcommits import WalCommits, WalDatingTotals
 from lagwatch.views.walinspect import WalInspection, WalInspectTotals
 from lagwatch.windows import HistogramCounts, WindowStats
 
@@ -71,8 +70,11 @@ class NodeObservation:
     wal_dir: WalDir | None = None
     walinspect: WalInspection | None = None
     # The primary's: the commits in its WAL just past each walsender's replay position
-    # (by application_name), where lagwatch may read them (commitscan.py).
-    wal_dates: Mapping[str, WalDates] = field(default_factory=dict)
+    # (by application_name), where lagwatch may read them (commitscan.py), on its clock;
+    # and that clock as those reads took it, (its epoch seconds, when answered): what
+    # estimate/clock.PrimaryClock takes with the poll's own.
+    wal_commits: Mapping[str, WalCommits] = field(default_factory=dict)
+    wal_clock: tuple[tuple[float, float], ...] = ()
     heartbeat_seq: int | None = None  # a replica's: the heartbeat it has replayed (heartbeat.py)
     recovery: Recovery | None = None  # a replica's startup process and conflicts (views/recovery.py)
     horizon: Horizon | None = None  # the primary's vacuum horizon holders, one poll in ten (views/horizon.py)

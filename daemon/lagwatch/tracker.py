@@ -20,11 +20,11 @@ from typing import Any
 from lagwatch.beats import Beats
 from lagwatch.config import ClusterConfig
 from lagwatch.diagnosis import Diagnosis, Positions, Signals, diagnose
+from lagwatch.estimate.clock import PrimaryClock
 from lagwatch.history import LagHistory, LagReading, ReplayPosition
 from lagwatch.lag import Commits, LsnClock, WalDates
 from lagwatch.logical import LogicalConsumers
 from lagwatch.nodehealth import NodeHealthTracker
-from lagwatch.primaryclock import PrimaryClock, last_commit_at
 from lagwatch.rates import CatchUp, Forecaster
 from lagwatch.readinstant import ReadInstants
 from lagwatch.replayload import ConflictTotals, ReplayLoadTracker
@@ -75,7 +75,7 @@ class ClusterTracker:
         # The cluster's heartbeat writer's beats (heartbeat.py), where it has one: set when
         # the runtime is put in force.
         self.beats: Callable[[], Beats] | None = None
-        self._primary_clock: PrimaryClock | None = None  # the primary's, as its last answer read it
+        self._primary_clock = PrimaryClock()  # the primary's wall clock on lagwatch's (the one converter)
 
     @property
     def clock(self) -> LsnClock:
@@ -127,7 +127,7 @@ class ClusterTracker:
         if roles.changed:  # another server: rates over both would mean nothing
             self.history.forget_xacts()
             self.forecast.forget()
-            self._primary_clock = None
+            self._primary_clock = PrimaryClock()
         primary = roles.primary
         standby = roles.standby_leader is not None  # the primary is the standby leader, in recovery
         if primary is None or primary.position is None:
@@ -145,12 +145,16 @@ class ClusterTracker:
             self.forecast.note_primary(read_at, lsn)
         if not standby:  # a standby's transactions are its readers', not the writes to replicate
             self.history.note_xacts(read_at, position.xacts_total)
-        clock = PrimaryClock.of(primary, standby)
-        if clock is not None and not standby:  # a standby leader's is as of its last replayed commit
-            self._primary_clock = clock
+        clock = self._primary_clock
+        if standby:  # a standby leader's last replayed commit stands in for its primary's clock
+            clock.standby(position.last_replay_epoch, primary.asked_at or primary.observed_at)
+        else:  # the poll's own answer, then the WAL reads' that followed it
+            clock.note(position.clock_epoch, read_at)
+            clock.note_all(primary.wal_clock)
+        dated = {name: clock.dated(read) for name, read in primary.wal_commits.items()}
         return _PrimaryView(lsn, read_at, {s.application_name: s for s in primary.walsenders},
-                            primary.asked_at or primary.observed_at, clock, standby, primary.wal_dates,
-                            position.next_xid)
+                            primary.asked_at or primary.observed_at, clock if clock.offset is not None else None,
+                            standby, {name: d for name, d in dated.items() if d is not None}, position.next_xid)
 
     # -- replicas -------------------------------------------------------------------------
 
@@ -178,7 +182,7 @@ class ClusterTracker:
 
     def _commits(self, by_node: dict[str, NodeObservation], primary: _PrimaryView) -> dict[str, Commits]:
         """What commit timestamps say of each configured replica (lag.Commits)."""
-        at = {r.name: last_commit_at(by_node.get(r.name), primary.clock) for r in self.cluster.replicas}
+        at = {r.name: _last_commit_at(by_node.get(r.name), primary.clock) for r in self.cluster.replicas}
         known = [t for t in at.values() if t is not None]
         # In a standby cluster how often its primary commits is not known (its transaction
         # counters are out of reach): a commit's age then only caps an interpolation, and
@@ -320,8 +324,14 @@ def _own_replay(answered: NodeObservation | None, primary: _PrimaryView, walsend
         return None
     beat = beats.bounds(answered.heartbeat_seq, at) if beats is not None and answered.heartbeat_seq is not None \
         else None
-    return ReplayPosition(own.replay_lsn, at, "replica", commits, primary.wal_dates.get(walsender_name), beat,
-                          own.last_replay_epoch if not primary.standby else None)
+    return ReplayPosition(own.replay_lsn, at, "replica", commits, primary.wal_dates.get(walsender_name), beat)
+
+
+def _last_commit_at(obs: NodeObservation | None, clock: PrimaryClock | None) -> float | None:
+    """When (lagwatch's clock) the primary made the last commit this replica has replayed."""
+    if obs is None or not obs.ok or obs.position is None or clock is None:
+        return None
+    return clock.monotonic(obs.position.last_replay_epoch)
 
 
 def _signals(answered: NodeObservation | None, streaming: bool | None, advanced: bool | None,

@@ -153,7 +153,6 @@ def situations(draw: st.DrawFn) -> tuple[LsnClock, int, float, dict[str, object]
         start = min(replay, flushed, draw(st.sampled_from([0, *line.ends])))
         stop = min(flushed, max(start, draw(st.sampled_from([*line.ends, flushed]))))
         facts["wal"] = WalDates(start, stop, tuple(line.commits_in(start, stop)), complete=stop == flushed)
-        facts["replayed_at"] = last_replayed
     # The heartbeat: a few of the commits are beats.
     beats = draw(st.lists(st.sampled_from(line.commits), max_size=5)) if line.commits else []
     shown = [line.times[i] for i in beats if i < done]

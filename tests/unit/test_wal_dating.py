@@ -11,11 +11,12 @@ import psycopg
 import pytest
 from lagwatch.beats import BeatLog, Beats
 from lagwatch.commitscan import ABSENT_CYCLES, COUNT_FACTOR, CommitScanner
+from lagwatch.estimate.clock import PrimaryClock
 from lagwatch.history import LagHistory, ReplayPosition
 from lagwatch.lag import Commits, Staleness, WalDates, date_from_wal
 from lagwatch.lsn import format_lsn
 from lagwatch.views import walcommits
-from lagwatch.views.walcommits import CHUNK, GUARD, OVERLAP, STEP, CommitRead, CommitReads, LocatedRange
+from lagwatch.views.walcommits import CHUNK, GUARD, OVERLAP, STEP, CommitRead, CommitReads, LocatedRange, WalCommits
 
 # Commits at LSNs 1000, 2000, 3000 made at monotonic 10.0, 10.5, 11.0; read to 3500.
 DATES = WalDates(start=900, end=3500, commits=((1000, 10.0), (2000, 10.5), (3000, 11.0)), complete=True)
@@ -130,11 +131,15 @@ def test_the_scanner_reads_past_each_replay_position_once_and_goes_on_from_where
         (1000, 5096), (50_000, 54_096)]
     scanner.absorb(_read(CommitRead(1000, 5096, (), complete=False),
                          CommitRead(50_000, 54_096, ((51_000, 999.5),), complete=False)), read_at=100.0)
-    dates = scanner.dates(100.0)
-    assert dates["r1"] == WalDates(1000, 5096, (), complete=False, offset=-900.0)
-    # The commit's time is the primary's, on lagwatch's clock through the same read's clock:
-    # 0.5 s before the primary read its clock, answered at 100.0.
-    assert dates["r3"].commits == ((51_000, 99.5),)
+    dates = scanner.dates()
+    assert dates["r1"] == WalCommits(1000, 5096, (), complete=False)
+    # The commit's time is the primary's; the read's clock is kept for the one converter
+    # (estimate/clock.PrimaryClock): 0.5 s before the primary read its clock, answered at 100.0.
+    assert dates["r3"].commits == ((51_000, 999.5),)
+    assert scanner.clock_read() == ((1000.0, 100.0),) and scanner.clock_read() == ()
+    clock = PrimaryClock()
+    clock.note_all(((1000.0, 100.0),))
+    assert clock.dated(dates["r3"]) == WalDates(50_000, 54_096, ((51_000, 99.5),), complete=False)
     # Next cycle: r1 and r2 go on from where they stopped; r3 has its commit: nothing to read.
     assert _plain(scanner.plan({"r1": 1200, "r2": 1000, "r3": 50_500}, current_lsn=61_000)) == [(5096, 9192)]
     # r3 replayed past its commit: its stretch reads on from its end, and keeps the commit
@@ -142,7 +147,7 @@ def test_the_scanner_reads_past_each_replay_position_once_and_goes_on_from_where
     # which dates it, may be a reply behind).
     assert _plain(scanner.plan({"r1": 1200, "r2": 1000, "r3": 51_100}, current_lsn=61_000)) == [
         (5096, 9192), (54_096, 58_192)]
-    assert scanner.dates(100.0)["r3"].commits == ((51_000, 99.5),)
+    assert scanner.dates()["r3"].commits == ((51_000, 999.5),)
     # A walsender that went away is forgotten; one that went back (a restart from an older
     # position) starts afresh there.
     assert _plain(scanner.plan({"r1": 900}, current_lsn=61_000)) == [(900, 4996)]
@@ -157,21 +162,21 @@ def test_a_stretch_whose_replica_is_not_heard_from_is_kept_unread_for_a_while() 
     scanner.plan({"r1": 1000, "cut": 20_000}, current_lsn=60_000)
     scanner.absorb(_read(CommitRead(1000, 5096, ((2000, 99.0),), complete=False),
                          CommitRead(20_000, 24_096, ((21_000, 99.5),), complete=False)), read_at=100.0)
-    read = scanner.dates(100.0)["cut"].commits
+    read = scanner.dates()["cut"].commits
     # The cut-off replica's position is not known this cycle (it said nothing in time this
     # cycle nor the last: extrareads.py): what was read past it still dates it, and is not
     # read again.
     for _ in range(ABSENT_CYCLES):
         assert scanner.plan({"r1": 1000}, current_lsn=61_000) == []
-        assert scanner.dates(100.0)["cut"].commits == read
-        assert not scanner.dates(100.0)["cut"].complete
+        assert scanner.dates()["cut"].commits == read
+        assert not scanner.dates()["cut"].complete
     # Heard from again: its stretch goes on as before.
     assert scanner.plan({"r1": 1000, "cut": 20_000}, current_lsn=61_000) == []
-    assert scanner.dates(100.0)["cut"].commits == read
+    assert scanner.dates()["cut"].commits == read
     # Gone for longer: forgotten.
     for _ in range(ABSENT_CYCLES + 1):
         scanner.plan({"r1": 1000}, current_lsn=61_000)
-    assert "cut" not in scanner.dates(100.0)
+    assert "cut" not in scanner.dates()
 
 
 def test_the_reads_go_as_far_as_the_budget_decodes() -> None:
@@ -211,7 +216,7 @@ def test_a_stretch_keeps_at_most_max_commits_and_reads_on_only_once_the_replica_
     assert _plain(scanner.plan({"r1": 0}, current_lsn=10_000)) == [(0, 10_000)]  # max_bytes: 10,000
     scanner.absorb(_read(CommitRead(0, 1500, ((100, 1000.0), (200, 1000.1), (300, 1000.2)), complete=True)),
                    read_at=50.0)
-    dates = scanner.dates(50.0)["r1"]
+    dates = scanner.dates()["r1"]
     # The third commit not kept: the stretch ends where it starts, and is not complete.
     assert dates.end == 300 and len(dates.commits) == 2 and not dates.complete
     # A commit past the replica's position: that dates it, nothing more is read.
@@ -351,17 +356,29 @@ def test_a_commit_written_late_dates_from_the_commits_written_before_it() -> Non
     assert date_from_wal(1500, 11.0, inverted, replayed_at=10.8) == Staleness(pytest.approx(0.20), "wal_commit")
 
 
-def test_the_clocks_offset_is_the_quickest_reads_over_a_window() -> None:
-    scanner = CommitScanner(max_bytes=1 << 20)
+def test_the_primarys_clock_is_the_quickest_answers_over_a_window() -> None:
+    """estimate/clock.PrimaryClock, the one converter: lagwatch's clock less the primary's
+    is the least of ``answered - clock_epoch`` over the last 10 s of answers (never less
+    than the truth: a converted instant is never earlier than it was)."""
+    clock = PrimaryClock()
+    assert clock.offset is None and clock.monotonic(1000.0) is None
     # The primary's clock reads 1000.0 at monotonic 50.0: each answer came a little after.
-    assert scanner.offset(1000.0, 50.004) == pytest.approx(-949.996)
-    assert scanner.offset(1001.0, 51.030) == pytest.approx(-949.996)  # a late answer (busy host): not taken
-    assert scanner.offset(1002.0, 52.001) == pytest.approx(-949.999)  # a quicker one is
-    assert scanner.offset(1020.0, 70.020) == pytest.approx(-949.980)  # the window moved on
-    # Every poll's clock counts, whether or not the cycle reads any WAL.
-    asyncio.run(scanner.scan(_Answers(set()), (), 0x1000, "c", 0.1, lambda *a: None,  # type: ignore[arg-type]
-                             clock=(1021.0, 71.0005)))
-    assert scanner.dates(71.0) == {} and scanner._offset.bound == pytest.approx(-949.9995)
+    clock.note(1000.0, 50.004)
+    assert clock.offset == pytest.approx(-949.996)
+    clock.note(1001.0, 51.030)  # a late answer (busy host): not taken
+    assert clock.offset == pytest.approx(-949.996)
+    clock.note_all(((1002.0, 52.001),))  # a quicker one is, a WAL read's as a poll's
+    assert clock.offset == pytest.approx(-949.999)
+    clock.note(1020.0, 70.020)  # the window moved on
+    assert clock.offset == pytest.approx(-949.980)
+    assert clock.monotonic(1019.5) == pytest.approx(69.52)
+    # A standby cluster's: as of its leader's last replayed commit, one poll at a time.
+    clock.standby(1019.0, 70.5)
+    assert clock.offset == pytest.approx(-948.5)
+    # Every poll of the scanner keeps the clocks its reads took for it.
+    scanner = CommitScanner(max_bytes=1 << 20)
+    asyncio.run(scanner.scan(_Answers(set()), (), 0x1000, "c", 0.1, lambda *a: None))  # type: ignore[arg-type]
+    assert scanner.dates() == {} and scanner.clock_read() == ()
 
 
 def test_the_heartbeat_config_says_what_is_wrong_and_where() -> None:

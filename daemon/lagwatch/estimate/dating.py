@@ -169,20 +169,18 @@ def _upper_bounds(k: Known) -> list[tuple[float, Bound]]:
 
 
 def gather(clock: LsnClock, lsn: int, at: float, *, commits: Commits | None = None, wal: WalDates | None = None,
-           replayed_at: float | None = None, walsender_lag: float | None = None,
-           heartbeat: tuple[float, float | None] | None = None, interval: float | None = None) -> Known:
+           walsender_lag: float | None = None, heartbeat: tuple[float, float | None] | None = None,
+           interval: float | None = None) -> Known:
     """What is known of a replica (or a consumer) that had replayed up to ``lsn`` at ``at``.
 
-    ``commits``: what commit timestamps say (through the primary's clock at its poll);
-    ``wal``: the primary's WAL read past its position, and ``replayed_at`` its last replayed
-    commit put on lagwatch's clock through that read's own offset (the poll's, late by every
-    statement of the poll, would date it late and read the lag low); ``walsender_lag``: the
-    walsender's replay_lag; ``heartbeat``: the beats' bounds; ``interval``: the poll
-    interval, for the primary's lateness (None: not asked)."""
+    ``commits``: what commit timestamps say, and ``wal``: the primary's WAL read past its
+    position, both put on lagwatch's clock by the one converter (estimate/clock.py);
+    ``walsender_lag``: the walsender's replay_lag; ``heartbeat``: the beats' bounds;
+    ``interval``: the poll interval, for the primary's lateness (None: not asked)."""
     commits = commits or Commits()
     wal_dated = None
     if wal is not None:
-        dated = date_from_wal(lsn, at, wal, replayed_at)
+        dated = date_from_wal(lsn, at, wal, commits.last_replayed)
         wal_dated = dated.seconds if dated is not None else None
     bracket = clock.bracket(lsn, commits.last_replayed)
     latest = clock.latest_lsn
@@ -193,9 +191,7 @@ def gather(clock: LsnClock, lsn: int, at: float, *, commits: Commits | None = No
     return Known(
         at=at, seen=latest is not None, short_of=bracket.short_of, first_past=bracket.first_past,
         interpolated=bracket.interpolated,
-        # Where the WAL dates it, the last commit it replayed is put on lagwatch's clock as
-        # the WAL's are (one clock for the commits one reading compares).
-        last_replayed=replayed_at if wal_dated is not None else commits.last_replayed,
+        last_replayed=commits.last_replayed,
         later_commit=commits.newest_seen if commits.lacks_newer else None, commit_interval=commits.interval,
         wal_dated=wal_dated, wal_cap=None if wal_dated is not None or wal is None else _wal_cap(clock, lsn, at, wal),
         walsender_lag=walsender_lag if bracket.short_of is None else None, heartbeat=heartbeat, primary_late=late)

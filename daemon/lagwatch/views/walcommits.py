@@ -172,6 +172,20 @@ class CommitRead:
 
 
 @dataclass(frozen=True)
+class WalCommits:
+    """What the primary's WAL holds just past one replica's (or consumer's) replay position,
+    as read: every commit in [start, end), each with the time it carries on the primary's
+    own clock (estimate/clock.PrimaryClock puts them on lagwatch's)."""
+
+    start: int
+    end: int
+    commits: tuple[tuple[int, float], ...]  # (start LSN of the commit record, its time: the primary's epoch seconds)
+    # Read up to where the primary had flushed when it was read: no commit past the last
+    # listed had been made by then.
+    complete: bool
+
+
+@dataclass(frozen=True)
 class WalDatingTotals:
     """A primary's reads of commit times since lagwatch started."""
 
