@@ -17,6 +17,11 @@ are printed beside, the same-run reference. It prints; it asserts nothing.
 
     python3 bench/lagfield.py [--pg-major 18] [--span 10] [--cases steady,big,bursts,busy]
         [--arms 'lsn clock,wal,wal+heartbeat'] [--intervals 1s,100ms] [--detail]
+        [--baseline DIR]
+
+``--baseline DIR``: a checkout of another build (``git worktree add DIR REV``), each arm
+run from it too (``ARM@base``), on the same load at once: the same-run comparison of two
+builds.
 
 (``--cases bigbusy``: the big UPDATE with the host busy as well, where the replicas fall
 furthest behind.)
@@ -46,12 +51,13 @@ from oracle import LagOracle, OracleLog, nearest_rank, tolerance  # noqa: E402
 
 ARMS = {"lsn clock": {"lag_from_wal": "off"}, "wal": {}, "wal+heartbeat": {"heartbeat": {"interval": "10ms"}}}
 INTERVALS = ("1s", "100ms")
+BASE = "@base"  # an arm run from the --baseline build
 BIG_ROWS = 1_000_000
 
 
 def arm_config(cluster: ChaosCluster, interval: str, arm: str, span: float) -> dict[str, Any]:
     config = cluster_config(cluster, free_port(["127.0.0.1"]), interval=interval, window=f"{span:g}s")
-    extra = dict(ARMS[arm])
+    extra = dict(ARMS[arm.removesuffix(BASE)])
     if "heartbeat" in extra:
         extra["heartbeat"] = {**extra["heartbeat"], "id": f"bench-{interval}"}
     config["clusters"][0].update(extra)
@@ -158,6 +164,7 @@ def main() -> int:
     parser.add_argument("--arms", default=",".join(ARMS), help="of: " + ", ".join(ARMS))
     parser.add_argument("--intervals", default=",".join(INTERVALS))
     parser.add_argument("--detail", action="store_true", help="print every reading beyond the oracle's bounds")
+    parser.add_argument("--baseline", type=Path, default=None, help="another build's checkout, run beside")
     args = parser.parse_args()
     binaries = find_binaries(args.pg_major)
     with ChaosCluster(binaries, replicas=2) as cluster, tempfile.TemporaryDirectory() as tmp:
@@ -168,9 +175,13 @@ def main() -> int:
         try:
             for interval in args.intervals.split(","):
                 for arm in args.arms.split(","):
-                    work = folder / f"lw-{interval}-{arm.replace('+', '-').replace(' ', '-')}"
-                    work.mkdir()
-                    watchers[(interval, arm)] = Lagwatch(work, arm_config(cluster, interval, arm, args.span))
+                    for build in ("", BASE) if args.baseline is not None else ("",):
+                        name = arm + build
+                        work = folder / f"lw-{interval}-{name.replace('+', '-').replace(' ', '-').replace('@', '')}"
+                        work.mkdir()
+                        env = {"PYTHONPATH": str(args.baseline.resolve() / "daemon")} if build else None
+                        watchers[(interval, name)] = Lagwatch(work, arm_config(cluster, interval, name, args.span),
+                                                              env=env)
             for lw in watchers.values():
                 lw.wait_ready()
             print(f"PostgreSQL {binaries.major}, primary + 2 streaming replicas on loopback; "
