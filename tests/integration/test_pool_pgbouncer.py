@@ -159,8 +159,11 @@ class PgBench:
         """Stop it (it must still be running: pgbench ends early only when every client
         aborted) and return its output."""
         assert self.proc.poll() is None, f"pgbench ended ({self.proc.returncode}):\n{self.output()}"
-        self.proc.send_signal(signal.SIGINT)
-        assert self.proc.wait(10) == -signal.SIGINT
+        # SIGTERM, not SIGINT: a run started from a background job (nohup, a CI runner's
+        # script) inherits SIGINT ignored, and pgbench then ran on (a fresh-clone run failed
+        # so, after 10 s).
+        self.proc.send_signal(signal.SIGTERM)
+        assert self.proc.wait(10) == -signal.SIGTERM
         return self.output()
 
     def kill(self) -> None:
