@@ -6,7 +6,7 @@ Each may take a quarter of the poll's deadline or the interval, whichever is sho
 no more than the time left till the cycle stops waiting for the poll; one with less than
 MIN_EXTRA left is not made. A primary late for its cycle leaves the cycle unread
 (evidence.py carries the cluster over) and its answer, taken a cycle late, is older than
-the replicas' of the next (history.py then lets a replica past it keep its last reading).
+the replicas' of the next (estimate/dating.py then lets a replica past it keep its last reading).
 On a busy host three quarters added up, and the reads' answers came tens of milliseconds
 after the server was done with them (the server 3-13 ms, the answer 40-77 ms, measured
 under a big UPDATE with four CPU-bound neighbours): one primary poll in twenty was late at

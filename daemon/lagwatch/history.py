@@ -2,7 +2,7 @@
 replay position, and the primary's transaction rate, with the staleness reading they give.
 
 Everything it keeps is bounded; no I/O, no clock of its own: positions come with the
-monotonic times they were read at (lag.py says how a reading is dated).
+monotonic times they were read at (estimate/dating.py dates a reading).
 """
 
 from __future__ import annotations
