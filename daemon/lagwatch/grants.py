@@ -101,7 +101,7 @@ def dating_arm(caps: probe.Capabilities, user: str, lag_from_wal: str) -> str | 
     if caps.in_recovery:
         return None
     clock = "the LSN clock and commit timestamps (no WAL dating: they read low under load, docs/lag.md)"
-    grant = f"GRANT EXECUTE ON FUNCTION pg_get_wal_records_info(pg_lsn, pg_lsn) TO {user};"
+    grant = probe.GRANTS["wal_dating"].replace("ROLE", user).removesuffix(" (optional)") + ";"
     if lag_from_wal == "off":
         return f"{clock}: lag_from_wal is off in the config"
     if caps.major < 15:
