@@ -16,8 +16,10 @@ import time
 from typing import Any, Self
 
 import failure_logs
+import psycopg
 from lagwatch.demo.cluster import LocalCluster
 from lagwatch.demo.servers import SUPERUSER, LocalReplica, LocalServer, proc_state, remaining, signal_pid, wait_until
+from psycopg import sql as pgsql
 
 
 def _proc_table() -> dict[int, tuple[int, str]]:
@@ -280,6 +282,51 @@ class ChaosCluster(LocalCluster):
         self._build_replica(replica, deadline)
 
     # -- repair
+
+    def reset(self, timeout: float = 60) -> None:
+        """Put a cluster one test module used back to as new for the next (the suite shares
+        one cluster per major between modules, conftest.py): healed, then everything a
+        module may leave on the primary gone. The ``postgres`` database is dropped and made
+        again from template1 (tables, schemas, extensions such as pg_walinspect, functions,
+        publications: one statement, not a list of kinds to keep up to date); databases,
+        roles and slots the tests made are dropped; the inactive slot is made again, so the
+        WAL it retains starts now, not at the start of the run."""
+        deadline = time.monotonic() + timeout
+        self.heal(remaining(deadline))
+        keep_slots = [r.slot_name for r in self.replicas]
+        with psycopg.connect(self.primary.dsn("template1"), autocommit=True, connect_timeout=5) as conn:
+            for pid, in conn.execute("SELECT active_pid FROM pg_replication_slots "
+                                     "WHERE active_pid IS NOT NULL AND slot_name <> ALL(%s)", (keep_slots,)):
+                conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            for (slot,) in conn.execute("SELECT slot_name FROM pg_replication_slots WHERE slot_name <> ALL(%s)",
+                                        (keep_slots,)).fetchall():
+                wait_until(lambda s=slot: not conn.execute(
+                    "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s AND active", (s,)).fetchall(),
+                    remaining(deadline))
+                conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+            for (name,) in conn.execute("SELECT datname FROM pg_database "
+                                        "WHERE datname NOT IN ('template0', 'template1')").fetchall():
+                conn.execute(pgsql.SQL("DROP DATABASE {} WITH (FORCE)").format(pgsql.Identifier(name)))
+            conn.execute("CREATE DATABASE postgres")
+            for (role,) in conn.execute("SELECT rolname FROM pg_roles WHERE rolname !~ '^pg_' AND rolname <> %s",
+                                        (SUPERUSER,)).fetchall():
+                conn.execute(pgsql.SQL("DROP OWNED BY {}").format(pgsql.Identifier(role)))
+                conn.execute(pgsql.SQL("DROP ROLE {}").format(pgsql.Identifier(role)))
+            conn.execute(pgsql.SQL("ALTER ROLE {} RESET ALL").format(pgsql.Identifier(SUPERUSER)))
+            target = conn.execute("SELECT pg_current_wal_flush_lsn()").fetchone()[0]  # type: ignore[index]
+        # The replicas have the new database before anyone connects to it there (through
+        # template1: until they replay the CREATE, "postgres" does not exist on them).
+        for r in self.replicas:
+            def replayed(r: LocalReplica = r) -> bool:
+                with psycopg.connect(r.dsn("template1"), autocommit=True, connect_timeout=5) as rc:
+                    row = rc.execute("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", (target,)).fetchone()
+                    return bool(row and row[0])
+            if not wait_until(replayed, remaining(deadline), 0.02):
+                raise RuntimeError(f"{r.name}: the reset's WAL not replayed within {timeout}s")
+        self._ensure_slots()
+        self.create_extensions()
+        self.wait_replayed(remaining(deadline))
+
 
     def heal(self, timeout: float = 60) -> None:
         """Undo what tests do: thaw, start, resume, reconnect, reset ALTER SYSTEM, re-clone."""

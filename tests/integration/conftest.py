@@ -5,6 +5,7 @@ Set LAGWATCH_TEST_PG_MAJORS="18" (comma/space separated) to choose the versions 
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -73,11 +74,51 @@ def pg_major(request: pytest.FixtureRequest) -> int:
     return major
 
 
+class _SharedClusters:
+    """One primary + 2 streaming replicas per major for the whole run: started when the
+    first module asks for that major, reset to as new (ChaosCluster.reset) before each
+    later module, stopped at the end. A cluster that cannot be reset is thrown away and a
+    new one started, so one module's wreck is not the next module's failure."""
+
+    def __init__(self) -> None:
+        self._clusters: dict[int, ChaosCluster] = {}
+
+    def for_module(self, major: int) -> ChaosCluster:
+        cluster = self._clusters.get(major)
+        if cluster is not None:
+            try:
+                cluster.reset()
+                return cluster
+            except Exception:
+                self._close(major)
+        cluster = ChaosCluster(find_binaries(major), replicas=2)
+        self._clusters[major] = cluster
+        cluster.__enter__()  # started; cleaned up if it fails to start
+        return cluster
+
+    def _close(self, major: int) -> None:
+        self._clusters.pop(major).cleanup()  # stopped, its folder removed
+
+    def close(self) -> None:
+        for major in list(self._clusters):
+            with contextlib.suppress(Exception):
+                self._close(major)
+
+
+@pytest.fixture(scope="session")
+def _shared_clusters() -> Iterator[_SharedClusters]:
+    clusters = _SharedClusters()
+    try:
+        yield clusters
+    finally:
+        clusters.close()
+
+
 @pytest.fixture(scope="module")
-def pg_cluster(pg_major: int) -> Iterator[ChaosCluster]:
-    """A started primary + 2 streaming replicas, shared by the tests of one module."""
-    with ChaosCluster(find_binaries(pg_major), replicas=2) as cluster:
-        yield cluster
+def pg_cluster(pg_major: int, _shared_clusters: _SharedClusters) -> ChaosCluster:
+    """A started primary + 2 streaming replicas: the run's one cluster of this major, as
+    new for this module (what the module's tests leave is undone before the next)."""
+    return _shared_clusters.for_module(pg_major)
 
 
 @pytest.fixture(autouse=True)

@@ -129,8 +129,7 @@ class LocalCluster:
             self._initdb_primary(remaining(deadline))
             self.primary.start(remaining(deadline))
             self._create_slots()
-            with contextlib.suppress(psycopg.Error):  # pg_walinspect: PG15+, may be absent
-                self.primary.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+            self.create_extensions()
             # Replicas are independent: basebackup + start them concurrently.
             self._parallel(lambda r: self._build_replica(r, deadline), self.replicas)
             self.wait_streaming(remaining(deadline))
@@ -140,6 +139,11 @@ class LocalCluster:
             raise
         self._started = True
         return self
+
+    def create_extensions(self) -> None:
+        """What lagwatch reads when it is there: pg_walinspect (15+; absent in some builds)."""
+        with contextlib.suppress(psycopg.Error):
+            self.primary.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
 
     def _repick_ports(self) -> None:
         # Ports were chosen in __init__; re-pick if something grabbed them since.
