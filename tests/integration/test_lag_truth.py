@@ -2,9 +2,10 @@
 
 The views lagwatch reads differ by version; the clock that dates what they say does not.
 Tests of the clock (a steady stream, bursts, an idle primary, paused replay, a restart while
-paused, a cascaded replica) run on the first version only (``one_pg_version``); those of
-what the views say where their SQL differs by version (slots and WAL statistics, a cut-off
-WAL receiver, a node that does not answer, the status API) run on both.
+paused, a cascaded replica) and of a node that does not answer (a refused connection or a
+hung one is the same to the poller whatever the server's version) run on the first version
+only (``one_pg_version``); those of what the views say where their SQL differs by version
+(slots and WAL statistics, a cut-off WAL receiver, the status API) run on both.
 
 Two `lagwatch run` processes watch the module's cluster at once, one polling every second
 and one every 100 ms. Each test makes lag real (recovery_min_apply_delay under a steady or
@@ -625,6 +626,7 @@ async def _lsn(conn: psycopg.AsyncConnection[Any], sql: str) -> int:
     return lsn
 
 
+@pytest.mark.one_pg_version
 @pytest.mark.parametrize("how", ["stopped", "frozen"])
 def test_unanswering_node_is_down_alone(pg_cluster: ChaosCluster, watchers: dict[str, Lagwatch], how: str) -> None:
     """A stopped or hung replica is down within three cycles; the other nodes answer in
