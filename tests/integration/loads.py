@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from chaoscluster import ChaosCluster, ChaosReplica
+from pgbouncer_server import PgBouncerServer
 
 # pgbench's tables at scale 1 (100,000 accounts): what TPC-B-like transactions touch.
 PGBENCH_SCALE = 1
@@ -92,6 +93,66 @@ class Pgbench:
                 self.proc.kill()
                 self.proc.wait(10)
         return self.log.read_text()
+
+
+def create_read_table(cluster: ChaosCluster) -> str:
+    """A small table for PoolReads to read (no ``pgbench -i``: 100,000 rows for replicas to
+    replay, where 1,000 prove the same), replayed everywhere; its name."""
+    cluster.primary.execute("CREATE TABLE IF NOT EXISTS pool_reads AS SELECT g AS id FROM generate_series(1, 1000) g")
+    cluster.wait_replayed()
+    return "pool_reads"
+
+
+_PROGRESS = re.compile(r"^progress: [\d.]+ s, ([\d.]+) tps, .*?(\d+) failed", re.M)
+
+
+class PoolReads:
+    """pgbench reading through PgBouncer's app_ro (2 clients, 40 transactions/s, one
+    connection each for the whole run, progress every second) from before the first pool
+    change until the test stops it after the last: as long as the test takes, not a
+    guessed -T it must then wait out. A client that meets an error aborts and says so (and
+    pgbench ends once none is left): the log must show none."""
+
+    def __init__(self, cluster: ChaosCluster, pgbouncer: PgBouncerServer, table: str, folder: Path) -> None:
+        script = folder / "read.sql"
+        script.write_text(f"\\set id random(1, 1000)\nSELECT id FROM {table} WHERE id = :id;\n")
+        self.log = folder / "pgbench.log"
+        self.proc = subprocess.Popen(
+            [str(cluster.binaries.tool("pgbench")), "-h", "127.0.0.1", "-p", str(pgbouncer.port), "-U", "postgres",
+             "-n", "-f", str(script), "-c", "2", "-R", "40", "-T", "600", "-P", "1", "app_ro"],
+            stdout=self.log.open("w"), stderr=subprocess.STDOUT, text=True)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def progress(self) -> list[tuple[float, int]]:
+        """(transactions per second, failed) of each progress report so far."""
+        return [(float(tps), int(failed)) for tps, failed in _PROGRESS.findall(self.output())]
+
+    def wait_reads_after(self, reports: int, timeout: float = 20) -> None:
+        """Wait for a report of transactions made after the ``reports``-th report was
+        printed: the first report after it also covers time before it, the second does not."""
+        deadline = time.monotonic() + timeout
+        while not any(tps > 0 for tps, _ in self.progress()[reports + 1:]):
+            assert self.proc.poll() is None, f"pgbench ended ({self.proc.returncode}):\n{self.output()}"
+            assert time.monotonic() < deadline, f"no pgbench reads reported in {timeout}s:\n{self.output()}"
+            time.sleep(0.05)
+
+    def stop(self) -> str:
+        """Stop it (it must still be running: pgbench ends early only when every client
+        aborted) and return its output."""
+        assert self.proc.poll() is None, f"pgbench ended ({self.proc.returncode}):\n{self.output()}"
+        # SIGTERM, not SIGINT: a run started from a background job (nohup, a CI runner's
+        # script) inherits SIGINT ignored, and pgbench then ran on (a fresh-clone run failed
+        # so, after 10 s).
+        self.proc.send_signal(signal.SIGTERM)
+        assert self.proc.wait(10) == -signal.SIGTERM
+        return self.output()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
 
 
 class Oltp(Pgbench):

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import re
 import signal
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +28,7 @@ from chaoscluster import ChaosCluster
 from harness import Lagwatch, Writer, cluster_config, run_cli
 from lagwatch.demo.ports import free_port
 from lagwatch.leader import LOCK_CLASS
+from loads import PoolReads, create_read_table
 from oracle import LagOracle
 from pgbouncer_server import PgBouncerServer, read_pool_for, readable_by_servers
 from pool_timeline import CycleLog, above, below
@@ -113,63 +113,7 @@ def read_addrs(pgbouncer: PgBouncerServer, n: int = 6) -> set[str]:
 
 @pytest.fixture(scope="module")
 def read_table(pg_cluster: ChaosCluster) -> str:
-    """A small table for pgbench to read through app_ro (no ``pgbench -i``: 100,000 rows
-    for replicas to replay, where 1,000 prove the same)."""
-    pg_cluster.primary.execute("CREATE TABLE IF NOT EXISTS pool_reads AS "
-                               "SELECT g AS id FROM generate_series(1, 1000) g")
-    pg_cluster.wait_replayed()
-    return "pool_reads"
-
-
-_PROGRESS = re.compile(r"^progress: [\d.]+ s, ([\d.]+) tps, .*?(\d+) failed", re.M)
-
-
-class PgBench:
-    """pgbench reading through PgBouncer's app_ro (2 clients, 40 transactions/s, one
-    connection each for the whole run, progress every second) from before the first pool
-    change until the test stops it after the last. A client that meets an error aborts
-    and says so (and pgbench ends once none is left): the log must show none."""
-
-    def __init__(self, cluster: ChaosCluster, pgbouncer: PgBouncerServer, table: str, folder: Path) -> None:
-        script = folder / "read.sql"
-        script.write_text(f"\\set id random(1, 1000)\nSELECT id FROM {table} WHERE id = :id;\n")
-        self.log = folder / "pgbench.log"
-        self.proc = subprocess.Popen(
-            [str(cluster.binaries.tool("pgbench")), "-h", "127.0.0.1", "-p", str(pgbouncer.port), "-U", "postgres",
-             "-n", "-f", str(script), "-c", "2", "-R", "40", "-T", "600", "-P", "1", "app_ro"],
-            stdout=self.log.open("w"), stderr=subprocess.STDOUT, text=True)
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def progress(self) -> list[tuple[float, int]]:
-        """(transactions per second, failed) of each progress report so far."""
-        return [(float(tps), int(failed)) for tps, failed in _PROGRESS.findall(self.output())]
-
-    def wait_reads_after(self, reports: int, timeout: float = 20) -> None:
-        """Wait for a report of transactions made after the ``reports``-th report was
-        printed: the first report after it also covers time before it, the second does not."""
-        deadline = time.monotonic() + timeout
-        while not any(tps > 0 for tps, _ in self.progress()[reports + 1:]):
-            assert self.proc.poll() is None, f"pgbench ended ({self.proc.returncode}):\n{self.output()}"
-            assert time.monotonic() < deadline, f"no pgbench reads reported in {timeout}s:\n{self.output()}"
-            time.sleep(0.05)
-
-    def stop(self) -> str:
-        """Stop it (it must still be running: pgbench ends early only when every client
-        aborted) and return its output."""
-        assert self.proc.poll() is None, f"pgbench ended ({self.proc.returncode}):\n{self.output()}"
-        # SIGTERM, not SIGINT: a run started from a background job (nohup, a CI runner's
-        # script) inherits SIGINT ignored, and pgbench then ran on (a fresh-clone run failed
-        # so, after 10 s).
-        self.proc.send_signal(signal.SIGTERM)
-        assert self.proc.wait(10) == -signal.SIGTERM
-        return self.output()
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
+    return create_read_table(pg_cluster)
 
 
 def test_eject_and_readmit_under_pgbench(pg_cluster: ChaosCluster, pgbouncer: PgBouncerServer,
@@ -179,7 +123,7 @@ def test_eject_and_readmit_under_pgbench(pg_cluster: ChaosCluster, pgbouncer: Pg
     read through PgBouncer from before the first change to after the last, without an
     error."""
     r1, r2 = pg_cluster.replicas
-    bench = PgBench(pg_cluster, pgbouncer, read_table, tmp_path)
+    bench = PoolReads(pg_cluster, pgbouncer, read_table, tmp_path)
     lw = Lagwatch(tmp_path, pool_config(pg_cluster, pgbouncer, tmp_path))
     try:
         lw.wait_ready()
