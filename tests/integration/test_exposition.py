@@ -22,7 +22,6 @@ import pytest
 import yaml
 from chaoscluster import ChaosCluster
 from harness import ROOT, Lagwatch, cluster_config
-from lagwatch.demo.binaries import find_binaries
 from lagwatch.demo.ports import free_port
 
 pytestmark = pytest.mark.one_pg_version
@@ -32,9 +31,9 @@ SUFFIXES = ("_bucket", "_count", "_sum")
 
 
 @pytest.fixture(scope="module")
-def cluster(pg_major: int) -> Iterator[ChaosCluster]:
-    with ChaosCluster(find_binaries(pg_major), replicas=2) as c:
-        yield c
+def cluster(pg_cluster: ChaosCluster) -> ChaosCluster:
+    """The run's shared cluster (conftest.py): nothing here needs one of its own."""
+    return pg_cluster
 
 
 def scrape(lw: Lagwatch) -> str:
