@@ -11,7 +11,6 @@ import logging
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import TypedDict
 
 from lagwatch.estimate.dating import Dated, Known, Stands, date, gather
 from lagwatch.fastinit import fast_init
@@ -50,8 +49,11 @@ class ReplayPosition:
     beat: tuple[float, float | None] | None = None  # the heartbeat's bounds at ``at`` (beats.Beats.bounds)
 
 
-class LagReading(TypedDict):
-    """A replica's staleness as this cycle reads it, and its window (ReplicaState's fields)."""
+@fast_init
+@dataclass(frozen=True)
+class LagReading:
+    """A replica's staleness as this cycle reads it, and its window (ReplicaState's fields,
+    each passed on by name: tracker.replica_state)."""
 
     staleness: float | None
     staleness_source: str | None
@@ -154,17 +156,17 @@ class LagHistory:
                 measured = self._last_reading[replica] = (dated, replay.source, replay.at)
                 window.add(replay.at, dated.seconds)
                 histogram.observe(dated.seconds)
-        return {
-            "staleness": measured[0].seconds if measured is not None else None,
-            "staleness_source": measured[1] if measured is not None else None,
-            "staleness_evidence": measured[0].evidence if measured is not None else None,
-            "staleness_bound": measured[0].bound if measured is not None else None,
-            "staleness_at": measured[2] if measured is not None else None,
-            "replay_lsn": replay.lsn if replay is not None else None,
-            "window": window.stats(now),
-            "histogram": histogram.snapshot(),
-            "samples": window.samples(now),
-        }
+        return LagReading(
+            staleness=measured[0].seconds if measured is not None else None,
+            staleness_source=measured[1] if measured is not None else None,
+            staleness_evidence=measured[0].evidence if measured is not None else None,
+            staleness_bound=measured[0].bound if measured is not None else None,
+            staleness_at=measured[2] if measured is not None else None,
+            replay_lsn=replay.lsn if replay is not None else None,
+            window=window.stats(now),
+            histogram=histogram.snapshot(),
+            samples=window.samples(now),
+        )
 
     def _known(self, replay: ReplayPosition, sender: WalSender | None) -> Known:
         return gather(self.clock, replay.lsn, replay.at, commits=replay.commits, wal=replay.wal,

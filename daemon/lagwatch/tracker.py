@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from lagwatch.beats import Beats
 from lagwatch.config import ClusterConfig
@@ -28,6 +27,7 @@ from lagwatch.nodehealth import NodeHealthTracker
 from lagwatch.rates import CatchUp, Forecaster
 from lagwatch.readinstant import ReadInstants
 from lagwatch.replayload import ConflictTotals, ReplayLoadTracker
+from lagwatch.replicastate import ReplaySide, follows_primary, replica_signals, replica_state, replica_streaming
 from lagwatch.roles import RoleTracker, RoleView, describe_change, writer_member
 from lagwatch.snapshot import ClusterSnapshot, NodeObservation, ReplicaState
 from lagwatch.syncrep import SyncReplication, assess
@@ -201,32 +201,21 @@ class ClusterTracker:
             self._replay_from_sender(
             name, sender, primary.senders_at, primary.wal_dates.get(walsender_name))
         before = self.history.last_known(name, now)
-        follows = _follows_primary(sender, obs, roles)
+        follows = follows_primary(sender, obs, roles)
         self.roles.note_follows(name, follows)
         if replay is not None and (capped := self.roles.replayed_of_current(name, replay.lsn)) != replay.lsn:
             # Left on the old timeline after a promotion: it lacks everything since the fork.
             replay = ReplayPosition(capped, replay.at, replay.source)
         receiver = answered.receiver if answered is not None else None
-        streaming = _streaming(answered, sender)
-        reading = self._reading(name, replay, sender, now, primary.lsn)
-        signals = _signals(answered, streaming, None if before is None or replay is None else replay.lsn > before.lsn,
-                           sender is not None)
-        return ReplicaState(
-            name=name,
-            configured=True,
-            node_up=obs.ok if obs is not None else False,
-            walsender=sender,
-            streaming=streaming,
-            receive_lsn=own.receive_lsn if own else None,
-            receive_replay_bytes=own.receive_replay_bytes if own else None,
-            replay_pause_state=own.replay_pause_state if own else None,
-            last_replay_age_seconds=own.last_replay_age_seconds if own else None,
-            wal_receiver_status=receiver.status if receiver else None,
-            follows_primary=follows,
-            diagnosis=self._diagnose(reading, sender, primary.lsn, own.receive_lsn if own else None, signals),
-            **self._replay_side(name, answered, now),
-            **reading,
-        )
+        streaming = replica_streaming(answered, sender)
+        reading, catch_up = self._reading(name, replay, sender, now, primary.lsn)
+        advanced = None if before is None or replay is None else replay.lsn > before.lsn
+        signals = replica_signals(answered, streaming, advanced, sender is not None)
+        return replica_state(
+            name, reading, catch_up,
+            self._diagnose(reading, sender, primary.lsn, own.receive_lsn if own else None, signals),
+            configured=True, node_up=obs.ok if obs is not None else False, walsender=sender, streaming=streaming,
+            own=own, receiver=receiver, follows_primary=follows, side=self._replay_side(name, answered, now))
 
     def _read_at(self, name: str, answered: NodeObservation | None) -> float | None:
         """When the replica's answer was true (readinstant.py), not when it was asked for."""
@@ -236,35 +225,28 @@ class ClusterTracker:
         return self.read_instants.instant(name, asked, answered.answered_at or answered.observed_at,
                                           answered.position.clock_epoch)
 
-    def _replay_side(self, name: str, answered: NodeObservation | None, now: float) -> dict[str, Any]:
+    def _replay_side(self, name: str, answered: NodeObservation | None, now: float) -> ReplaySide:
         """The replica's startup process as it answered, its replay load, its conflicts, its
         copies of the primary's failover slots."""
         recovery = answered.recovery if answered is not None else None
         at = (answered.asked_at or answered.observed_at) if answered is not None else now
-        return {"recovery": recovery, "replay_load": self.replay_load.note(name, at, recovery),
-                "conflicts_total": self.conflicts.note(name, recovery.conflicts if recovery is not None else None),
-                "slot_sync": answered.slot_sync if answered is not None else None}
+        return ReplaySide(recovery, self.replay_load.note(name, at, recovery),
+                           self.conflicts.note(name, recovery.conflicts if recovery is not None else None),
+                           answered.slot_sync if answered is not None else None)
 
     def _unconfigured_replica(self, name: str, sender: WalSender, primary: _PrimaryView, now: float) -> ReplicaState:
-        reading = self._reading(name, self._replay_from_sender(name, sender, primary.senders_at,
-                                                               primary.wal_dates.get(sender.application_name)),
-                                sender, now, primary.lsn)
+        reading, catch_up = self._reading(name, self._replay_from_sender(
+            name, sender, primary.senders_at, primary.wal_dates.get(sender.application_name)), sender, now, primary.lsn)
         streaming = sender.state == "streaming"
-        return ReplicaState(
-            name=name,
-            configured=False,
-            node_up=None,
-            walsender=sender,
-            streaming=streaming,
-            diagnosis=self._diagnose(reading, sender, primary.lsn, None, Signals(streaming=streaming)),
-            **reading,
-        )
+        return replica_state(name, reading, catch_up,
+                              self._diagnose(reading, sender, primary.lsn, None, Signals(streaming=streaming)),
+                              configured=False, node_up=None, walsender=sender, streaming=streaming)
 
-    def _diagnose(self, reading: _Reading, sender: WalSender | None, current: int | None, received: int | None,
+    def _diagnose(self, reading: LagReading, sender: WalSender | None, current: int | None, received: int | None,
                   signals: Signals) -> Diagnosis | None:
         """Where the reading's staleness sits and why (diagnosis.py), each stage's boundary
         dated by the LSN clock at the reading's instant."""
-        staleness, at = reading["staleness"], reading["staleness_at"]
+        staleness, at = reading.staleness, reading.staleness_at
         if staleness is None or at is None:
             return None
 
@@ -272,7 +254,7 @@ class ClusterTracker:
             return self.clock.age(lsn, at)
 
         positions = Positions(current, sender.sent_lsn if sender else None, sender.write_lsn if sender else None,
-                              sender.flush_lsn if sender else None, received, reading["replay_lsn"])
+                              sender.flush_lsn if sender else None, received, reading.replay_lsn)
         return diagnose(staleness, positions, dated, signals)
 
     def _replay_from_sender(self, name: str, sender: WalSender | None, at: float,
@@ -282,13 +264,14 @@ class ClusterTracker:
         return self.history.last_known(name, at)
 
     def _reading(self, name: str, replay: ReplayPosition | None, sender: WalSender | None, now: float,
-                 primary_lsn: int | None) -> _Reading:
+                 primary_lsn: int | None) -> tuple[LagReading, CatchUp | None]:
+        """The replica's reading (history.py) and its catch-up forecast (rates.py)."""
         reading = self.history.reading(name, replay, sender, now)
         catch_up = None
         if replay is not None and primary_lsn is not None:
-            at = replay.at if reading["staleness"] is not None else now
+            at = replay.at if reading.staleness is not None else now
             catch_up = self.forecast.catch_up(name, replay.lsn, at, primary_lsn, within=self.interval)
-        return {**reading, "catch_up": catch_up}
+        return reading, catch_up
 
     # -- cluster-wide ---------------------------------------------------------------------
 
@@ -311,10 +294,6 @@ class ClusterTracker:
         return sync
 
 
-class _Reading(LagReading):
-    catch_up: CatchUp | None
-
-
 def _own_replay(answered: NodeObservation | None, primary: _PrimaryView, walsender_name: str, commits: Commits,
                 beats: Beats | None, at: float | None) -> ReplayPosition | None:
     """Where the replica says its replay stands, with all that dates it: commit timestamps,
@@ -332,43 +311,3 @@ def _last_commit_at(obs: NodeObservation | None, clock: PrimaryClock | None) -> 
     if obs is None or not obs.ok or obs.position is None or clock is None:
         return None
     return clock.monotonic(obs.position.last_replay_epoch)
-
-
-def _signals(answered: NodeObservation | None, streaming: bool | None, advanced: bool | None,
-             walsender: bool) -> Signals:
-    """What a replica's own answer says about its replay, for the diagnosis."""
-    own = answered.position if answered is not None else None
-    receiver = answered.receiver if answered is not None else None
-    return Signals(answered.recovery if answered is not None else None, own.replay_pause_state if own else None,
-                   own.apply_delay_seconds if own else None, streaming, receiver.status if receiver else None,
-                   receiver.last_msg_age if receiver else None, advanced, walsender, answered is not None)
-
-
-def _follows_primary(sender: WalSender | None, obs: NodeObservation | None, roles: RoleView) -> bool | None:
-    """Whether a replica replicates from the current primary: the primary streams to it, or
-    (cascaded, or the primary's view hidden) its WAL receiver is on the primary's timeline."""
-    if roles.primary is None:
-        return None
-    if sender is not None:
-        return True
-    timeline = obs.timeline if obs is not None else None
-    if timeline is not None and roles.timeline is not None:
-        return timeline >= roles.timeline
-    # No walsender for it: that says "not following" only if the primary's replication
-    # view was read (a missing grant or a resting view is no evidence; the pool policy
-    # ejects on False).
-    return False if roles.primary.views.get("replication", True) else None
-
-
-def _streaming(answered: NodeObservation | None, sender: WalSender | None) -> bool | None:
-    """Whether the replica's WAL receiver streams: its own view; else, not reachable or its
-    receiver view not readable, the primary's; None when both are hidden from this role
-    (no pg_read_all_stats)."""
-    receiver = answered.receiver if answered is not None else None
-    if receiver is not None:
-        return receiver.streaming
-    if sender is not None and sender.state is not None:
-        return sender.state == "streaming"
-    if sender is not None or (answered is not None and answered.views.get("wal_receiver") is False):
-        return None
-    return False

@@ -62,10 +62,10 @@ def test_a_big_transaction_is_bounded_by_where_the_read_stopped() -> None:
     reading = history.reading("r1", ReplayPosition(1_500_000, 10.0, "replica", wal=capped), None, 10.0)
     # The clock: the byte after 1.5 MB was first seen at t=1 (9 s ago); the commit lies past
     # 7.5 MB, where the primary was last seen short of it at t=6: at most 4 s.
-    assert reading["staleness"] == pytest.approx(4.0)
-    assert (reading["staleness_evidence"], reading["staleness_bound"]) == ("lsn_clock", "wal_read")
+    assert reading.staleness == pytest.approx(4.0)
+    assert (reading.staleness_evidence, reading.staleness_bound) == ("lsn_clock", "wal_read")
     plain = history.reading("r2", ReplayPosition(1_500_000, 10.0, "replica"), None, 10.0)
-    assert plain["staleness"] == pytest.approx(9.0) and plain["staleness_evidence"] == "lsn_clock"
+    assert plain.staleness == pytest.approx(9.0) and plain.staleness_evidence == "lsn_clock"
 
 
 def test_a_read_that_saw_nothing_past_the_replica_is_floored_by_a_commit_another_replayed() -> None:
@@ -78,16 +78,16 @@ def test_a_read_that_saw_nothing_past_the_replica_is_floored_by_a_commit_another
     nothing_past = WalDates(start=1200, end=1200, commits=(), complete=True)
     lacking = history.reading("r1", ReplayPosition(1200, 10.15, "replica", Commits(9.99, 10.05), nothing_past),
                               None, 10.15)
-    assert lacking["staleness"] == pytest.approx(0.10)
-    assert (lacking["staleness_evidence"], lacking["staleness_bound"]) == ("wal_commit", "later_commit")
+    assert lacking.staleness == pytest.approx(0.10)
+    assert (lacking.staleness_evidence, lacking.staleness_bound) == ("wal_commit", "later_commit")
     # Nothing newer replayed anywhere: the read's 0 stands.
     level = history.reading("r2", ReplayPosition(1200, 10.15, "replica", Commits(10.05, 10.05), nothing_past),
                             None, 10.15)
-    assert level["staleness"] == 0.0 and level["staleness_evidence"] == "wal_commit"
+    assert level.staleness == 0.0 and level.staleness_evidence == "wal_commit"
     # A commit found past it dates it: the floor is not needed.
     found = WalDates(start=1200, end=1400, commits=((1300, 10.0),), complete=True)
     dated = history.reading("r3", ReplayPosition(1200, 10.15, "replica", Commits(9.99, 10.05), found), None, 10.15)
-    assert dated["staleness"] == pytest.approx(0.15) and dated["staleness_evidence"] == "wal_commit"
+    assert dated.staleness == pytest.approx(0.15) and dated.staleness_evidence == "wal_commit"
 
 
 def test_past_a_primary_seen_over_an_interval_before_the_replica_its_last_reading_stands() -> None:
@@ -99,21 +99,21 @@ def test_past_a_primary_seen_over_an_interval_before_the_replica_its_last_readin
     history = LagHistory("main", interval=0.1, window=10.0)
     history.record_primary(1000, 10.0, 10.0, None)
     behind = history.reading("r1", ReplayPosition(900, 10.05, "replica"), None, 10.05)
-    assert behind["staleness"] == pytest.approx(0.05) and behind["staleness_at"] == 10.05
+    assert behind.staleness == pytest.approx(0.05) and behind.staleness_at == 10.05
     stood = history.reading("r1", ReplayPosition(1200, 10.15, "replica"), None, 10.15)
-    assert (stood["staleness"], stood["staleness_at"], stood["staleness_evidence"]) == \
-        (behind["staleness"], 10.05, behind["staleness_evidence"])
-    assert stood["window"] is not None and stood["window"].count == 1
+    assert (stood.staleness, stood.staleness_at, stood.staleness_evidence) == \
+        (behind.staleness, 10.05, behind.staleness_evidence)
+    assert stood.window is not None and stood.window.count == 1
     nothing_past = WalDates(start=1200, end=1200, commits=(), complete=True)
     assert history.reading("r1", ReplayPosition(1200, 10.15, "replica", wal=nothing_past), None,
-                           10.15)["staleness_at"] == 10.05
+                           10.15).staleness_at == 10.05
     found = WalDates(start=1200, end=1400, commits=((1300, 10.1),), complete=True)
     dated = history.reading("r1", ReplayPosition(1200, 10.16, "replica", wal=found), None, 10.16)
-    assert dated["staleness"] == pytest.approx(0.06) and dated["staleness_at"] == 10.16
+    assert dated.staleness == pytest.approx(0.06) and dated.staleness_at == 10.16
     # The primary seen in time again: caught up is a reading.
     history.record_primary(1400, 10.2, 10.2, None)
     fresh = history.reading("r1", ReplayPosition(1400, 10.25, "replica"), None, 10.25)
-    assert (fresh["staleness"], fresh["staleness_evidence"], fresh["staleness_at"]) == (0.0, "caught_up", 10.25)
+    assert (fresh.staleness, fresh.staleness_evidence, fresh.staleness_at) == (0.0, "caught_up", 10.25)
 
 
 def _read(*reads: CommitRead, clock_epoch: float = 1000.0) -> CommitReads:
@@ -324,12 +324,12 @@ def test_a_reading_outside_the_heartbeats_bounds_is_held_to_them() -> None:
         history.record_primary(1_000_000 * (t + 1), float(t), float(t), None)
     # The clock alone: the byte after 1.5 MB first seen at t=1: 9 s at t=10.
     high = history.reading("r1", ReplayPosition(1_500_000, 10.0, "replica", beat=(0.1, 0.2)), None, 10.0)
-    assert (high["staleness"], high["staleness_evidence"], high["staleness_bound"]) == (0.2, "lsn_clock",
+    assert (high.staleness, high.staleness_evidence, high.staleness_bound) == (0.2, "lsn_clock",
                                                                                        "heartbeat_upper")
     low = history.reading("r2", ReplayPosition(1_500_000, 10.0, "replica", beat=(9.5, 9.6)), None, 10.0)
-    assert (low["staleness"], low["staleness_bound"]) == (9.5, "heartbeat_lower")
+    assert (low.staleness, low.staleness_bound) == (9.5, "heartbeat_lower")
     inside = history.reading("r3", ReplayPosition(1_500_000, 10.0, "replica", beat=(8.0, None)), None, 10.0)
-    assert (inside["staleness_evidence"], inside["staleness_bound"]) == ("lsn_clock", None)
+    assert (inside.staleness_evidence, inside.staleness_bound) == ("lsn_clock", None)
 
 
 def test_the_commits_it_has_replayed_cap_what_the_clock_says() -> None:
@@ -341,8 +341,8 @@ def test_the_commits_it_has_replayed_cap_what_the_clock_says() -> None:
         history.record_primary(1_000_000 * (t + 1), float(t), float(t), None)
     behind = WalDates(start=1_400_000, end=1_450_000, commits=((1_420_000, 9.7),), complete=False)
     reading = history.reading("r1", ReplayPosition(1_500_000, 10.0, "replica", wal=behind), None, 10.0)
-    assert reading["staleness"] == pytest.approx(0.3)
-    assert (reading["staleness_evidence"], reading["staleness_bound"]) == ("lsn_clock", "wal_read")
+    assert reading.staleness == pytest.approx(0.3)
+    assert (reading.staleness_evidence, reading.staleness_bound) == ("lsn_clock", "wal_read")
 
 
 def test_a_commit_written_late_dates_from_the_commits_written_before_it() -> None:
