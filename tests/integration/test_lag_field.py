@@ -20,14 +20,16 @@ a big transaction amid the load, judged from its start until both replicas have 
 through it: a million rows INSERTed (the table the UPDATE needs), then one UPDATE of them
 all (some 300 MB of WAL, which the replicas replay for seconds while the load goes on),
 and a second where the first left too few readings (below).
-Three `lagwatch run` processes watch: at 1 s and 100 ms, and at 100 ms with a 10 ms
-heartbeat. For every reading of either replica the oracle proves a lower and an upper
+Four `lagwatch run` processes watch: at 1 s and 100 ms, at 100 ms with a 10 ms heartbeat,
+and at 100 ms with the LSN clock alone (no WAL dating, as a role without pg_walinspect
+gets). For every reading of either replica the oracle proves a lower and an upper
 bound of the truth (the upper one counting pgbench's commits: see oracle.py); each case
 checks, per watcher and replica, the p95 and median of the readings against the oracle's
 over the same instants (within max(10 ms, 20 %)) and the share over the upper bound by
 more than max(5 ms, 10 %) (at most 1 %: an over-read ejects a healthy replica), and per
-watcher the share of its readings (both replicas') under the lower bound by more than
-max(10 ms, 20 %) (at most 2 %). The big transaction too (its replicas replay megabytes between two polls,
+WAL-dated watcher the share of its readings (both replicas') under the lower bound by more
+than max(10 ms, 20 %) (at most 2 %; the LSN clock's share is printed, not judged: see
+UNDER_SHARE_NOT_JUDGED). The big transaction too (its replicas replay megabytes between two polls,
 and the WAL dating reaches their first missing commits by counting the WAL before it
 describes it, as far as the primary's own timing of the reads says it can afford;
 views/walcommits.py, docs/lag.md). Then pool control at a 50 ms SLA under the same load. What each case
@@ -49,7 +51,7 @@ import itertools
 import signal
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 
 import pytest
@@ -63,9 +65,22 @@ from pgbouncer_server import PgBouncerServer, read_pool_for
 pytestmark = pytest.mark.one_pg_version  # see the docstring: the clock judged here is the same on every major
 
 # The watchers: at 1 s and 100 ms with staleness dated from the WAL (the default where
-# pg_walinspect is permitted, as here), and at 100 ms with the heartbeat too (10 ms).
+# pg_walinspect is permitted, as here), at 100 ms with the heartbeat too (10 ms), and at
+# 100 ms with the LSN clock alone (``lag_from_wal: off``: what a role without pg_walinspect
+# gets).
+LSN_ARM = "100ms lsn clock"
 WATCHERS = {"1s": ("1s", {}), "100ms": ("100ms", {}),
-            "100ms+heartbeat": ("100ms", {"heartbeat": {"interval": "10ms", "id": "field"}})}
+            "100ms+heartbeat": ("100ms", {"heartbeat": {"interval": "10ms", "id": "field"}}),
+            LSN_ARM: ("100ms", {"lag_from_wal": "off"})}
+# What the LSN clock alone is held to: its p95 and median, and no over-read, as the others;
+# not the share under the proven floor. Between two polls it spreads the WAL's bytes evenly
+# over the time between them, and TPC-B-like transactions write unevenly (a full-page image
+# after a checkpoint is kilobytes where a row is a hundred bytes): some readings inside a
+# bracket land tens of ms early (11 % of them under the floor in the steady case on the
+# 2-core host; bench/lagfield.py prints the share, docs/lag.md says what this arm knows).
+# In the big transaction it is not judged at all: a bracket of seconds of one UPDATE's
+# bytes dates nothing inside it finer than the bracket (figures printed, and in the bench).
+UNDER_SHARE_NOT_JUDGED = {LSN_ARM}
 
 # A span ends when each 100 ms watcher has published this many readings of each replica:
 # at 100 or more, one over-read is the 1 % a replica's series may hold (fewer allow none:
@@ -155,14 +170,19 @@ def _all_cycle(watchers: dict[str, Lagwatch], count: int) -> None:
 
 
 def judge(cases: dict[str, str], collected: dict[str, Readings], log: OracleLog, start: float,
-          end: float) -> tuple[list[str], list[str]]:
+          end: float, unjudged: Collection[str] = ()) -> tuple[list[str], list[str]]:
     """What each watcher read of each replica in [start, end] against the oracle, the
     replica's case named by ``cases``: the report's lines, and the failures. The p95, the
     median and the over-reads are judged per replica; the under-read share over each
     watcher's readings (of both replicas: the issue's share of a load's readings at an
-    interval and arm)."""
+    interval and arm), but for the watchers of UNDER_SHARE_NOT_JUDGED. The watchers named
+    in ``unjudged`` are reported only."""
     lines, failures = [], []
     for name, readings in collected.items():
+        if name in unjudged:
+            report, _ = judge(cases, {name: readings}, log, start, end)
+            lines += [f"{line} (not judged)" for line in report]
+            continue
         under: list[tuple[Reading, Truth]] = []
         count = 0
         for replica in REPLICAS:
@@ -176,7 +196,7 @@ def judge(cases: dict[str, str], collected: dict[str, Readings], log: OracleLog,
             failures += problems
             under += replica_under
             count += len(seen)
-        if len(under) > UNDER_SHARE * count:
+        if name not in UNDER_SHARE_NOT_JUDGED and len(under) > UNDER_SHARE * count:
             failures.append(f"under-reads @ {name}: {len(under)} of {count} readings of both replicas: "
                             + "; ".join(f"{r.replica} {_show(r, t)}" for r, t in under[:6]))
     return lines, failures
@@ -235,7 +255,7 @@ Judged = Callable[[dict[str, Lagwatch], dict[str, Readings], float], None]
 
 
 def _case(cases: dict[str, str], watchers: dict[str, Lagwatch], oracle: LagOracle,
-          judged: Judged = _readings_span) -> tuple[list[str], list[str]]:
+          judged: Judged = _readings_span, unjudged: Collection[str] = ()) -> tuple[list[str], list[str]]:
     """Under the module's load: two cycles of every watcher for the case to take hold, then
     what ``judged`` does (by default: READINGS readings) is judged."""
     with contextlib.ExitStack() as stack:
@@ -253,7 +273,7 @@ def _case(cases: dict[str, str], watchers: dict[str, Lagwatch], oracle: LagOracl
     log = oracle.read(others=True)  # pgbench commits beside the writer
     assert log.covers("replica1", end) and log.covers("replica2", end), "the oracle's probes stopped"
     print(f"\n{' + '.join(sorted(set(cases.values())))}: a span of {end - start:.1f} s")
-    return judge(cases, collected, log, start, end)
+    return judge(cases, collected, log, start, end, unjudged)
 
 
 def _report(lines: list[str], failures: list[str]) -> None:
@@ -306,7 +326,7 @@ def test_a_big_transaction_amid_the_load(field: ChaosCluster, watchers: dict[str
 
     try:
         lines, failures = _case({r: "a million rows INSERTed, then UPDATEd" for r in REPLICAS}, watchers, load,
-                                judged=insert_update_and_replay_through)
+                                judged=insert_update_and_replay_through, unjudged={LSN_ARM})
     finally:
         # Dropped, its buffers are discarded unwritten: no checkpoint writes it out later.
         field.primary.execute(f"DROP TABLE IF EXISTS {BIG_TABLE}")
