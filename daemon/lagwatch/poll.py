@@ -14,7 +14,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field
+from dataclasses import replace
 from typing import Any
 
 import psycopg
@@ -33,19 +33,8 @@ from lagwatch.session import Outlasting, Session, SessionContext, reconnect_dela
 from lagwatch.snapshot import ErrorKind, NodeObservation, Role
 from lagwatch.viewreader import ViewReader, for_role
 from lagwatch.views import heartbeat, probe, recovery
-from lagwatch.views.horizon import Horizon
 from lagwatch.views.probe import Capabilities
-from lagwatch.views.recovery import Recovery
-from lagwatch.views.replication import LogicalSender, Senders, WalSender
-from lagwatch.views.server import ServerPosition
-from lagwatch.views.slots import Slot
-from lagwatch.views.slotsync import SlotSync
-from lagwatch.views.subscriptions import Subscription
-from lagwatch.views.wal import WalStats
-from lagwatch.views.wal_dir import WalDir
-from lagwatch.views.wal_receiver import WalReceiver
-from lagwatch.views.walcommits import WalCommits
-from lagwatch.views.walinspect import WalInspection
+from lagwatch.views.replication import Senders
 
 log = logging.getLogger("lagwatch.poll")
 
@@ -54,29 +43,6 @@ MIN_VERSION_NUM = 130000
 # has run in the connection's prepare counts, and would encode a str into a copy of its own.
 _PROBE_SQL = probe.SQL.encode()
 _SHOW_QUERIES_SQL = f"SELECT set_config('{recovery.QUERY_TEXT_SETTING}', 'on', false)".encode()
-
-
-@dataclass(frozen=True)
-class Answer:
-    """What one node said in one poll: the views it was read, as parsed."""
-
-    capabilities: Capabilities
-    position: ServerPosition
-    walsenders: tuple[WalSender, ...]
-    receiver: WalReceiver | None
-    slots: tuple[Slot, ...]
-    wal: WalStats | None
-    wal_dir: WalDir | None
-    walinspect: WalInspection | None
-    views: dict[str, bool]  # view -> read this cycle (see NodeObservation.views)
-    wal_commits: dict[str, WalCommits] = field(default_factory=dict)  # the primary's: NodeObservation.wal_commits
-    heartbeat_seq: int | None = None  # a replica's: the beat it has replayed (heartbeat.py)
-    answered_at: float | None = None  # when its views answered, before the extra reads (monotonic)
-    recovery: Recovery | None = None  # a replica's startup process (views/recovery.py)
-    horizon: Horizon | None = None  # the primary's: who holds the vacuum horizon (one poll in ten)
-    logical: tuple[LogicalSender, ...] = ()  # the primary's logical walsenders (views/replication.py)
-    subscriptions: tuple[Subscription, ...] | None = None  # its subscriptions, one poll in ten
-    slot_sync: SlotSync | None = None  # a standby's copies of failover slots (17+)
 
 
 class NodeError(Exception):
@@ -197,17 +163,11 @@ class NodePoller:
             return self._failed(NodeError("query", f"internal error: {type(exc).__name__}"), started)
         self._failures = 0
         now = time.monotonic()
-        return NodeObservation(cluster=self.cluster.name, node=self.node, role=self.role, observed_at=now,
-                               duration=now - started, asked_at=asked_at, answered_at=answer.answered_at,
-                               capabilities=answer.capabilities,
-                               position=answer.position, walsenders=answer.walsenders, receiver=answer.receiver,
-                               slots=answer.slots, wal=answer.wal, wal_dir=answer.wal_dir,
-                               walinspect=answer.walinspect, wal_commits=answer.wal_commits,
-                               heartbeat_seq=answer.heartbeat_seq, views=answer.views, recovery=answer.recovery,
-                               horizon=answer.horizon, logical=answer.logical, subscriptions=answer.subscriptions,
-                               slot_sync=answer.slot_sync,
-                               wal_dating=self._extras.wal_dating(), wal_clock=self._extras.scanner.clock_read(),
-                               view_errors_total=dict(self._reader.view_errors), connects_total=self._connects)
+        # The answer is the observation already (what each view read, typed by its parser);
+        # the poll adds only what it knows of the poll: when, how long, its own counters.
+        return replace(answer, observed_at=now, duration=now - started, asked_at=asked_at,
+                       wal_dating=self._extras.wal_dating(), wal_clock=self._extras.scanner.clock_read(),
+                       view_errors_total=dict(self._reader.view_errors), connects_total=self._connects)
 
     def _failed(self, error: NodeError, started: float) -> NodeObservation:
         kind = error.kind
@@ -227,7 +187,7 @@ class NodePoller:
         except PasswordUnavailableError:
             return None
 
-    async def _poll_once(self, board: ReplayBoard | None, deadline: float) -> tuple[Answer, float]:
+    async def _poll_once(self, board: ReplayBoard | None, deadline: float) -> tuple[NodeObservation, float]:
         """The node's answer, and when it was asked for; its extra reads end by ``deadline``
         where they can (extrareads.py)."""
         conn = await self._connection()
@@ -249,7 +209,7 @@ class NodePoller:
             # A failover can turn a query invalid for the role; probe again next cycle.
             self._caps = None
             raise NodeError("query", flat_message(exc)) from None
-        if answer.position.in_recovery != self._caps.in_recovery:
+        if answer.position is None or answer.position.in_recovery != self._caps.in_recovery:
             # Promoted or demoted under us: an answer like any other (the tracker follows
             # roles as observed); the next cycle chooses the queries for the new role.
             self._caps = None
@@ -326,7 +286,7 @@ class NodePoller:
                      "measured", self.cluster.name, self.node, caps.major)
 
     async def _query(self, conn: psycopg.AsyncConnection[dict[str, Any]], caps: Capabilities,
-                     board: ReplayBoard | None, deadline: float) -> Answer:
+                     board: ReplayBoard | None, deadline: float) -> NodeObservation:
         read = await self._reader.read(conn, caps)
         answered_at = time.monotonic()
         self._answered = True
@@ -347,12 +307,15 @@ class NodePoller:
                                                  self._reader.note_failure, deadline)
             if self._extras.scanner.state is not None:
                 health["wal_dating"] = self._extras.scanner.state
-        return Answer(capabilities=caps, position=position, walsenders=walsenders,
-                      receiver=results.get("wal_receiver"), slots=results.get("slots", ()), wal=results.get("wal"),
-                      wal_dir=results.get("wal_dir"), walinspect=inspection, wal_commits=wal_commits,
-                      heartbeat_seq=results.get("heartbeat"), views=health, answered_at=answered_at,
-                      recovery=results.get("recovery"), horizon=results.get("horizon"), logical=senders.logical,
-                      subscriptions=results.get("subscriptions"), slot_sync=results.get("slotsync"))
+        # observed_at and duration are the poll's, set when it ends (_observe).
+        return NodeObservation(cluster=self.cluster.name, node=self.node, role=self.role, observed_at=answered_at,
+                               duration=0.0, answered_at=answered_at, capabilities=caps, position=position,
+                               walsenders=walsenders, receiver=results.get("wal_receiver"),
+                               slots=results.get("slots", ()), wal=results.get("wal"), wal_dir=results.get("wal_dir"),
+                               walinspect=inspection, wal_commits=wal_commits, heartbeat_seq=results.get("heartbeat"),
+                               views=health, recovery=results.get("recovery"), horizon=results.get("horizon"),
+                               logical=senders.logical, subscriptions=results.get("subscriptions"),
+                               slot_sync=results.get("slotsync"))
 
     def _dates_from_wal(self, caps: Capabilities) -> bool:
         """Whether this poll reads commit times from the WAL: on the primary's DSN, where

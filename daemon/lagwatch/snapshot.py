@@ -46,7 +46,10 @@ Pending = Literal["late", "connecting"]
 @fast_init
 @dataclass(frozen=True)
 class NodeObservation:
-    """What one node said in one cycle (or why it said nothing)."""
+    """What one node said in one cycle (or why it said nothing): the poll's answer as one
+    value, each view's part as its parser typed it (views/), and what the poll knows of
+    itself (when it asked, when the answer came, its counters). poll.py builds it once from
+    the views' results and adds the poll's facts when the poll ends."""
 
     cluster: str
     node: str

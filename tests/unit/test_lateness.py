@@ -14,7 +14,7 @@ import psycopg.errors
 import pytest
 from lagwatch.config import parse_config
 from lagwatch.lateness import MAX_STRETCH, LoopLag, Pacer, judge_unanswered
-from lagwatch.poll import Answer, NodePoller, poll_all
+from lagwatch.poll import NodePoller, poll_all
 from lagwatch.session import SessionContext
 from lagwatch.snapshot import NodeObservation
 from lagwatch.viewreader import ViewsRead
@@ -191,11 +191,11 @@ class SocketNode(NodePoller):
         self._caps = CAPS
         return self._session.conn
 
-    async def _query(self, conn: Any, caps: Capabilities, board: Any, deadline: float) -> Answer:
+    async def _query(self, conn: Any, caps: Capabilities, board: Any, deadline: float) -> NodeObservation:
         if not self.answers:
             await asyncio.get_running_loop().create_future()  # never done
-        return Answer(capabilities=caps, position=ServerPosition(True, None, 100, 100, "not paused", 1.0),
-                      walsenders=(), receiver=None, slots=(), wal=None, wal_dir=None, walinspect=None, views={})
+        return NodeObservation(cluster="main", node=self.node, role=self.role, observed_at=0.0, duration=0.0,
+                               capabilities=caps, position=ServerPosition(True, None, 100, 100, "not paused", 1.0))
 
 
 class SlowExtrasPrimary(SocketNode):
@@ -218,7 +218,7 @@ class SlowExtrasPrimary(SocketNode):
         self._reader.read = read  # type: ignore[method-assign]
         self._extras.inspect = inspect  # type: ignore[method-assign]
 
-    async def _query(self, conn: Any, caps: Capabilities, board: Any, deadline: float) -> Answer:
+    async def _query(self, conn: Any, caps: Capabilities, board: Any, deadline: float) -> NodeObservation:
         return await NodePoller._query(self, conn, caps, board, deadline)
 
 
@@ -249,7 +249,7 @@ def test_a_statement_the_server_cancelled_at_its_timeout_is_a_slow_node_not_a_do
     session: reading it down, or reconnecting, is the spiral a busy host must not start."""
 
     class Cancelling(SocketNode):
-        async def _query(self, conn: Any, caps: Capabilities, board: Any, deadline: float) -> Answer:
+        async def _query(self, conn: Any, caps: Capabilities, board: Any, deadline: float) -> NodeObservation:
             if not self.answers:
                 raise psycopg.errors.QueryCanceled("canceling statement due to statement timeout")
             return await super()._query(conn, caps, board, deadline)
