@@ -64,7 +64,7 @@ class Beats:
 
     def bounds(self, replayed: int, at: float) -> tuple[float, float | None] | None:
         """(lower, upper) bounds of the staleness at ``at`` of a replica that showed beat
-        ``replayed`` (read with its replay position, both dated ``at``: lag.py); upper None
+        ``replayed`` (read with its replay position, both dated ``at``: estimate/lsnclock.py); upper None
         where the beat is older than the log. None: the beat is not this writer's, or no
         beat was written."""
         if not self.seq or replayed > self.seq[-1]:

@@ -2,7 +2,7 @@
 
 The lag is the daemon's own staleness reading. A replica already behind when the check
 starts is behind its two-poll history; the reading is then floored by the walsender's
-replay_lag (lag.py's "walsender" evidence), as for a daemon that has just started.
+replay_lag (estimate/lsnclock.py's "walsender" evidence), as for a daemon that has just started.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ cycle, read once for every replica at the same place; one further behind costs n
 once the first commit past it is listed, until it replays past it; one replaying through
 a big transaction costs a budget's worth a cycle. The primary's poller owns one and runs
 it on its connection after the cycle's views; the tracker dates each replica from what it
-yields (lag.date_from_wal, which says what a WalDates holds, once estimate/clock.PrimaryClock
+yields (lsnclock.date_from_wal, which says what a WalDates holds, once estimate/clock.PrimaryClock
 has put the commits' times on lagwatch's clock).
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Why a replica is behind: where its staleness sits, stage by stage, and what holds it.
 
-The headline staleness (lag.py) is the age of the oldest change the replica has not
+The headline staleness (estimate/lsnclock.py) is the age of the oldest change the replica has not
 replayed. The same change sits at one of four stages on its way, which the walsender's
 positions and the replica's own separate:
 

@@ -13,8 +13,8 @@ from collections import deque
 from dataclasses import dataclass
 
 from lagwatch.estimate.dating import Dated, Known, Stands, date, gather
+from lagwatch.estimate.lsnclock import Commits, LsnClock, WalDates
 from lagwatch.fastinit import fast_init
-from lagwatch.lag import Commits, LsnClock, WalDates
 from lagwatch.lsn import format_lsn
 from lagwatch.views.replication import WalSender
 from lagwatch.windows import HistogramCounts, LagHistogram, LagSamples, LagWindow, WindowStats

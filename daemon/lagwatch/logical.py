@@ -7,7 +7,7 @@ A consumer's staleness is the age of the oldest change on the primary it has not
 confirmed: the first commit past its position (the furthest of what its walsender says it
 applied and confirmed, the slot's ``confirmed_flush_lsn``, and where it was seen before:
 ``_position``), dated by the commit time the WAL gives where lagwatch may
-read it (lag.date_from_wal, as for a replica), else by the LSN clock (which dates bytes:
+read it (lsnclock.date_from_wal, as for a replica), else by the LSN clock (which dates bytes:
 a transaction still running past the position reads as old as its first byte).
 
 What a consumer confirms is a position in the whole WAL, not in its publication: a
@@ -31,7 +31,7 @@ import math
 from collections.abc import Mapping, Sequence
 
 from lagwatch.estimate.dating import Dated, date, gather
-from lagwatch.lag import LsnClock, WalDates
+from lagwatch.estimate.lsnclock import LsnClock, WalDates
 from lagwatch.snapshot import LogicalConsumer, NodeObservation
 from lagwatch.views.replication import LogicalSender, logical_key
 from lagwatch.views.slots import Slot

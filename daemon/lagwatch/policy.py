@@ -52,7 +52,7 @@ class ReplicaHealth:
     staleness: float | None
     reachable: bool
     streaming: bool
-    samples: Sequence[tuple[float, float]] = ()  # (monotonic time, staleness) over the window (lag.LagSamples)
+    samples: Sequence[tuple[float, float]] = ()  # (monotonic time, staleness) over the window (windows.LagSamples)
     promoted: bool = False  # it accepts writes now: a primary, not a replica to read from
     follows_primary: bool | None = None  # None: cannot tell this cycle (no primary answered)
     why: str = ""  # what holds its staleness back ("apply_delay: ..."; diagnosis.py), for the reasons given

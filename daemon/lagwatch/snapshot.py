@@ -138,8 +138,8 @@ class ReplicaState:
     wal_receiver_status: str | None = None
     last_replay_age_seconds: float | None = None
     walsender: WalSender | None = None
-    samples: Sequence[tuple[float, float]] = ()  # (monotonic time, staleness) over the window (lag.LagSamples)
-    staleness_evidence: str | None = None  # what dated it (lag.Evidence): interpolated, commit_timestamp, ...
+    samples: Sequence[tuple[float, float]] = ()  # (monotonic time, staleness) over the window (windows.LagSamples)
+    staleness_evidence: str | None = None  # what dated it (lsnclock.Evidence): interpolated, commit_timestamp, ...
     staleness_bound: str | None = None  # the proven bound that held it, if one did (estimate.dating.Bound)
     staleness_at: float | None = None  # monotonic time the reading is for (when the replay LSN was read)
     # Whether it replicates from the current primary: that primary has a walsender for it,
@@ -203,7 +203,7 @@ class LogicalConsumer:
     position: int | None  # what it applied or confirmed (views/replication.LogicalSender.position)
     lag_bytes: int | None  # the primary's current LSN less that position
     staleness: float | None  # age of the oldest change it has not confirmed, seconds
-    evidence: str | None  # what dated it (lag.Evidence): wal_commit, lsn_clock, caught_up, ...
+    evidence: str | None  # what dated it (lsnclock.Evidence): wal_commit, lsn_clock, caught_up, ...
     staleness_at: float | None  # monotonic time the reading is for
     window: WindowStats | None
 

@@ -20,8 +20,8 @@ from lagwatch.beats import Beats
 from lagwatch.config import ClusterConfig
 from lagwatch.diagnosis import Diagnosis, Positions, Signals, diagnose
 from lagwatch.estimate.clock import PrimaryClock
+from lagwatch.estimate.lsnclock import Commits, LsnClock, WalDates
 from lagwatch.history import LagHistory, LagReading, ReplayPosition
-from lagwatch.lag import Commits, LsnClock, WalDates
 from lagwatch.logical import LogicalConsumers
 from lagwatch.nodehealth import NodeHealthTracker
 from lagwatch.rates import CatchUp, Forecaster
@@ -132,7 +132,7 @@ class ClusterTracker:
         standby = roles.standby_leader is not None  # the primary is the standby leader, in recovery
         if primary is None or primary.position is None:
             # Its poll failed this cycle: its clock as last read still turns the replicas'
-            # commit timestamps into bounds (lag.Commits) where the LSN clock, ending a
+            # commit timestamps into bounds (lsnclock.Commits) where the LSN clock, ending a
             # cycle back, says least (a late poll's cycle is carried over: evidence.py).
             return _PrimaryView(None, now, _NO_PRIMARY, now, self._primary_clock if not standby else None, standby, {})
         position = primary.position
@@ -181,7 +181,7 @@ class ClusterTracker:
         return replicas
 
     def _commits(self, by_node: dict[str, NodeObservation], primary: _PrimaryView) -> dict[str, Commits]:
-        """What commit timestamps say of each configured replica (lag.Commits)."""
+        """What commit timestamps say of each configured replica (lsnclock.Commits)."""
         at = {r.name: _last_commit_at(by_node.get(r.name), primary.clock) for r in self.cluster.replicas}
         known = [t for t in at.values() if t is not None]
         # In a standby cluster how often its primary commits is not known (its transaction

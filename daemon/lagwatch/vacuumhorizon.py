@@ -5,7 +5,7 @@ long. Pure.
 
 How long: the primary's transaction ID clock (views/server.py's ``next_xid``, one past its
 latest ended transaction, 64 bits) is recorded each poll beside lagwatch's monotonic time,
-in an LsnClock (lag.py: the same bracketing, over transaction IDs instead of WAL bytes). A
+in an LsnClock (estimate/lsnclock.py: the same bracketing, over transaction IDs instead of WAL bytes). A
 slot's held ID (32 bits, made 64 against the clock) was handed out no later than the first
 poll that saw the clock past it: the time since then is how long the slot has held the
 horizon at least (a lower bound, by up to one interval; "since lagwatch started" for IDs
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from lagwatch.lag import LsnClock
+from lagwatch.estimate.lsnclock import LsnClock
 from lagwatch.views.horizon import Horizon
 from lagwatch.views.slots import Slot
 

@@ -29,7 +29,7 @@ import pytest
 from chaoscluster import ChaosCluster
 from harness import Lagwatch, Reading, Readings, Writer, cluster_config, let_time_pass
 from lagwatch.commitscan import CommitScanner
-from lagwatch.lag import Staleness, WalDates, date_from_wal
+from lagwatch.estimate.lsnclock import Staleness, WalDates, date_from_wal
 from lagwatch.lsn import format_lsn, parse_lsn
 from oracle import LagOracle, OracleLog, nearest_rank, tolerance
 

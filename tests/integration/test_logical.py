@@ -314,7 +314,7 @@ def test_a_stopped_cdc_client_grows_stale_and_holds_wal(publisher: LogicalCluste
     # give or take how each reading is dated: by the same first byte past its position, but
     # each may be dated anywhere within the LSN clock's bracket of polls that saw the
     # primary pass it (one interval either side), and by at most 1/64 of the staleness more
-    # where the clock was thinned between them (lag.LsnClock's resolution). (CI read 0.898
+    # where the clock was thinned between them (lsnclock.LsnClock's resolution). (CI read 0.898
     # s grown in 1.000 s once, against 1/64 alone.)
     bracket = 2 * 0.1  # the watcher's interval, either side
     assert abs(grew - elapsed) <= second["staleness_seconds"] / 64 + bracket, (grew, elapsed, first, second)

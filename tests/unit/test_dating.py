@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from lagwatch.estimate.dating import Dated, Known, Stands, date, gather
-from lagwatch.lag import Commits, LsnClock, WalDates
+from lagwatch.estimate.lsnclock import Commits, LsnClock, WalDates
 
 AT = 10.0
 

@@ -7,7 +7,7 @@ from array import array
 
 import pytest
 from lagwatch.estimate.dating import Dated, date, gather
-from lagwatch.lag import Commits, LsnClock, Staleness
+from lagwatch.estimate.lsnclock import Commits, LsnClock, Staleness
 from lagwatch.windows import LAG_BUCKETS, LagHistogram, LagSamples, LagWindow, nearest_rank
 
 

@@ -1,7 +1,7 @@
 """Logical consumers (logical.py, views/replication.parse_all): kept apart from the
 replicas, positioned by what they applied or confirmed, dated like a replica."""
 
-from lagwatch.lag import LsnClock, WalDates
+from lagwatch.estimate.lsnclock import LsnClock, WalDates
 from lagwatch.logical import LogicalConsumers
 from lagwatch.views import replication
 from lagwatch.views.replication import LogicalSender, logical_key

@@ -7,7 +7,7 @@ import logging
 import pytest
 from lagwatch.alerting import conditions
 from lagwatch.config import ReplicaSla, parse_config
-from lagwatch.lag import LsnClock
+from lagwatch.estimate.lsnclock import LsnClock
 from lagwatch.policy import PolicyState, PoolRules, ReplicaHealth, decide
 from lagwatch.snapshot import ClusterSnapshot, NodeObservation
 from lagwatch.tracker import ClusterTracker

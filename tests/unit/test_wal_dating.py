@@ -1,4 +1,4 @@
-"""Staleness dated from the commits in the primary's WAL (lag.date_from_wal), the stretches
+"""Staleness dated from the commits in the primary's WAL (lsnclock.date_from_wal), the stretches
 read for them (commitscan.CommitScanner), the statement's answer (views.walcommits), and
 the heartbeat's bounds (beats.py): tables, no server. The real servers: tests/integration/test_lag_field.py."""
 
@@ -12,8 +12,8 @@ import pytest
 from lagwatch.beats import BeatLog, Beats
 from lagwatch.commitscan import ABSENT_CYCLES, COUNT_FACTOR, CommitScanner
 from lagwatch.estimate.clock import PrimaryClock
+from lagwatch.estimate.lsnclock import Commits, Staleness, WalDates, date_from_wal
 from lagwatch.history import LagHistory, ReplayPosition
-from lagwatch.lag import Commits, Staleness, WalDates, date_from_wal
 from lagwatch.lsn import format_lsn
 from lagwatch.views import walcommits
 from lagwatch.views.walcommits import CHUNK, GUARD, OVERLAP, STEP, CommitRead, CommitReads, LocatedRange, WalCommits

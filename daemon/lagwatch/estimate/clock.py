@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from lagwatch.clockoffset import ClockOffset
-from lagwatch.lag import WalDates
+from lagwatch.estimate.lsnclock import WalDates
 from lagwatch.views.walcommits import WalCommits
 
 

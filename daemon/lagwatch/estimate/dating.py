@@ -7,7 +7,7 @@ reading. The evidence, in the order an estimate is chosen (the first that applie
 
   estimate          what it is
   wal_commit        the first commit in the primary's WAL past the position: its age
-                    (lag.date_from_wal); 0 when the read reached the primary's flush and
+                    (lsnclock.date_from_wal); 0 when the read reached the primary's flush and
                     found none. Exact, to the primary clock's offset.
   caught_up         past all the primary was seen to write: 0.
   walsender /       behind lagwatch's history (it began after the primary passed the
@@ -52,8 +52,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from lagwatch.estimate.lsnclock import Commits, Evidence, LsnClock, WalDates, date_from_wal, visible_commits
 from lagwatch.fastinit import fast_init
-from lagwatch.lag import Commits, Evidence, LsnClock, WalDates, date_from_wal, visible_commits
 
 Bound = Literal["later_commit", "heartbeat_lower", "short_of", "replayed_commit", "wal_read", "heartbeat_upper"]
 
@@ -72,7 +72,7 @@ class Known:
     last_replayed: float | None = None  # the last commit it replayed
     later_commit: float | None = None  # a later commit another replica has replayed, which it lacks
     commit_interval: float = 0.0  # the primary's mean time between transactions lately (0: unknown)
-    wal_dated: float | None = None  # the staleness the WAL dates it at (lag.date_from_wal)
+    wal_dated: float | None = None  # the staleness the WAL dates it at (lsnclock.date_from_wal)
     wal_cap: float | None = None  # what the WAL read proves of it from above, when it does not date it
     walsender_lag: float | None = None  # the walsender's replay_lag (only behind the history)
     heartbeat: tuple[float, float | None] | None = None  # (lower, upper) the beats give (beats.Beats.bounds)
