@@ -31,8 +31,21 @@ from lagwatch.redact import redact_text
 from lagwatch.replayboard import ReplayBoard
 from lagwatch.session import Outlasting, Session, SessionContext, reconnect_delay
 from lagwatch.snapshot import ErrorKind, NodeObservation, Role
-from lagwatch.viewreader import ViewReader, for_role
-from lagwatch.views import heartbeat, probe, recovery
+from lagwatch.viewreader import ViewReader, ViewsRead, for_role
+from lagwatch.views import (
+    heartbeat,
+    horizon,
+    probe,
+    recovery,
+    replication,
+    server,
+    slots,
+    slotsync,
+    subscriptions,
+    wal,
+    wal_dir,
+    wal_receiver,
+)
 from lagwatch.views.probe import Capabilities
 from lagwatch.views.replication import Senders
 
@@ -74,8 +87,8 @@ class NodePoller:
         self._session = Session(context or SessionContext())
         self._caps: Capabilities | None = None
         beat = cluster.heartbeat
-        self._reader = ViewReader(f"{cluster.name}/{node}", () if beat is None else (
-            heartbeat.view_for(beat.table, heartbeat.row_id(beat.id)),))
+        self._beat_view = None if beat is None else heartbeat.view_for(beat.table, heartbeat.row_id(beat.id))
+        self._reader = ViewReader(f"{cluster.name}/{node}", () if self._beat_view is None else (self._beat_view,))
         self._failures = 0
         self._next_attempt = 0.0
         self._connects = 0  # connection attempts since start: a reconnect storm would show here
@@ -290,15 +303,15 @@ class NodePoller:
         read = await self._reader.read(conn, caps)
         answered_at = time.monotonic()
         self._answered = True
-        results, health = read.results, read.health
-        if "server" not in results:
+        health = read.health
+        position = read.of(server.VIEW)
+        if position is None:
             raise NodeError("query", read.failed.get("server", "no answer from the server view"))
-        position = results["server"]
         inspection = await self._extras.inspect(conn, self.cluster, caps, position, self.role == "primary",
                                                 self._reader.is_resting, self._reader.note_failure, deadline)
         if self._extras.inspector.state is not None:
             health["walinspect"] = self._extras.inspector.state
-        senders = results.get("replication", Senders((), ()))
+        senders = read.of(replication.VIEW) or Senders((), ())
         walsenders = senders.physical
         wal_commits = {}
         if self._dates_from_wal(caps):
@@ -310,12 +323,16 @@ class NodePoller:
         # observed_at and duration are the poll's, set when it ends (_observe).
         return NodeObservation(cluster=self.cluster.name, node=self.node, role=self.role, observed_at=answered_at,
                                duration=0.0, answered_at=answered_at, capabilities=caps, position=position,
-                               walsenders=walsenders, receiver=results.get("wal_receiver"),
-                               slots=results.get("slots", ()), wal=results.get("wal"), wal_dir=results.get("wal_dir"),
-                               walinspect=inspection, wal_commits=wal_commits, heartbeat_seq=results.get("heartbeat"),
-                               views=health, recovery=results.get("recovery"), horizon=results.get("horizon"),
-                               logical=senders.logical, subscriptions=results.get("subscriptions"),
-                               slot_sync=results.get("slotsync"))
+                               walsenders=walsenders, receiver=read.of(wal_receiver.VIEW),
+                               slots=read.of(slots.VIEW) or (), wal=read.of(wal.VIEW), wal_dir=read.of(wal_dir.VIEW),
+                               walinspect=inspection, wal_commits=wal_commits, heartbeat_seq=self._beat_read(read),
+                               views=health, recovery=read.of(recovery.VIEW), horizon=read.of(horizon.VIEW),
+                               logical=senders.logical, subscriptions=read.of(subscriptions.VIEW),
+                               slot_sync=read.of(slotsync.VIEW))
+
+    def _beat_read(self, read: ViewsRead) -> int | None:
+        """The heartbeat this replica has replayed, where the cluster has one."""
+        return read.of(self._beat_view) if self._beat_view is not None else None
 
     def _dates_from_wal(self, caps: Capabilities) -> bool:
         """Whether this poll reads commit times from the WAL: on the primary's DSN, where

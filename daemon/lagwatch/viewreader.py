@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar, cast
 
 import psycopg
 import psycopg.errors
@@ -27,6 +27,8 @@ from lagwatch.views.base import View
 from lagwatch.views.combined import combined_sql, parse_combined
 from lagwatch.views.probe import Capabilities
 from lagwatch.views.replication import NAMES_SQL, SenderNames
+
+T = TypeVar("T")
 
 log = logging.getLogger("lagwatch.poll")
 
@@ -57,9 +59,15 @@ def for_role(hint: str, user: str | None) -> str:
 
 
 class ViewsRead(NamedTuple):
-    results: dict[str, Any]  # view -> what it parsed to
+    results: dict[str, Any]  # view -> what it parsed to (read it with ``of``, typed)
     health: dict[str, bool]  # view -> read this cycle (the views that apply to the node's role)
     failed: dict[str, str]  # view -> why it could not be read this cycle
+
+    def of(self, view: View[T]) -> T | None:
+        """What ``view`` parsed to this cycle, as its parser types it (None: not read). The
+        one place a result leaves the dictionary untyped: every caller gets the view's type,
+        so mypy follows each value from the parser to the observation."""
+        return cast("T | None", self.results.get(view.name))
 
 
 class ViewReader:
