@@ -14,7 +14,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Collection, Sequence
-from dataclasses import replace
 from typing import Any
 
 import psycopg
@@ -178,9 +177,9 @@ class NodePoller:
         now = time.monotonic()
         # The answer is the observation already (what each view read, typed by its parser);
         # the poll adds only what it knows of the poll: when, how long, its own counters.
-        return replace(answer, observed_at=now, duration=now - started, asked_at=asked_at,
-                       wal_dating=self._extras.wal_dating(), wal_clock=self._extras.scanner.clock_read(),
-                       view_errors_total=dict(self._reader.view_errors), connects_total=self._connects)
+        return answer.polled(observed_at=now, duration=now - started, asked_at=asked_at,
+                             wal_dating=self._extras.wal_dating(), wal_clock=self._extras.scanner.clock_read(),
+                             view_errors_total=dict(self._reader.view_errors), connects_total=self._connects)
 
     def _failed(self, error: NodeError, started: float) -> NodeObservation:
         kind = error.kind

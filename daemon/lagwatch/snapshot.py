@@ -94,6 +94,18 @@ class NodeObservation:
     error: str | None = None  # one line, never containing a password
     pending: Pending | None = None  # no answer, and no evidence either way (see Pending)
 
+    def polled(self, *, observed_at: float, duration: float, asked_at: float, wal_dating: WalDatingTotals | None,
+               wal_clock: tuple[tuple[float, float], ...], view_errors_total: dict[str, int],
+               connects_total: int) -> NodeObservation:
+        """This answer with what the poll knows of itself once it ends. Its fields copied as
+        fast_init fills them (``dataclasses.replace`` walks every field: 4.7 us against
+        about 1, once per node and cycle in a fleet)."""
+        out: NodeObservation = object.__new__(NodeObservation)
+        out.__dict__.update(self.__dict__)
+        out.__dict__.update(observed_at=observed_at, duration=duration, asked_at=asked_at, wal_dating=wal_dating,
+                            wal_clock=wal_clock, view_errors_total=view_errors_total, connects_total=connects_total)
+        return out
+
     @property
     def ok(self) -> bool:
         return self.error_kind is None and self.pending is None

@@ -12,6 +12,7 @@ from typing import Any
 import lagwatch
 import pytest
 from lagwatch.fastinit import fast_init
+from lagwatch.snapshot import NodeObservation
 
 
 @fast_init
@@ -106,3 +107,18 @@ def test_every_lagwatch_class_with_it_builds_what_its_dataclass_init_builds() ->
                     if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
         for kwargs in (everything, required):
             assert vars(cls(**kwargs)) == vars(made_by_dataclass(cls, **kwargs)), cls
+
+
+def test_a_polled_observation_is_the_answer_with_the_polls_facts() -> None:
+    """NodeObservation.polled copies the fields as fast_init fills them: equal to one made
+    with every field, the answer it came from unchanged, and as frozen."""
+    answer = NodeObservation(cluster="c", node="r1", role="replica", observed_at=1.0, duration=0.0, answered_at=1.0,
+                             views={"server": True})
+    polled = answer.polled(observed_at=2.0, duration=0.5, asked_at=1.5, wal_dating=None, wal_clock=((9.0, 1.9),),
+                           view_errors_total={"wal": 1}, connects_total=3)
+    assert polled == NodeObservation(cluster="c", node="r1", role="replica", observed_at=2.0, duration=0.5,
+                                     asked_at=1.5, answered_at=1.0, views={"server": True}, wal_clock=((9.0, 1.9),),
+                                     view_errors_total={"wal": 1}, connects_total=3)
+    assert (answer.observed_at, answer.connects_total, answer.wal_clock) == (1.0, 0, ())
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        polled.duration = 1.0  # type: ignore[misc]
