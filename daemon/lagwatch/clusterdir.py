@@ -16,7 +16,10 @@ modification time), so it is cheap enough to run every cycle.
 Only files inside the directory are read. A symbolic link that resolves to a file outside
 it (``/etc/shadow``, with lagwatch running as root) is refused by its own name, its
 target never opened, and a dangling one is reported once; links within the directory
-(a Kubernetes ConfigMap's ``..data/``) are followed.
+(a Kubernetes ConfigMap's ``..data/``) are followed. That check of the name cannot be the
+last word (a file swapped for a link just after it would be followed), so the file is
+opened without following a last link and what was opened is checked to be inside before
+it is read (yamlfile.read_text's ``inside``).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ log = logging.getLogger("lagwatch.clusterdir")
 
 SUFFIXES = (".yaml", ".yml")
 MAX_FILE_BYTES = 256 * 1024  # one cluster's file
+CHANGED_WHILE_READ = "changed while it was read: read again at the next scan"
 _ADAPTER: TypeAdapter[AnyClusterConfig] = TypeAdapter(AnyClusterConfig)
 
 
@@ -49,9 +53,10 @@ class ClusterFile:
     error: str | None  # why the file as it is now cannot be used (None: it is in force as is)
 
 
-def parse_cluster_file(path: Path) -> AnyClusterConfig:
-    """The cluster one file holds; ConfigError (every problem with its key path) if none."""
-    data = load_yaml(path, MAX_FILE_BYTES)
+def parse_cluster_file(path: Path, inside: Path | None = None) -> AnyClusterConfig:
+    """The cluster one file holds; ConfigError (every problem with its key path) if none.
+    ``inside``: the directory it must be read from (yamlfile.read_text)."""
+    data = load_yaml(path, MAX_FILE_BYTES, inside)
     if not isinstance(data, dict):
         raise ConfigError(str(path), ["(top level): expected the mapping of one cluster (name, primary, ...)"])
     data = {"name": _stem(path), **data}
@@ -159,7 +164,7 @@ class ClusterDir:
         if refusal is not None:
             return _Entry(signature, entry.good if entry is not None else None, refusal)
         try:
-            cluster = parse_cluster_file(path)
+            cluster = parse_cluster_file(path, inside=self.path)
         except ConfigError as exc:
             return _Entry(signature, entry.good if entry is not None else None, "; ".join(exc.problems))
         if entry is None or entry.good != cluster:
@@ -192,9 +197,12 @@ class ClusterDir:
 def link_refusal(directory: Path, path: Path) -> str | None:
     """Why ``path``, a symbolic link in ``directory``, is not read (None: it is not a link,
     or one to a file inside the directory). Names neither the target nor what it holds."""
-    if not path.is_symlink():
-        return None
-    target = os.path.realpath(path)
+    try:
+        if not path.is_symlink():
+            return None
+        target = os.path.realpath(path)
+    except OSError:  # swapped for a file as it was resolved (EINVAL): the next scan looks again
+        return CHANGED_WHILE_READ
     if not os.path.exists(target):
         return "a symbolic link to nothing: skipped"
     root = os.path.realpath(directory)

@@ -23,15 +23,27 @@ MAX_DEPTH = 64  # lagwatch's own schema nests 6 deep
 MAX_VALUES = 200_000  # after YAML aliases are expanded
 
 
-def read_text(path: Path, max_bytes: int = MAX_BYTES) -> str:
-    """The file's text, or ConfigError with one problem saying what is wrong with it."""
+def read_text(path: Path, max_bytes: int = MAX_BYTES, inside: Path | None = None) -> str:
+    """The file's text, or ConfigError with one problem saying what is wrong with it.
+
+    ``inside``: a directory the file must be in (clusters_dir). The file is then opened by
+    its resolved name without following a link at its last step (``O_NOFOLLOW``), and what
+    was opened is checked to be inside, by the name the kernel gives the open descriptor,
+    before a byte is read: a link swapped in after any check of the name and before the
+    open (a race a stat-then-open loses) cannot make lagwatch read a file outside."""
     source = str(path)
+    # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever.
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY
+    target = path
     try:
-        # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+        if inside is not None:
+            target, flags = Path(os.path.realpath(path)), flags | os.O_NOFOLLOW
+        fd = os.open(target, flags)
     except OSError as exc:
         raise ConfigError(source, [f"cannot read file: {exc.strerror or exc}"]) from None
     try:
+        if inside is not None and not _opened_inside(fd, target, inside):
+            raise ConfigError(source, ["a file outside the directory: not read (only files inside it are)"])
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
             raise ConfigError(source, [f"cannot read file: {_kind(mode)}, not a regular file"])
@@ -57,10 +69,26 @@ def read_text(path: Path, max_bytes: int = MAX_BYTES) -> str:
                                    f"(line {line}, byte {column} of the line)"]) from None
 
 
-def load_yaml(path: Path, max_bytes: int = MAX_BYTES) -> Any:
+def _opened_inside(fd: int, opened: Path, directory: Path) -> bool:
+    """Whether the open descriptor ``fd`` is a file inside ``directory``: by the path the
+    kernel holds for it (/proc/self/fd, Linux); elsewhere, by the same inode as ``opened``
+    now has, which only narrows the race."""
+    root = os.path.realpath(directory)
+    try:
+        real = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        try:
+            st, now = os.fstat(fd), os.stat(opened, follow_symlinks=False)
+        except OSError:
+            return False
+        real = str(opened) if (st.st_dev, st.st_ino) == (now.st_dev, now.st_ino) else "/"
+    return os.path.commonpath([root, real]) == root
+
+
+def load_yaml(path: Path, max_bytes: int = MAX_BYTES, inside: Path | None = None) -> Any:
     """The file's YAML document (None when empty), read through ``read_text``."""
     source = str(path)
-    text = read_text(path, max_bytes)
+    text = read_text(path, max_bytes, inside)
     try:
         _check_depth(yaml.parse(text, Loader=yaml.SafeLoader))
         data = yaml.safe_load(text)
