@@ -46,7 +46,9 @@ def validation_problems(exc: ValidationError, tagged: Mapping[str, Collection[st
     the tags pydantic puts into the path after it (``pooler.haproxy.backend``), which
     mean nothing to whoever wrote the file and are left out (``pooler.backend``)."""
     problems = []
-    for err in exc.errors(include_input=False, include_url=False):
+    # The inputs are looked at (never shown: they may be secrets) for one thing only: a
+    # boolean where words were expected is YAML's reading of an unquoted off/on/no/yes.
+    for err in exc.errors(include_url=False):
         loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
         loc = tuple(p for i, p in enumerate(loc) if not (i and tagged and _is_tag(tagged, loc[i - 1], p))
                     and not (i > 1 and tagged and isinstance(loc[i - 1], int) and _is_tag(tagged, loc[i - 2], p)))
@@ -55,6 +57,9 @@ def validation_problems(exc: ValidationError, tagged: Mapping[str, Collection[st
             msg = "unknown key"
         elif err["type"] == "missing":
             msg = "required key is missing"
+        elif err["type"] == "literal_error" and isinstance(err.get("input"), bool):
+            msg += (f" (YAML reads an unquoted off, no, on or yes as {str(err['input']).lower()}: "
+                    "quote the word, as in 'off')")
         problems.append(f"{key_path(loc) or '(top level)'}: {msg}")
     return problems
 

@@ -225,10 +225,8 @@ def cluster_config(cluster: PatroniClusterConfig, membership: Membership) -> Clu
                                    application_name=m.name, read_pool=not m.noloadbalance,
                                    password_file=password_file, password_env=password_env)
                      for m in members)
-    fields = {"name": cluster.name, "primary": primary, "replicas": replicas, "walinspect": cluster.walinspect,
-              "walinspect_max_bytes": cluster.walinspect_max_bytes, "lag_from_wal": cluster.lag_from_wal,
-              "lag_from_wal_max_bytes": cluster.lag_from_wal_max_bytes, "heartbeat": cluster.heartbeat,
-              "sla": cluster.sla, "pooler": cluster.pooler,
-              "dry_run": cluster.dry_run, "leader_lock_key": cluster.leader_lock_key,
-              "standby_cluster": standby is not None}
+    # Every option the two kinds of cluster share carries over, by name: a list written out
+    # here once left horizon_alert_xids behind.
+    shared = {name: getattr(cluster, name) for name in type(cluster).model_fields if name in ClusterConfig.model_fields}
+    fields = {**shared, "primary": primary, "replicas": replicas, "standby_cluster": standby is not None}
     return ClusterConfig.model_validate(fields, context={DISCOVERED: True})

@@ -297,3 +297,16 @@ def test_a_multi_host_primary_dsn_goes_with_a_pooler_unless_the_pool_may_route_t
         parse_config(config({"fallback_to_primary": True}))
     assert any("primary.dsn: with a pooler each node the pool may route to needs one host" in p
                for p in info.value.problems), info.value.problems
+
+
+def test_an_unquoted_off_says_yaml_read_it_as_false(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``lag_from_wal: off`` written without quotes is YAML's false: the error says so,
+    rather than only that the value should be 'auto' or 'off' (which is what was written)."""
+    path = tmp_path / "lagwatch.yaml"
+    path.write_text("listen: 127.0.0.1:9\nclusters:\n  - name: a\n    primary: {dsn: host=p}\n"
+                    "    lag_from_wal: off\n    walinspect: 'off'\n")
+    assert main(["validate", "-c", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "clusters[0].lag_from_wal: Input should be 'auto' or 'off' (YAML reads an unquoted off, no, on or yes " \
+           "as false: quote the word, as in 'off')" in err
+    assert "walinspect" not in err  # quoted, it is the word

@@ -72,6 +72,23 @@ def test_members_make_a_cluster_config() -> None:
         "user": "lagwatch", "dbname": "postgres", "sslmode": "prefer", "host": "10.0.0.3", "port": "5433"}
 
 
+def test_every_option_a_patroni_cluster_shares_with_a_static_one_carries_over() -> None:
+    """Each per-cluster option set away from its default in the Patroni cluster's config is
+    in force in the cluster its members make (horizon_alert_xids once was not: ignored for
+    every Patroni cluster)."""
+    options = {"walinspect": "off", "walinspect_max_bytes": 1024, "lag_from_wal": "off",
+               "lag_from_wal_max_bytes": 2048, "horizon_alert_xids": 7_000, "dry_run": True,
+               "leader_lock_key": "lagwatch-test-key", "heartbeat": {"interval": "2s"},
+               "sla": {"max_lag": "3s"}}
+    shared = set(PatroniClusterConfig.model_fields) & set(ClusterConfig.model_fields) - {"name"}
+    assert shared - {"pooler"} == set(options), "an option both kinds share: set it above too"
+    (patroni,) = parse_config({"clusters": [{**CLUSTER, **options}]}).patroni_clusters
+    cluster = cluster_config(patroni, parse_cluster(ANSWER, "u"))
+    for name in shared:
+        assert getattr(cluster, name) == getattr(patroni, name), name
+    assert cluster.horizon_alert_xids == 7_000
+
+
 @pytest.mark.parametrize(("change", "problem"), [
     ({"members": {"dsn": "host=db user=x"}}, "clusters[0].members.dsn: must not set host"),
     ({"discovery": {"kind": "patroni", "urls": []}}, "clusters[0].discovery.urls"),
