@@ -54,7 +54,10 @@ MIN_VERSION_NUM = 130000
 # Bytes, as the combined statement (views/combined.py): psycopg keeps every statement it
 # has run in the connection's prepare counts, and would encode a str into a copy of its own.
 _PROBE_SQL = probe.SQL.encode()
-_SHOW_QUERIES_SQL = f"SELECT set_config('{recovery.QUERY_TEXT_SETTING}', 'on', false)".encode()
+# conflict_query_text, set in every replica session either way: a setting the role or the
+# database carries (ALTER ROLE ... SET lagwatch.conflict_queries = 'on') is never inherited.
+_QUERY_TEXT_SQL = {on: f"SELECT set_config('{recovery.QUERY_TEXT_SETTING}', '{'on' if on else 'off'}', false)".encode()
+                   for on in (True, False)}
 
 
 class NodeError(Exception):
@@ -257,24 +260,26 @@ class NodePoller:
             await self._disconnect()
             raise NodeError("connect", f"PostgreSQL {caps.version_num} is not supported (13 or later)")
         self._caps = caps
-        if caps.in_recovery and self.conflict_query_text:
-            await self._show_conflict_queries(self._conn)
+        if caps.in_recovery:
+            await self._set_conflict_queries(self._conn)
         # A new session, or the server's role changed: its WAL may not be the one read
         # before (a failover forks it), so the commits listed are forgotten.
         self._extras.scanner.forget()
         self._say_skipped(caps)
         return self._conn
 
-    async def _show_conflict_queries(self, conn: psycopg.AsyncConnection[dict[str, Any]]) -> None:
-        """Turn on, for this session, the query text of the sessions holding replay
-        (views/recovery.py): conflict_query_text, off unless the operator says so."""
+    async def _set_conflict_queries(self, conn: psycopg.AsyncConnection[dict[str, Any]]) -> None:
+        """Set, for this session, whether the view reads the query text of the sessions
+        holding replay (views/recovery.py): conflict_query_text, off unless the operator
+        says so, and set off explicitly (whatever the role's settings say)."""
         try:
-            await self._session.ask(conn.execute(_SHOW_QUERIES_SQL), self.query_timeout)
+            await self._session.ask(conn.execute(_QUERY_TEXT_SQL[self.conflict_query_text]), self.query_timeout)
         except (TimeoutError, psycopg.OperationalError) as exc:
             await self._disconnect()  # the session is gone or busy, as after a failed probe
             raise NodeError("connect", f"setting up the session failed: {flat_message(exc) or 'timeout'}") from None
         except psycopg.Error as exc:
             # An option, not the node's health: the node stays up without the query text.
+            # Off, the text is dropped from the answer anyway (_query).
             log.warning("%s/%s: conflict_query_text is not in force on this session (%s)", self.cluster.name,
                         self.node, flat_message(exc))
 
@@ -325,9 +330,16 @@ class NodePoller:
                                walsenders=walsenders, receiver=read.of(wal_receiver.VIEW),
                                slots=read.of(slots.VIEW) or (), wal=read.of(wal.VIEW), wal_dir=read.of(wal_dir.VIEW),
                                walinspect=inspection, wal_commits=wal_commits, heartbeat_seq=self._beat_read(read),
-                               views=health, recovery=read.of(recovery.VIEW), horizon=read.of(horizon.VIEW),
+                               views=health, recovery=self._recovery(read), horizon=read.of(horizon.VIEW),
                                logical=senders.logical, subscriptions=read.of(subscriptions.VIEW),
                                slot_sync=read.of(slotsync.VIEW))
+
+    def _recovery(self, read: ViewsRead) -> recovery.Recovery | None:
+        """The startup process as read, without other sessions' query text unless
+        conflict_query_text is on (whatever the server sent: the session's setting is one
+        guard, this the other)."""
+        found = read.of(recovery.VIEW)
+        return found if found is None or self.conflict_query_text else recovery.without_query_text(found)
 
     def _beat_read(self, read: ViewsRead) -> int | None:
         """The heartbeat this replica has replayed, where the cluster has one."""

@@ -62,6 +62,11 @@ def lagwatch(pg_cluster: ChaosCluster, tmp_path_factory: pytest.TempPathFactory)
     folder = tmp_path_factory.mktemp("why")
     config = cluster_config(pg_cluster, free_port(["127.0.0.1"]), interval=f"{int(INTERVAL * 1000)}ms",
                             window=f"{WINDOW_SECONDS:g}s", state_dir=str(folder / "state"))
+    # A hostile role setting for the whole module (ChaosCluster.reset undoes it): the role
+    # lagwatch logs in as told to show other sessions' query text, which lagwatch, with
+    # conflict_query_text off, must not inherit (the lock conflict test checks it does not).
+    pg_cluster.primary.execute(f"ALTER ROLE postgres SET {recovery.QUERY_TEXT_SETTING} = 'on'")
+    pg_cluster.wait_replayed()
     with Lagwatch(folder, config) as lw:
         lw.wait_ready()
         yield lw
@@ -283,7 +288,9 @@ def test_a_lock_conflict_names_the_session_holding_the_lock(pg_cluster: ChaosClu
         # The lock's holder exactly (pg_locks), not the older session that holds nothing replay needs.
         assert [h["pid"] for h in w["holders"]] == [holder.info.backend_pid], w
         assert w["holders"][0]["holds_the_lock"], w
-        assert "query" not in w["holders"][0]  # conflict_query_text is off by default
+        # conflict_query_text is off by default, and set off in lagwatch's session whatever
+        # the role says (the module's fixture told the role 'on': before, the text was served).
+        assert "query" not in w["holders"][0], w
         # With conflict_query_text on, the session says so (poll.py) and the view shows the text.
         with psycopg.connect(r1.dsn(), autocommit=True) as conn:
             conn.execute(probe.SQL)

@@ -5,12 +5,18 @@ The real causes, made for real on real servers, are in tests/integration/test_wh
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
 import pytest
+import yaml
 from hypothesis import given
 from hypothesis import strategies as st
+from lagwatch.config import load_config
 from lagwatch.diagnosis import STAGES, Positions, Signals, diagnose, split
+from lagwatch.errors import ConfigError
 from lagwatch.replayload import ReplayLoadTracker
-from lagwatch.views.recovery import Holder, Recovery
+from lagwatch.views.recovery import Holder, Recovery, without_query_text
 from lagwatch.views.recovery import parse as parse_recovery
 
 MB = 1 << 20
@@ -227,3 +233,27 @@ def test_conflict_counters_never_go_back() -> None:
     assert totals.note("r1", {"lock": 1, "snapshot": 0}) == {"lock": 5, "snapshot": 1}
     assert totals.note("r1", {"lock": 2, "snapshot": 0}) == {"lock": 6, "snapshot": 1}
     assert totals.note("r1", None) == {"lock": 6, "snapshot": 1}  # not read this cycle: kept
+
+
+def test_query_text_is_dropped_from_what_the_server_sent_unless_turned_on(tmp_path: Path) -> None:
+    """With conflict_query_text off, a holder's query text the server sent anyway (a role
+    told 'on') is dropped; on, it needs basic auth on the web endpoints, or the config is
+    refused (other users' query text served to anyone who reaches the port)."""
+    texted = Recovery(9, "Lock", "relation", holders=(Holder(1, "app", "active", 2.0, True, "SELECT 'password=Hunter2'"),
+                               Holder(2, "app", "idle", 1.0, False, None)))
+    stripped = without_query_text(texted)
+    assert [h.query for h in stripped.holders] == [None, None]
+    assert [dataclasses.replace(h, query=None) for h in texted.holders] == list(stripped.holders)
+    plain = Recovery(9, "Lock", "relation", holders=(Holder(2, "app", "idle", 1.0, False, None),))
+    assert without_query_text(plain) is plain
+
+    config = tmp_path / "lagwatch.yaml"
+    body = {"listen": "127.0.0.1:9", "conflict_query_text": True,
+            "clusters": [{"name": "main", "primary": {"dsn": "host=p"}}]}
+    config.write_text(yaml.safe_dump(body))
+    with pytest.raises(ConfigError, match="conflict_query_text: true serves other users' query text"):
+        load_config(config)
+    web = tmp_path / "web.yml"
+    web.write_text("basic_auth_users:\n  prom: $2b$04$" + "a" * 53 + "\n")
+    config.write_text(yaml.safe_dump({**body, "web_config_file": str(web)}))
+    assert load_config(config).conflict_query_text is True

@@ -379,10 +379,16 @@ def load_config(path: str | Path, web_config_file: Path | None = None) -> Config
     data = load_yaml(Path(path))
     config = parse_config(data, source)
     web_file = web_config_file or config.web_config_file
-    if web_file is None:
-        return config
-    try:
-        web = load_web_config(web_file)
-    except ConfigError as exc:
-        raise ConfigError(source, [f"web_config_file ({exc.source}): {p}" for p in exc.problems]) from None
-    return parse_config(data, source, web)
+    web = None
+    if web_file is not None:
+        try:
+            web = load_web_config(web_file)
+        except ConfigError as exc:
+            raise ConfigError(source, [f"web_config_file ({exc.source}): {p}" for p in exc.problems]) from None
+        config = parse_config(data, source, web)
+    if config.conflict_query_text and (web is None or not web.basic_auth_users):
+        # Other users' query text (a password in a connection string, a customer's data in
+        # a WHERE clause) must not be served to whoever can reach the port.
+        raise ConfigError(source, ["conflict_query_text: true serves other users' query text on /api/status: "
+                                   "it needs a web_config_file with basic_auth_users"])
+    return config

@@ -17,13 +17,14 @@ Read with pg_read_all_stats only: without it the startup process's wait event is
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from lagwatch.fastinit import fast_init
 from lagwatch.views.base import Row, View, opt_float, opt_int
 
 STARTUP_PID_SETTING = "lagwatch.startup_pid"
-# Set to 'on' in the session when the operator turns conflict_query_text on (poll.py).
+# Set in every replica session to 'on' where the operator turns conflict_query_text on, else
+# 'off' (poll.py): never left to what the role's or database's settings say.
 QUERY_TEXT_SETTING = "lagwatch.conflict_queries"
 
 # The probe's column that keeps the startup pid in the session (a replica's; NULL on a primary).
@@ -167,6 +168,13 @@ class Recovery:
         if self.activity != "working":
             return None
         return "cpu" if self.wait_event is None else f"{self.wait_event_type}/{self.wait_event}"
+
+
+def without_query_text(found: Recovery) -> Recovery:
+    """``found`` with no holder's query text (conflict_query_text off)."""
+    if all(h.query is None for h in found.holders):
+        return found
+    return replace(found, holders=tuple(replace(h, query=None) for h in found.holders))
 
 
 def parse(rows: Sequence[Row]) -> Recovery:
