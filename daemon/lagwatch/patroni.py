@@ -22,6 +22,7 @@ from __future__ import annotations
 import base64
 import http.client
 import json
+import re
 import ssl
 import time
 import urllib.error
@@ -40,9 +41,12 @@ from lagwatch.config import (
     PatroniDiscoveryConfig,
     ReplicaConfig,
 )
+from lagwatch.config.base import NODE_NAME_RULE, node_name_problem
 from lagwatch.escape import excerpt
 
-MAX_NAME_CHARS = 128  # a member's name (a host name, in practice)
+# A member's host as Patroni gives it: a host name or an IPv4 or IPv6 address, nothing a
+# connection string or a pooler's file could read as more (spaces, quotes, '=', ',').
+MEMBER_HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]{0,252}|[0-9A-Fa-f:.]{2,45}")
 MAX_ANSWER_BYTES = 1 << 20  # a /cluster answer of 1 MiB would be ~5,000 members: not Patroni
 
 
@@ -83,6 +87,15 @@ class Membership:
         return next((m for m in self.members if m.role in ("leader", "standby_leader")), None)
 
 
+def _word(value: Any) -> str:
+    """A member's role or state as Patroni says it (leader, sync_standby, streaming, ...), or
+    ``unknown`` for anything else: it is shown and logged, so only a word passes."""
+    return value if isinstance(value, str) and _WORD.fullmatch(value) else "unknown"
+
+
+_WORD = re.compile(r"[a-z][a-z_ ]{0,31}")
+
+
 def _flag(tags: Mapping[str, Any], name: str) -> bool:
     value = tags.get(name, False)
     return value is True or (isinstance(value, str) and value.lower() in ("true", "on", "yes", "1"))
@@ -101,14 +114,18 @@ def parse_cluster(payload: Any, source: str, max_members: int = 32) -> Membershi
         if not isinstance(entry, dict):
             raise DiscoveryError(f"{source}: a member is not an object")
         name, host, port = entry.get("name"), entry.get("host"), entry.get("port")
-        if not isinstance(name, str) or not name or name == "primary" or len(name) > MAX_NAME_CHARS:
-            raise DiscoveryError(f"{source}: a member has no usable name ({excerpt(repr(name))})")
-        if not isinstance(host, str) or not host or not isinstance(port, int) or not 0 < port < 65536:
-            raise DiscoveryError(f"{source}: member {excerpt(repr(name))} has no host and port")
+        # Remote input: each value checked against what it may be before anything uses it
+        # (a name becomes a pooler file's line, a host a connection's target).
+        if not isinstance(name, str) or node_name_problem(name) is not None:
+            raise DiscoveryError(f"{source}: a member has no usable name ({excerpt(repr(name))}: "
+                                 f"{NODE_NAME_RULE}, not 'primary')")
+        if not isinstance(host, str) or not MEMBER_HOST.fullmatch(host) or not isinstance(port, int) \
+                or isinstance(port, bool) or not 0 < port < 65536:
+            raise DiscoveryError(f"{source}: member {name} has no usable host and port")
         tags = entry.get("tags")
         tags = tags if isinstance(tags, dict) else {}
         timeline = entry.get("timeline")
-        out.append(Member(name=name, role=str(entry.get("role", "unknown")), state=str(entry.get("state", "unknown")),
+        out.append(Member(name=name, role=_word(entry.get("role")), state=_word(entry.get("state")),
                           host=host, port=port, timeline=timeline if isinstance(timeline, int) else None,
                           noloadbalance=_flag(tags, "noloadbalance"), nofailover=_flag(tags, "nofailover")))
     names = [m.name for m in out]

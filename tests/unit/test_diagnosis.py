@@ -239,8 +239,8 @@ def test_query_text_is_dropped_from_what_the_server_sent_unless_turned_on(tmp_pa
     """With conflict_query_text off, a holder's query text the server sent anyway (a role
     told 'on') is dropped; on, it needs basic auth on the web endpoints, or the config is
     refused (other users' query text served to anyone who reaches the port)."""
-    texted = Recovery(9, "Lock", "relation", holders=(Holder(1, "app", "active", 2.0, True, "SELECT 'password=Hunter2'"),
-                               Holder(2, "app", "idle", 1.0, False, None)))
+    texted = Recovery(9, "Lock", "relation", holders=(
+        Holder(1, "app", "active", 2.0, True, "SELECT 'password=Hunter2'"), Holder(2, "app", "idle", 1.0, False, None)))
     stripped = without_query_text(texted)
     assert [h.query for h in stripped.holders] == [None, None]
     assert [dataclasses.replace(h, query=None) for h in texted.holders] == list(stripped.holders)

@@ -48,14 +48,50 @@ def test_answer_is_read_sorted_with_tags() -> None:
 @pytest.mark.parametrize(("answer", "match"), [
     ([], "no members list"),
     ({"members": "x"}, "no members list"),
-    ({"members": [{"name": "a", "host": "h"}]}, "no host and port"),
-    ({"members": [{"name": "a", "host": "h", "port": 0}]}, "no host and port"),
+    ({"members": [{"name": "a", "host": "h"}]}, "no usable host and port"),
+    ({"members": [{"name": "a", "host": "h", "port": 0}]}, "no usable host and port"),
     ({"members": [{"name": "primary", "host": "h", "port": 1}]}, "no usable name"),
     ({"members": [{"name": "a", "host": "h", "port": 1}, {"name": "a", "host": "i", "port": 1}]}, "twice"),
 ])
 def test_bad_answers_are_refused(answer: Any, match: str) -> None:
     with pytest.raises(DiscoveryError, match=match):
         parse_cluster(answer, "u")
+
+
+HOSTILE_MEMBERS = [
+    ({"name": 'r1\n[pools.evil]\nauth = "trust"', "host": "h", "port": 1}, "no usable name"),
+    ({"name": "r1 host=evil", "host": "h", "port": 1}, "no usable name"),
+    ({"name": "x" * 64, "host": "h", "port": 1}, "no usable name"),
+    ({"name": "-r1", "host": "h", "port": 1}, "no usable name"),
+    ({"name": "r1", "host": "h\nevil", "port": 1}, "no usable host and port"),
+    ({"name": "r1", "host": "h,evil", "port": 1}, "no usable host and port"),
+    ({"name": "r1", "host": "h port=1", "port": 1}, "no usable host and port"),
+    ({"name": "r1", "host": "h", "port": True}, "no usable host and port"),
+]
+
+
+@pytest.mark.parametrize(("member", "match"), HOSTILE_MEMBERS)
+def test_what_patroni_says_is_checked_before_anything_uses_it(member: dict[str, Any], match: str) -> None:
+    """Patroni (and the etcd behind it) is remote input: a member name is what a node name
+    may be in the config (letters, digits, '.', '_', '-'; 63 characters at most, as
+    application_name), a host a host name or address, else the answer is refused whole.
+    (A name holding a newline and a pooler section once reached a command pooler's file.)"""
+    with pytest.raises(DiscoveryError, match=match):
+        parse_cluster({"members": [member]}, "u")
+
+
+def test_a_member_role_or_state_that_is_no_word_reads_unknown() -> None:
+    m = parse_cluster({"members": [{"name": "a", "host": "10.0.0.1", "port": 5432, "role": "leader\nERROR forged",
+                                    "state": "\x1b[31mrunning"},
+                                   {"name": "b", "host": "fe80::1", "port": 5432, "role": "sync_standby"}]}, "u")
+    assert [(x.role, x.state) for x in m.members] == [("unknown", "unknown"), ("sync_standby", "unknown")]
+
+
+def test_the_same_rule_names_a_replica_in_the_config() -> None:
+    with pytest.raises(ConfigError) as refused:
+        parse_config({"clusters": [{"name": "c", "primary": {"dsn": "host=p"},
+                                    "replicas": [{"name": "r1\nx", "dsn": "host=r"}]}]})
+    assert "a node name is letters, digits, '.', '_' and '-'" in str(refused.value)
 
 
 def test_members_make_a_cluster_config() -> None:

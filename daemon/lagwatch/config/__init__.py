@@ -36,6 +36,7 @@ from lagwatch.config.base import (
     SlaConfig,
     SlaOverride,
     _Strict,
+    node_name_problem,
     shown_path,
     stat_of,
 )
@@ -76,9 +77,10 @@ class ReplicaConfig(NodeConfig):
 
     @field_validator("name")
     @classmethod
-    def _not_reserved(cls, name: str) -> str:
-        if name == "primary":
-            raise ValueError("'primary' is reserved for the primary node")
+    def _node_name(cls, name: str) -> str:
+        problem = node_name_problem(name)
+        if problem is not None:
+            raise ValueError(problem)
         return name
 
     @property

@@ -27,6 +27,25 @@ from lagwatch.errors import one_line
 # commits (lag_from_wal); each read is bounded in time too (commitscan.py).
 LAG_FROM_WAL_MAX_BYTES = 16 * 1024 * 1024
 
+# What a node may be named, in the config and by Patroni alike (patroni.py): the name is a
+# metric label, a log word, a line of a pooler's file ({members}) and the application_name
+# a replica's walsender row is found by, which PostgreSQL cuts at 63 bytes. Letters,
+# digits, '.', '_' and '-', from a letter or digit: a host name's characters and Patroni's
+# own names' (postgresql0, pg-a.example.com); nothing a file, a template or a log line
+# could take for structure (newlines, quotes, brackets, '=', spaces).
+NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+NODE_NAME_RULE = ("letters, digits, '.', '_' and '-', starting with a letter or digit, at most 63 characters "
+                  "(PostgreSQL's application_name)")
+
+
+def node_name_problem(name: str) -> str | None:
+    """Why ``name`` is no node name (None: it is one)."""
+    if name == "primary":
+        return "'primary' is reserved for the primary node"
+    if not NODE_NAME.fullmatch(name):
+        return f"a node name is {NODE_NAME_RULE}"
+    return None
+
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 
 
