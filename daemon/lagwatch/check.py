@@ -111,9 +111,10 @@ def render(rows: list[CheckRow]) -> str:
 
 
 def measuring_only(config: Config) -> Config:
-    """``config`` without pool control: a check measures and reports; it must never take
-    the leader lock from the running daemon or change a pooler."""
-    return config.model_copy(update={"clusters": tuple(c.model_copy(update={"pooler": None})
+    """``config`` without pool control or heartbeat: a check measures and reports; it must
+    never take the leader lock from the running daemon, change a pooler, or write (a
+    heartbeat would beat into the running daemon's own row)."""
+    return config.model_copy(update={"clusters": tuple(c.model_copy(update={"pooler": None, "heartbeat": None})
                                                        for c in config.clusters)})
 
 

@@ -29,6 +29,11 @@ from lagwatch.views.heartbeat import row_id
 log = logging.getLogger("lagwatch.heartbeat")
 
 RETRY_MAX = 30.0  # seconds between attempts while the heartbeat cannot be written
+SEQ_MAX = (1 << 63) - 1  # bigint's: the beat log holds 64-bit numbers (beats.BeatLog)
+
+
+class HeartbeatTableError(Exception):
+    """The heartbeat table is not what deploy/sql/lagwatch-heartbeat.sql makes."""
 
 
 class HeartbeatWriter:
@@ -46,6 +51,11 @@ class HeartbeatWriter:
         self._write = (f"INSERT INTO {table} (id, seq) VALUES (%s, %s) "
                        "ON CONFLICT (id) DO UPDATE SET seq = EXCLUDED.seq").encode()
         self._last = f"SELECT seq FROM {table} WHERE id = %s".encode()
+        # The seq column's type: bigint, as the shipped SQL makes it (a numeric column takes
+        # numbers the beat log cannot hold).
+        self._seq_type = (b"SELECT format_type(atttypid, atttypmod) FROM pg_catalog.pg_attribute "
+                          b"WHERE attrelid = %s::regclass AND attname = 'seq' AND NOT attisdropped")
+        self._failures = 0  # attempts failed since the last beat written
 
     def serves(self, cluster: ClusterConfig) -> bool:
         """Whether this writer beats as ``cluster`` wants (a reload keeps it, and its log)."""
@@ -58,7 +68,9 @@ class HeartbeatWriter:
     async def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            # _run never ends of itself; should it have, a reload or a shutdown is no place
+            # to raise what ended it.
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
             self._task = None
 
@@ -66,21 +78,49 @@ class HeartbeatWriter:
         return self.log.snapshot()
 
     async def _run(self) -> None:
-        failures = 0
+        """Beat until closed. Every failure is counted (``lagwatch_heartbeat_errors_total``)
+        and each outage said once, when it begins, and once more when a beat is written
+        again; nothing ends the task but ``close``."""
         while True:
             try:
                 await self._beat_while_connected()
-            except (psycopg.Error, TimeoutError, OSError, PasswordUnavailableError) as exc:
-                failures += 1
-                self.log.failed += 1
-                message = redact_text(flat_message(exc), [self._password()])
-                if failures == 1:
-                    log.warning("%s: cannot write the heartbeat to %s (%s); its bounds are off until it can "
-                                "(deploy/sql/lagwatch-heartbeat.sql creates the table and its grant)",
-                                self.cluster_name, self.settings.table, message)
-                await asyncio.sleep(min(RETRY_MAX, 0.5 * 2 ** min(failures, 6)))  # 1, 2, 4 ... 30 s
-            else:
-                failures = 0
+            except (psycopg.Error, TimeoutError, OSError, PasswordUnavailableError, HeartbeatTableError) as exc:
+                self._failed(redact_text(flat_message(exc), [self._password()]))
+            except Exception as exc:  # a bug must not end the heartbeat in silence
+                log.exception("%s: heartbeat: internal error", self.cluster_name)
+                self._failed(f"internal error: {type(exc).__name__}")
+            await asyncio.sleep(min(RETRY_MAX, 0.5 * 2 ** min(self._failures, 6)))  # 1, 2, 4 ... 30 s
+
+    def _failed(self, message: str) -> None:
+        self._failures += 1
+        self.log.failed += 1
+        if self._failures == 1:
+            log.warning("%s: cannot write the heartbeat to %s (%s); its bounds are off until it can "
+                        "(deploy/sql/lagwatch-heartbeat.sql creates the table and its grant)",
+                        self.cluster_name, self.settings.table, message)
+
+    def _written(self) -> None:
+        if self._failures:
+            log.info("%s: the heartbeat is written again, after %d failed attempt%s", self.cluster_name,
+                     self._failures, "" if self._failures == 1 else "s")
+            self._failures = 0
+
+    async def _next_seq(self, conn: psycopg.AsyncConnection[tuple[object, ...]]) -> int:
+        """The row's number to go on from (a restart must not count back: a replica would
+        show a beat the log cannot place), once the table is seen to hold what the beat log
+        can: a bigint column, and room left in it."""
+        cursor = await conn.execute(self._seq_type, (self.settings.table,))
+        column = await cursor.fetchone()
+        if column is None or column[0] != "bigint":
+            found = "no seq column" if column is None else f"its seq column is {column[0]}"
+            raise HeartbeatTableError(f"{found}, not bigint: make it with deploy/sql/lagwatch-heartbeat.sql")
+        cursor = await conn.execute(self._last, (self.row,))
+        row = await cursor.fetchone()
+        seq = int(str(row[0])) if row and row[0] is not None else 0
+        if not 0 <= seq < SEQ_MAX:
+            raise HeartbeatTableError(f"its row {self.row!r} holds seq {seq}, where the next beat would not fit "
+                                      "a bigint: delete the row, lagwatch starts it again")
+        return seq
 
     async def _beat_while_connected(self) -> None:
         conninfo = build_conninfo(self.primary, self.connect_timeout, self.timeout,
@@ -89,20 +129,19 @@ class HeartbeatWriter:
                                       self.connect_timeout * 4)
         try:
             await conn.execute(b"SET synchronous_commit = local")
-            cursor = await conn.execute(self._last, (self.row,))
-            row = await cursor.fetchone()
-            # Go on from the row's number (a restart must not count back: a replica would
-            # show a beat the log cannot place).
-            seq = int(row[0]) if row and row[0] is not None else 0
+            seq = await self._next_seq(conn)
             due = time.monotonic()
-            while True:
+            while seq < SEQ_MAX:
                 seq += 1
                 sent = time.monotonic()
                 await asyncio.wait_for(conn.execute(self._write, (self.row, seq)), self.timeout)
                 self.log.add(seq, sent, time.monotonic())
+                self._written()
                 # On a schedule, but never a burst to catch up after a late beat.
                 due = max(due + self.settings.interval, time.monotonic())
                 await asyncio.sleep(due - time.monotonic())
+            raise HeartbeatTableError(f"its row {self.row!r} reached the end of bigint: delete the row, lagwatch "
+                                      "starts it again")
         finally:
             with contextlib.suppress(Exception):
                 await conn.close()

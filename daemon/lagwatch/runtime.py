@@ -103,7 +103,7 @@ def _pollers(config: Config, running: Runtime, sessions: SessionContext) -> tupl
         for fresh in pollers_for(cluster, config, sessions):
             kept = old.get(fresh.node)
             if (kept is not None and kept.role == fresh.role
-                    and _wal_reading(kept.cluster) == _wal_reading(cluster)
+                    and _set_when_made(kept.cluster) == _set_when_made(cluster)
                     and serves_as(kept.node_config, fresh.node_config, kept.connected_address())):
                 pollers[cluster.name].append(kept)
                 retargeted.append((kept, cluster, fresh.node_config))
@@ -143,6 +143,8 @@ def claims(config: Config) -> dict[str, Claim]:
             for c in config.clusters_with_nodes if c.pooler is not None and not c.dry_run}
 
 
-def _wal_reading(cluster: ClusterConfig) -> tuple[object, ...]:
-    """What a primary's poller reads of its WAL, set when it is made."""
-    return (cluster.walinspect, cluster.walinspect_max_bytes, cluster.lag_from_wal, cluster.lag_from_wal_max_bytes)
+def _set_when_made(cluster: ClusterConfig) -> tuple[object, ...]:
+    """What a poller reads that is set when it is made: a primary's WAL reads, a replica's
+    heartbeat row (a heartbeat turned on, off or moved by a reload makes new pollers)."""
+    return (cluster.walinspect, cluster.walinspect_max_bytes, cluster.lag_from_wal, cluster.lag_from_wal_max_bytes,
+            cluster.heartbeat)

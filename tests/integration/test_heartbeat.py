@@ -8,14 +8,16 @@ What it does not depend on is the server's version: its SQL is the same on every
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from chaoscluster import ChaosCluster
-from harness import Lagwatch, Readings, cluster_config, let_time_pass
+from harness import Lagwatch, Readings, cluster_config, let_time_pass, run_cli
 from lagwatch.demo.ports import free_port
 from loads import Oltp, create_heartbeat_table, prepare
 from oracle import LagOracle
@@ -133,3 +135,101 @@ def test_a_missing_table_is_said_once_and_costs_nothing_else(beating: ChaosClust
         assert "deploy/sql/lagwatch-heartbeat.sql" in text
         assert lw.value("lagwatch_up", node="replica1") == 1 and lw.value("lagwatch_up", node="primary") == 1
         assert lw.value("lagwatch_replica_lag_seconds", replica="replica1") is not None
+
+
+# -- what the heartbeat must survive (hostile input, round three) ---------------------------
+
+
+def _with_heartbeat(config: dict[str, Any], heartbeat: dict[str, Any]) -> dict[str, Any]:
+    """``config`` (its listen address kept) with its cluster's heartbeat set so."""
+    return {**config, "clusters": [{**config["clusters"][0], "heartbeat": heartbeat}]}
+
+
+def _reloaded(lw: Lagwatch, config: dict[str, Any]) -> None:
+    """``config`` written over the running daemon's and SIGHUP, until its reload is logged."""
+    before = lw.log_text().count("lagwatch.daemon: reload")
+    lw.write_config(config)
+    lw.signal(signal.SIGHUP)
+    lw.wait_for("the reload logged", lambda: lw.log_text().count("lagwatch.daemon: reload") > before, timeout=15)
+
+
+@pytest.mark.parametrize("column", ["numeric", "bigint"])
+def test_a_sequence_past_what_a_bigint_holds_is_said_and_nothing_else_breaks(beating: ChaosCluster, tmp_path: Path,
+                                                                           column: str) -> None:
+    """A table whose seq column is numeric, its row at bigint's end (or a bigint column at
+    its end): the writer says once what is wrong and how to mend it, counts each attempt,
+    and a reload and the shutdown stay clean. (Before: an OverflowError ended the writer
+    with no line and flat counters, a SIGHUP then logged a traceback as "reload failed"
+    while lagwatch_config_last_reload_successful stayed 1, and the shutdown printed one.)"""
+    table = f"lagwatch_heartbeat_{column}"
+    beating.primary.execute(f"DROP TABLE IF EXISTS {table}")
+    beating.primary.execute(f"CREATE TABLE {table} (id text PRIMARY KEY, seq {column} NOT NULL)")
+    beating.primary.execute(f"INSERT INTO {table} VALUES ('end', 9223372036854775807)")
+    config = _config(beating, interval="100ms", heartbeat={"table": table, "id": "end", "interval": "10ms"})
+    lw = Lagwatch(tmp_path, config)
+    try:
+        lw.wait_ready()
+        lw.wait_for("two failed attempts counted", lambda: (lw.value("lagwatch_heartbeat_errors_total") or 0) >= 2,
+                    timeout=15)
+        assert lw.value("lagwatch_heartbeat_beats_total") == 0
+        text = lw.log_text()
+        said = [line for line in text.splitlines() if "cannot write the heartbeat" in line]
+        expected = "its seq column is numeric, not bigint" if column == "numeric" else "would not fit a bigint"
+        assert len(said) == 1 and expected in said[0], said
+        # A reload that replaces the writer: the old one is closed, as after its failure.
+        _reloaded(lw, _with_heartbeat(config, {"table": table, "id": "end", "interval": "20ms"}))
+        assert lw.daemon_value("lagwatch_config_last_reload_successful") == 1
+        assert "reload failed" not in lw.log_text()
+        assert lw.stop() == 0
+        assert "Traceback" not in lw.log_text(), lw.log_text()[-3000:]
+    finally:
+        lw.stop()
+        beating.primary.execute(f"DROP TABLE IF EXISTS {table}")
+
+
+def test_each_outage_is_said_and_so_is_its_end(beating: ChaosCluster, tmp_path: Path) -> None:
+    """The table goes away and comes back, twice: a WARNING when each outage begins and an
+    INFO line when beats are written again (before, only the first outage was ever said)."""
+    config = _config(beating, interval="100ms", heartbeat={"id": "outages", "interval": "10ms"})
+    with Lagwatch(tmp_path, config) as lw:
+        lw.wait_ready()
+        for outage in (1, 2):
+            written = lw.value("lagwatch_heartbeat_beats_total") or 0
+            lw.wait_for("beating", lambda w=written: (lw.value("lagwatch_heartbeat_beats_total") or 0) > w + 5,
+                        timeout=15)
+            beating.primary.execute("ALTER TABLE lagwatch_heartbeat RENAME TO lagwatch_heartbeat_away")
+            try:
+                lw.wait_for(f"outage {outage} said", lambda o=outage: lw.log_text().count(
+                    "cannot write the heartbeat") == o, timeout=15)
+            finally:
+                beating.primary.execute("ALTER TABLE lagwatch_heartbeat_away RENAME TO lagwatch_heartbeat")
+            lw.wait_for(f"the end of outage {outage} said", lambda o=outage: lw.log_text().count(
+                "the heartbeat is written again") == o, timeout=45)
+        assert "Traceback" not in lw.log_text()
+
+
+def test_a_heartbeat_turned_on_by_a_reload_is_read_by_the_replicas(beating: ChaosCluster, tmp_path: Path) -> None:
+    """Off at the start, on after a SIGHUP: the replicas' polls read the heartbeat row from
+    then on (before, only after a restart: the pollers kept were made without it)."""
+    config = _config(beating, interval="100ms")
+    with Lagwatch(tmp_path, config) as lw:
+        lw.wait_ready()
+        assert lw.value("lagwatch_view_up", node="replica1", view="heartbeat") is None
+        _reloaded(lw, _with_heartbeat(config, {"id": "reloaded", "interval": "10ms"}))
+        for replica in ("replica1", "replica2"):
+            lw.wait_for(f"{replica} reads the heartbeat", lambda r=replica: lw.value(
+                "lagwatch_view_up", node=r, view="heartbeat") == 1, timeout=15)
+        assert (lw.value("lagwatch_heartbeat_beats_total") or 0) > 0
+
+
+def test_a_check_writes_no_heartbeat(beating: ChaosCluster, tmp_path: Path) -> None:
+    """``lagwatch check`` on a config with a heartbeat: it measures, and never writes into
+    the row a running daemon beats in (before, six beats went into it)."""
+    config = _config(beating, heartbeat={"id": "daemon-row"})
+    path = tmp_path / "check.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    before = beating.primary.scalar("SELECT seq FROM lagwatch_heartbeat WHERE id = 'daemon-row'")
+    done = run_cli("check", "-c", str(path))
+    assert done.returncode in (0, 1), done.stdout + done.stderr
+    assert beating.primary.scalar("SELECT seq FROM lagwatch_heartbeat WHERE id = 'daemon-row'") == before
+    assert _heartbeat_sessions(beating) == 0
