@@ -13,6 +13,7 @@ from typing import TextIO
 
 from lagwatch.config import Config, ReplicaSla
 from lagwatch.durations import format_duration
+from lagwatch.escape import escape_controls
 from lagwatch.snapshot import CONDITION_TEXT, ReplicaState, Snapshot, replica_condition
 
 OK, WARNING, CRITICAL, UNKNOWN = 0, 1, 2, 3
@@ -102,10 +103,11 @@ def _cause(r: ReplicaState) -> str:
 
 def render(rows: list[CheckRow]) -> str:
     header = ("CLUSTER", "REPLICA", "STATE", "LAG", "REPLAY BYTES", "CAUSE", "NOTE")
-    table = [header] + [(r.cluster, r.replica, STATE_NAMES[r.state],
-                         "?" if r.lag is None else format_duration(r.lag),
-                         "?" if r.replay_bytes is None else str(r.replay_bytes), r.cause or "?", r.note)
-                        for r in rows]
+    # Each cell escaped (escape.py) before the columns are laid out: a name or a server's
+    # message can start no line of the table, and the widths are those of what is shown.
+    table = [header] + [tuple(escape_controls(cell) for cell in (
+        r.cluster, r.replica, STATE_NAMES[r.state], "?" if r.lag is None else format_duration(r.lag),
+        "?" if r.replay_bytes is None else str(r.replay_bytes), r.cause or "?", r.note)) for r in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in table)
 
@@ -137,6 +139,8 @@ def run_check(config: Config, *, warning: float, critical: float, out: TextIO) -
     code, rows, problems = evaluate(snapshot, warning, critical,
                                     tuple(c.name for c in daemon.config.clusters_with_nodes))
     summary = "; ".join(problems) if problems else f"{len(rows)} replica(s) within {format_duration(warning)}"
-    print(f"LAGWATCH {STATE_NAMES[code]} - {summary}", file=out)
+    # One rule for every line a command prints (escape.py): what a server or Patroni said
+    # can start no line of its own.
+    print(escape_controls(f"LAGWATCH {STATE_NAMES[code]} - {summary}"), file=out)
     print(render(rows), file=out)
     return code

@@ -7,10 +7,12 @@ path). ``check`` follows the Nagios convention: 0 OK, 1 WARNING, 2 CRITICAL, 3 U
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -79,11 +81,25 @@ def _with_cluster_dir(config: Config) -> Config:
     file said on stderr, as `run` would say it and skip it)."""
     from lagwatch.clusterdir import with_cluster_dir
 
-    merged, files = with_cluster_dir(config)
+    with _said_here("lagwatch.clusterdir"):
+        merged, files = with_cluster_dir(config)
     for f in files:
         if f.error is not None:
             print(escape_controls(f"{f.path}: {f.error} (run skips this file)"), file=sys.stderr)
     return merged
+
+
+@contextlib.contextmanager
+def _said_here(logger: str) -> Iterator[None]:
+    """The one-shot command prints each of these problems itself, once: the module's own
+    log lines for them would say each twice."""
+    quieted = logging.getLogger(logger)
+    level = quieted.level
+    quieted.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        quieted.setLevel(level)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -92,7 +108,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         return EXIT_CONFIG
     from lagwatch.clusterdir import with_cluster_dir
 
-    merged, files = with_cluster_dir(config)
+    with _said_here("lagwatch.clusterdir"):
+        merged, files = with_cluster_dir(config)
     broken = [f for f in files if f.error is not None]
     for f in broken:
         print(escape_controls(f"{f.path}: {f.error}"), file=sys.stderr)
@@ -309,6 +326,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # Until a command sets up its own: every line logged is escaped (OneLineFormatter), as
+    # Python's last-resort handler would print it raw.
+    setup_logging("warning")
     return int(args.func(args))
 
 

@@ -24,6 +24,7 @@ import psycopg.rows
 from lagwatch.config import ClusterConfig, Config, NodeConfig, PasswordUnavailableError
 from lagwatch.conninfo import build_conninfo
 from lagwatch.discovery import with_members_now
+from lagwatch.escape import escape_controls
 from lagwatch.patroni import DiscoveryError
 from lagwatch.redact import redact_text
 from lagwatch.views import probe
@@ -158,27 +159,27 @@ def run_grants_check(config: Config, out: TextIO) -> int:
     try:
         config = with_members_now(config)
     except DiscoveryError as exc:
-        print(f"UNKNOWN {exc}", file=out)
+        print(escape_controls(f"UNKNOWN {exc}"), file=out)
         return UNREACHABLE
     for cluster in config.clusters_with_nodes:
         for name, node in _nodes(cluster):
             result = _check_node(name, node, config.effective_connect_timeout, cluster.lag_from_wal)
             where = f"{cluster.name}/{name}"
             if result.error is not None:
-                print(f"{where}: UNKNOWN cannot connect: {result.error}", file=out)
+                print(escape_controls(f"{where}: UNKNOWN cannot connect: {result.error}"), file=out)
                 worst = max(worst, UNREACHABLE)
                 continue
             if result.missing:
                 worst = max(worst, MISSING)
                 for view, grant in sorted(result.missing.items()):
-                    print(f"{where}: MISSING for {view}: {grant}", file=out)
+                    print(escape_controls(f"{where}: MISSING for {view}: {grant}"), file=out)
             for view, grant in sorted(result.optional_missing.items()):
-                print(f"{where}: optional, for {view}: {grant}", file=out)
+                print(escape_controls(f"{where}: optional, for {view}: {grant}"), file=out)
             for state, excess in result.excess:
                 worst = max(worst, state)
-                print(f"{where}: {STATES[state]} more than needed: {excess}", file=out)
+                print(escape_controls(f"{where}: {STATES[state]} more than needed: {excess}"), file=out)
             if not result.missing:
-                print(f"{where}: ok as {result.user} (every view lagwatch reads each cycle)", file=out)
+                print(escape_controls(f"{where}: ok as {result.user} (every view lagwatch reads each cycle)"), file=out)
             if result.dating is not None:
-                print(f"{where}: replicas dated by {result.dating}", file=out)
+                print(escape_controls(f"{where}: replicas dated by {result.dating}"), file=out)
     return worst

@@ -1,0 +1,47 @@
+"""Hostile input, round three (issue 3/6): what a command prints. Every line lagwatch
+prints, logs or writes goes through one escaping rule (escape.py), whatever put a control
+character into it: a file name, a cluster's name, a server's message."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from lagwatch.cli import main
+
+
+def _lines(text: str) -> list[str]:
+    return text.splitlines()
+
+
+def test_validate_prints_a_broken_cluster_files_problem_once_and_escaped(tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """(Before, clusters_dir's own log line went out raw through Python's last-resort
+    handler ahead of the command's escaped copy: a file name's newline forged a line.)"""
+    folder = tmp_path / "clusters.d"
+    folder.mkdir()
+    (folder / "x\nERROR forged.yaml").write_text("primary: {dsn: host=p}\nbad_key: 1\n")
+    config = tmp_path / "lagwatch.yaml"
+    config.write_text(yaml.safe_dump({"listen": "127.0.0.1:9", "clusters_dir": str(folder), "clusters": []}))
+    assert main(["validate", "-c", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert not any(line.startswith("ERROR forged") for line in _lines(err)), err
+    assert sum("bad_key: unknown key" in line for line in _lines(err)) == 1, err
+    assert "x\\nERROR forged.yaml: bad_key: unknown key" in err
+
+
+def test_check_escapes_what_it_prints(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A cluster named with a newline and an escape sequence, its nodes unreachable: the
+    check's summary and table put neither on a line of its own (before, a name forged
+    "LAGWATCH OK - all fine" as a line of the plugin's output)."""
+    config = tmp_path / "lagwatch.yaml"
+    config.write_text(yaml.safe_dump({
+        "listen": "127.0.0.1:9", "interval": "100ms", "connect_timeout": "100ms",
+        "clusters": [{"name": "c\nLAGWATCH OK - all fine\x1b[2J", "primary": {"dsn": "host=127.0.0.1 port=1"},
+                      "replicas": [{"name": "r1", "dsn": "host=127.0.0.1 port=1"}]}]}))
+    code = main(["check", "-c", str(config)])
+    out = capsys.readouterr().out
+    assert code == 2, out
+    assert not any(line.startswith("LAGWATCH OK") for line in _lines(out)), out
+    assert "\x1b" not in out and "c\\nLAGWATCH OK - all fine\\x1b[2J" in out, out
