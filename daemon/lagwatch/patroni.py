@@ -43,6 +43,7 @@ from lagwatch.config import (
 )
 from lagwatch.config.base import NODE_NAME_RULE, node_name_problem
 from lagwatch.escape import excerpt
+from lagwatch.redact import redact_url
 
 # A member's host as Patroni gives it: a host name or an IPv4 or IPv6 address, nothing a
 # connection string or a pooler's file could read as more (spaces, quotes, '=', ',').
@@ -203,20 +204,21 @@ def fetch_membership(config: PatroniDiscoveryConfig, timeout: float) -> Membersh
     problems = []
     for base in config.urls:
         url = base.rstrip("/") + "/cluster"
+        shown = redact_url(url)  # what messages and the members' source name: no token in a log
         try:
             with opener.open(urllib.request.Request(url, headers=headers), timeout=timeout) as answer:
-                body = _read_within(answer, time.monotonic() + timeout, url, config.max_members)
-            return parse_cluster(json.loads(body), base, config.max_members)
+                body = _read_within(answer, time.monotonic() + timeout, shown, config.max_members)
+            return parse_cluster(json.loads(body), redact_url(base), config.max_members)
         except urllib.error.HTTPError as exc:
-            problems.append(f"{url}: HTTP {exc.code}")
+            problems.append(f"{shown}: HTTP {exc.code}")
         except urllib.error.URLError as exc:
-            problems.append(f"{url}: {getattr(exc.reason, 'strerror', None) or exc.reason}")
+            problems.append(f"{shown}: {getattr(exc.reason, 'strerror', None) or exc.reason}")
         except DiscoveryError as exc:
             problems.append(str(exc))
         except (ValueError, RecursionError):  # not JSON (or JSON nested past the parser)
-            problems.append(f"{url}: not JSON")
+            problems.append(f"{shown}: not JSON")
         except (OSError, http.client.HTTPException) as exc:  # reset, timeout, a broken status line
-            problems.append(f"{url}: {getattr(exc, 'strerror', None) or type(exc).__name__}: {exc}")
+            problems.append(f"{shown}: {getattr(exc, 'strerror', None) or type(exc).__name__}: {exc}")
     raise DiscoveryError("; ".join(problems))
 
 

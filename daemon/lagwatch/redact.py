@@ -33,17 +33,15 @@ def redact_text(text: str, secrets: Iterable[str | None]) -> str:
 
 
 def redact_url(url: str) -> str:
-    """``url`` with whatever stands before its last ``@`` past the scheme hidden but a
-    plain user name (``https://u:***@host``): for a URL lagwatch refuses and names in the
-    refusal. Cut at the last ``@`` of the whole URL, not of its authority: a password
-    holding ``/``, ``?``, ``#`` or ``@`` would end the authority early for a URL parser,
-    and its tail would show."""
+    """What a message may show of ``url``: its scheme, host and port, and nothing else. A
+    URL's user part may be a token (``https://TOKEN@host``), and so may its path, query or
+    fragment (``?token=``, ``#key``): none is shown (``***@`` and ``/…`` say they were
+    there). The host is what follows the *last* ``@``: a password holding ``/``, ``?``,
+    ``#`` or ``@`` ends the authority early for a URL parser, and its tail would show."""
     scheme, sep, rest = url.partition("://")
     if not sep:
         scheme, rest = "", url
-    userinfo, at, after = rest.rpartition("@")
-    if not at:
-        return url
-    user = re.match(r"[A-Za-z0-9._~-]*", userinfo)
-    name = user.group() if user else ""
-    return f"{scheme}{sep}{name}{'' if name == userinfo else ':***'}@{after}"
+    _userinfo, at, after = rest.rpartition("@")
+    host = re.split(r"[/?#]", after, maxsplit=1)[0]
+    more = "/…" if len(host) < len(after) else ""
+    return f"{scheme}{sep}{'***@' if at else ''}{host}{more}"

@@ -45,3 +45,27 @@ def test_check_escapes_what_it_prints(tmp_path: Path, capsys: pytest.CaptureFixt
     assert code == 2, out
     assert not any(line.startswith("LAGWATCH OK") for line in _lines(out)), out
     assert "\x1b" not in out and "c\\nLAGWATCH OK - all fine\\x1b[2J" in out, out
+
+
+@pytest.mark.parametrize("dsn", [
+    "postgresql://lagwatch@myserver:AzSecret99@db.example.com:5432/postgres",  # Azure-style user@server
+    "postgresql://lagwatch:AzSecret99@db@127.0.0.1/postgres",  # '@' in the password
+    "postgresql://lagwatch:AzSecret99/x@127.0.0.1/postgres",  # '/' in the password
+    "postgresql://lagwatch:Az:Secret99@127.0.0.1:5432/postgres",  # ':' in the password
+])
+def test_a_uri_whose_password_holds_a_delimiter_is_refused_without_its_tail(
+        dsn: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """libpq takes the tail of such a password for the port or the host: validate refuses
+    the DSN without showing either, and says to percent-encode (before, "port
+    'AzSecret99@db.example.com:5432' is not a TCP port number", or a host with '@' that
+    passed validate and was then logged as "failed to resolve host 'AzSecret99@...'")."""
+    config = tmp_path / "lagwatch.yaml"
+    config.write_text(yaml.safe_dump({"listen": "127.0.0.1:9", "clusters": [
+        {"name": "main", "primary": {"dsn": dsn}}]}))
+    code = main(["validate", "-c", str(config)])
+    err = capsys.readouterr().err
+    assert "Secret99" not in err, err
+    if code == 0:  # ':' in a URI's password is no delimiter there: libpq reads it whole
+        assert dsn.startswith("postgresql://lagwatch:Az:")
+    else:
+        assert code == 2 and "percent-encode" in err, err

@@ -38,9 +38,14 @@ def test_an_excerpt_is_bounded_and_escaped() -> None:
 
 
 @pytest.mark.parametrize(("url", "shown"), [
-    ("https://lagwatch:UrlSecret-41@127.0.0.1:47360", "https://lagwatch:***@127.0.0.1:47360"),
-    ("https://u:p@ss/w?rd#x@h:1", "https://u:***@h:1"),  # what a URL parser would take for a path
-    ("https://token-only@h:1", "https://token-only@h:1"),  # a plain user name, no password
+    ("https://lagwatch:UrlSecret-41@127.0.0.1:47360", "https://***@127.0.0.1:47360"),
+    ("https://u:p@ss/w?rd#x@h:1", "https://***@h:1"),  # what a URL parser would take for a path
+    # Round three: the user part, path, query and fragment may each be a token; none shows.
+    ("https://TOKEN-only@h:1", "https://***@h:1"),
+    ("https://[u:secret]@h:1", "https://***@h:1"),
+    ("https://h:1/api/TOKEN/", "https://h:1/…"),
+    ("https://h:1?token=TOKEN", "https://h:1/…"),
+    ("https://h:1#TOKEN", "https://h:1/…"),
     ("https://h:1", "https://h:1"),
 ])
 def test_a_urls_password_is_hidden(url: str, shown: str) -> None:
@@ -56,7 +61,7 @@ def test_validate_refuses_a_patroni_url_with_a_password_without_repeating_it(
     assert main(["validate", "-c", str(path)]) == 2
     err = capsys.readouterr().err
     assert "UrlSecret-41" not in err
-    assert "clusters[0].discovery.urls: 'https://lagwatch:***@127.0.0.1:47360'" in err
+    assert "clusters[0].discovery.urls: 'https://***@127.0.0.1:47360'" in err
     assert "credentials go in username and password_file" in err
 
 

@@ -108,9 +108,16 @@ class NodeConfig(_Strict):
         if "application_name" in params:
             raise ValueError("must not set application_name: lagwatch names its sessions 'lagwatch/CLUSTER/NODE'")
         # libpq only parses the string here; a bad port would surface at the first connect.
+        # Neither a bad port nor a host holding '@' is shown: in a URI whose password holds
+        # '@', ':' or '/' (an Azure-style user@server name too), libpq takes the password's
+        # tail for the port or the host.
+        encode = "percent-encode '@', ':' and '/' in a URI's user name and password (%40, %3A, %2F)"
         for port in str(params.get("port", "")).split(","):
             if port.strip() and not (port.strip().isdigit() and 0 < int(port) < 65536):
-                raise ValueError(f"port {port.strip()!r} is not a TCP port number")
+                raise ValueError(f"a port is not a TCP port number (not shown: it may hold a password's tail; "
+                                 f"{encode})")
+        if "@" in str(params.get("host", "")):  # ('/' starts a socket directory: a host may hold it)
+            raise ValueError(f"a host holds '@' (not shown: it may hold a password's tail; {encode})")
         return dsn
 
     @model_validator(mode="after")
