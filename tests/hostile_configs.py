@@ -20,12 +20,24 @@ from typing import Any
 import yaml
 
 HASH = "$2b$04$" + "J" * 53  # cost 4, well-formed; nobody logs in during a fuzz run
+# A secret in every shape an operator might put one where it does not belong (a URI's
+# password with a delimiter in it, a token as a URL's user, path, query or fragment, an
+# Azure-style user@server name): whatever key it lands under, no output may show it.
+SECRET = "FuzzS3cret"
+SECRET_SHAPED = [f"postgresql://u:{SECRET}@h/db", f"postgresql://u:{SECRET}@x@127.0.0.1/db",
+                 f"postgresql://u:{SECRET}/x@h/db", f"postgresql://lagwatch@srv:{SECRET}@db.example.com:5432/p",
+                 f"password={SECRET}", f"host=h password='{SECRET} x'", f"https://{SECRET}@h:8008",
+                 f"https://u:{SECRET}@h:8008", f"https://h:8008/{SECRET}/", f"https://h:8008?token={SECRET}",
+                 f"https://h:8008#{SECRET}", f"https://[u:{SECRET}]@h:8008"]
 
 CONFIG_KEYS = ["interval", "window", "listen", "connect_timeout", "query_timeout", "reconnect_backoff_max",
                "state_dir", "web_config_file", "clusters", "name", "primary", "replicas", "dsn", "password_file",
                "password_env", "sla", "max_lag", "p95", "readmit_below", "eject_after", "fallback_to_primary",
                "pooler", "kind", "admin_dsn", "include_file", "database", "options", "socket", "backend",
-               "servers", "template", "output_file", "reload_command", "config_file", "pool", "walinspect"]
+               "servers", "template", "output_file", "reload_command", "config_file", "pool", "walinspect",
+               # round three's: what it added or made stricter
+               "conflict_query_text", "lag_from_wal", "horizon_alert_xids", "heartbeat", "table", "id",
+               "discovery", "urls", "members", "username", "clusters_dir", "application_name"]
 WEB_KEYS = ["tls_server_config", "cert_file", "key_file", "client_auth_type", "client_ca_file", "min_version",
             "max_version", "cipher_suites", "curve_preferences", "basic_auth_users", "http_server_config",
             "headers", "http2", "Strict-Transport-Security", "X-Frame-Options", "Content-Security-Policy"]
@@ -58,7 +70,8 @@ class Generator:
         pieces = ["1s", "100ms", "-1s", "0", "nan", "inf", "1e309s", "99999999999999h", "host=a", "host=a\nb=c",
                   "lagwatch:S3cret@db/postgres", "postgresql://u:p@h:99999/db", "{hosts}", "{0}", "{", "ü",
                   "\u202e", "\x1b[2J", "\r\n", "\t", "\x7f", "\ud7ff", "a" * rng.choice([1, 100, 10_000]),
-                  "$2y$31$" + "a" * 53, HASH, "'", '"', "\\", "%s", "127.0.0.1:0", "[::1]:9", "*:*"]
+                  "$2y$31$" + "a" * 53, HASH, "'", '"', "\\", "%s", "127.0.0.1:0", "[::1]:9", "*:*",
+                  "off", "on", "yes", *SECRET_SHAPED]
         return "".join(rng.choice(pieces) for _ in range(rng.randint(1, 3)))
 
     def value(self, depth: int = 0) -> Any:
@@ -251,6 +264,8 @@ def check_output(code: int, stderr: str) -> str | None:
     header line and exactly one printable line per problem."""
     if "Traceback" in stderr:
         return "traceback"
+    if SECRET in stderr:
+        return "a secret echoed"
     if code == 0:
         return None
     if code != 2:

@@ -4,12 +4,15 @@ granted privilege is more than lagwatch needs.
 lagwatch needs pg_read_all_stats (LSNs in pg_stat_replication, pg_stat_wal_receiver's
 columns) and EXECUTE on pg_ls_waldir(); pg_walinspect's functions are optional (on a
 primary it says what its replicas are dated by, and how to date them from the WAL). Anything
-more is flagged, as a Nagios check would: superuser, and the roles that make one
-(pg_execute_server_program, pg_write_server_files), CRITICAL; the other attributes and
-roles that reach past monitoring (REPLICATION, CREATEROLE, CREATEDB, BYPASSRLS, reading
-server files or every table, signalling other sessions, owning objects) WARNING, and so
-pg_monitor's pg_read_all_settings, which shows every replica's primary_conninfo, password
-included.
+more is flagged, as a Nagios check would: superuser, membership in a superuser role (SET
+ROLE makes one), and the roles that make one (pg_execute_server_program,
+pg_write_server_files), CRITICAL; the other attributes and roles that reach past
+monitoring (REPLICATION, CREATEROLE, CREATEDB, BYPASSRLS, reading server files or every
+table, signalling other sessions, CHECKPOINT, owning objects), EXECUTE on the functions
+that reach the server's files, write grants on tables, ALTER SYSTEM or SET granted on
+parameters, WARNING, and so pg_monitor's pg_read_all_settings, which shows every
+replica's primary_conninfo, password included. Each counts what the login role has itself
+or through any role it is a member of.
 """
 
 from __future__ import annotations
@@ -43,6 +46,16 @@ POWERS = {
     "pg_read_all_data": (WARNING, "reads every table"),
     "pg_write_all_data": (WARNING, "writes every table"),
     "pg_create_subscription": (WARNING, "creates subscriptions: connections out of the server"),
+    "pg_checkpoint": (WARNING, "runs CHECKPOINT: forces the whole server's dirty pages to disk"),
+}
+# Functions revoked from PUBLIC that read the server's files or act on the server, by what
+# EXECUTE on one lets a session do (granted directly, or to a role it is a member of).
+FUNCTIONS = {
+    "pg_read_file(text)": "reads files on the server", "pg_read_binary_file(text)": "reads files on the server",
+    "pg_ls_dir(text)": "lists the server's directories", "pg_stat_file(text)": "reads the server's file metadata",
+    "lo_import(text)": "reads files on the server into large objects",
+    "lo_export(oid,text)": "writes files on the server", "pg_reload_conf()": "reloads the server's configuration",
+    "pg_promote(boolean,integer)": "promotes a standby",
 }
 ATTRIBUTES = {
     "replication": "REPLICATION: streams the whole WAL (every row written) and makes slots that hold WAL back",
@@ -50,14 +63,36 @@ ATTRIBUTES = {
     "createdb": "CREATEDB: creates databases",
     "bypassrls": "BYPASSRLS: row-level security does not apply to it",
 }
-_PRIVILEGES_SQL = """SELECT r.rolsuper AS superuser, r.rolreplication AS replication, r.rolcreaterole AS createrole,
-       r.rolcreatedb AS createdb, r.rolbypassrls AS bypassrls,
-       ARRAY(SELECT b.rolname::text FROM pg_roles b
-             WHERE b.rolname = ANY(%(powers)s) AND pg_has_role(r.oid, b.oid, 'MEMBER') ORDER BY 1) AS memberships,
-       (SELECT count(*) FROM pg_class WHERE relowner = r.oid) + (SELECT count(*) FROM pg_proc WHERE proowner = r.oid)
-       + (SELECT count(*) FROM pg_namespace WHERE nspowner = r.oid)
-       + (SELECT count(*) FROM pg_database WHERE datdba = r.oid) AS owned
-FROM pg_roles r WHERE r.rolname = current_user"""
+# What the login role can do, itself or as any role it is a member of (pg_has_role MEMBER:
+# a role it can SET ROLE to lends it everything that role has, attributes included). The
+# parameter ACL is 15+ (GRANT ALTER SYSTEM / SET ON PARAMETER).
+_PRIVILEGES_SQL = """WITH mine AS (SELECT b.* FROM pg_catalog.pg_roles b, pg_catalog.pg_roles r
+                 WHERE r.rolname = current_user AND pg_catalog.pg_has_role(r.oid, b.oid, 'MEMBER'))
+SELECT bool_or(rolsuper) FILTER (WHERE rolname = current_user) AS superuser, bool_or(rolreplication) AS replication,
+       bool_or(rolcreaterole) AS createrole, bool_or(rolcreatedb) AS createdb, bool_or(rolbypassrls) AS bypassrls,
+       bool_or(rolsuper) FILTER (WHERE rolname <> current_user) AS through_superuser,
+       ARRAY(SELECT rolname::text FROM mine WHERE rolname = ANY(%(powers)s) ORDER BY 1) AS memberships,
+       (SELECT count(*) FROM pg_catalog.pg_class WHERE relowner IN (SELECT oid FROM mine))
+       + (SELECT count(*) FROM pg_catalog.pg_proc WHERE proowner IN (SELECT oid FROM mine))
+       + (SELECT count(*) FROM pg_catalog.pg_namespace WHERE nspowner IN (SELECT oid FROM mine))
+       + (SELECT count(*) FROM pg_catalog.pg_database WHERE datdba IN (SELECT oid FROM mine)) AS owned,
+       ARRAY(SELECT f FROM unnest(%(functions)s::text[]) f
+             WHERE pg_catalog.to_regprocedure(f) IS NOT NULL
+               AND pg_catalog.has_function_privilege(current_user, f, 'EXECUTE') ORDER BY 1) AS functions,
+       (SELECT count(*) FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+        WHERE c.relkind IN ('r', 'p') AND n.nspname NOT IN ('pg_catalog', 'information_schema')
+          AND c.oid <> coalesce(pg_catalog.to_regclass(%(heartbeat)s), 0)
+          AND pg_catalog.has_table_privilege(current_user, c.oid, 'INSERT, UPDATE, DELETE, TRUNCATE')) AS writable,
+       {parameters} AS parameters
+FROM mine"""
+_PARAMETERS_SQL = """ARRAY(SELECT DISTINCT p.parname::text FROM pg_catalog.pg_parameter_acl p,
+             pg_catalog.aclexplode(p.paracl) a
+             WHERE a.grantee IN (SELECT oid FROM mine) AND a.privilege_type IN ('ALTER SYSTEM', 'SET') ORDER BY 1)"""
+
+
+def privileges_sql(version_num: int) -> str:
+    """_PRIVILEGES_SQL for a server of ``version_num`` (the parameter ACL is 15+)."""
+    return _PRIVILEGES_SQL.format(parameters=_PARAMETERS_SQL if version_num >= 150000 else "ARRAY[]::text[]")
 
 
 @dataclass(frozen=True)
@@ -120,21 +155,32 @@ def excess_privileges(role: Mapping[str, Any]) -> list[tuple[int, str]]:
     if role["superuser"]:
         return [(CRITICAL, "superuser: every privilege there is (deploy/sql/lagwatch-role.sql makes the role "
                            "lagwatch needs)")]
+    if role.get("through_superuser"):
+        return [(CRITICAL, "a member of a superuser role: SET ROLE makes it one (every privilege there is)")]
     out = [(WARNING, text) for key, text in ATTRIBUTES.items() if role[key]]
     out += [(POWERS[name][0], f"{name}: {POWERS[name][1]}") for name in role["memberships"] if name in POWERS]
     if role["owned"]:
         out.append((WARNING, f"owns {role['owned']} object(s) in this database (tables, functions, schemas or the "
-                             "database itself): full control of them"))
+                             "database itself), itself or through a role it is a member of: full control of them"))
+    out += [(WARNING, f"EXECUTE on {f}: {FUNCTIONS[f]}") for f in role.get("functions") or () if f in FUNCTIONS]
+    if role.get("writable"):
+        out.append((WARNING, f"writes {role['writable']} table(s) in this database (INSERT, UPDATE, DELETE or "
+                             "TRUNCATE; lagwatch writes only its heartbeat table)"))
+    if role.get("parameters"):
+        out.append((WARNING, "ALTER SYSTEM or SET granted on parameter(s): " + ", ".join(role["parameters"])))
     return out
 
 
-def _check_node(node_name: str, node: NodeConfig, timeout: float, lag_from_wal: str) -> NodeGrants:
+def _check_node(node_name: str, node: NodeConfig, timeout: float, lag_from_wal: str,
+                heartbeat_table: str | None = None) -> NodeGrants:
     try:
         conninfo = build_conninfo(node, timeout, timeout)
         with psycopg.connect(conninfo, autocommit=True, row_factory=psycopg.rows.dict_row) as conn:
             rows = conn.execute(probe.SQL).fetchall()
             user = str(conn.execute("SELECT current_user AS u").fetchone()["u"])  # type: ignore[index]
-            role = conn.execute(_PRIVILEGES_SQL, {"powers": list(POWERS)}).fetchone()
+            role = conn.execute(privileges_sql(conn.info.server_version).encode(),
+                                {"powers": list(POWERS), "functions": list(FUNCTIONS),
+                                 "heartbeat": heartbeat_table}).fetchone()
     except (psycopg.Error, OSError, PasswordUnavailableError) as exc:
         secret = None
         try:
@@ -163,7 +209,8 @@ def run_grants_check(config: Config, out: TextIO) -> int:
         return UNREACHABLE
     for cluster in config.clusters_with_nodes:
         for name, node in _nodes(cluster):
-            result = _check_node(name, node, config.effective_connect_timeout, cluster.lag_from_wal)
+            result = _check_node(name, node, config.effective_connect_timeout, cluster.lag_from_wal,
+                                 cluster.heartbeat.table if cluster.heartbeat is not None else None)
             where = f"{cluster.name}/{name}"
             if result.error is not None:
                 print(escape_controls(f"{where}: UNKNOWN cannot connect: {result.error}"), file=out)

@@ -267,3 +267,54 @@ def test_check_grants_flags_every_privilege_beyond_what_lagwatch_needs(pg_cluste
         assert grants.stdout.count("main/primary: ") == 3, grants.stdout
     finally:
         drop_role(primary)
+
+
+def test_check_grants_flags_what_a_role_gets_through_others(pg_cluster: ChaosCluster, tmp_path: Path) -> None:
+    """What round two's check missed (issue 3/6, round three): membership in a superuser
+    role (SET ROLE makes it one), in a role with CREATEROLE and REPLICATION, in a role that
+    owns objects; EXECUTE on pg_read_binary_file; ALTER SYSTEM granted on a parameter;
+    write grants on a table; pg_checkpoint. Each is named (before, the check said "ok")."""
+    primary = pg_cluster.primary
+    drop_role(primary)
+    others = ("lw_admin", "lw_powerful", "lw_owner")
+    for role in others:
+        primary.execute(f"DROP ROLE IF EXISTS {role}")
+    primary.execute("CREATE ROLE lagwatch LOGIN")
+    primary.execute("GRANT pg_read_all_stats TO lagwatch")
+    primary.execute("GRANT EXECUTE ON FUNCTION pg_ls_waldir() TO lagwatch")
+    primary.execute("CREATE ROLE lw_powerful NOLOGIN CREATEROLE REPLICATION")
+    primary.execute("CREATE ROLE lw_owner NOLOGIN")
+    primary.execute("CREATE TABLE lw_owned (i int)")
+    primary.execute("ALTER TABLE lw_owned OWNER TO lw_owner")
+    primary.execute("CREATE TABLE lw_writable (i int)")
+    primary.execute("GRANT lw_powerful, lw_owner, pg_checkpoint TO lagwatch")
+    primary.execute("GRANT EXECUTE ON FUNCTION pg_read_binary_file(text) TO lagwatch")
+    primary.execute("GRANT ALTER SYSTEM ON PARAMETER log_min_messages TO lagwatch")
+    primary.execute("GRANT INSERT ON lw_writable TO lagwatch")
+    pg_cluster.wait_replayed()
+    config_path = tmp_path / "lagwatch.yaml"
+    config_path.write_text(yaml.safe_dump(config_as_lagwatch(pg_cluster)))
+    try:
+        grants = run_cli("check", "--grants", "-c", str(config_path))
+        assert grants.returncode == 1, grants.stdout + grants.stderr  # WARNING
+        for flagged in ("REPLICATION: streams the whole WAL", "CREATEROLE: creates roles",
+                        "pg_checkpoint: runs CHECKPOINT",
+                        "owns 1 object(s) in this database (tables, functions, schemas or the database itself), "
+                        "itself or through a role it is a member of",
+                        "EXECUTE on pg_read_binary_file(text): reads files on the server",
+                        "writes 2 table(s) in this database",  # lw_writable by its grant, lw_owned as lw_owner
+                        "ALTER SYSTEM or SET granted on parameter(s): log_min_messages"):
+            assert f"main/primary: WARNING more than needed: {flagged}" in grants.stdout, grants.stdout
+        # A member of a superuser role: SET ROLE postgres, and it is one.
+        primary.execute("CREATE ROLE lw_admin NOLOGIN SUPERUSER")
+        primary.execute("GRANT lw_admin TO lagwatch")
+        pg_cluster.wait_replayed()
+        grants = run_cli("check", "--grants", "-c", str(config_path))
+        assert grants.returncode == 2, grants.stdout + grants.stderr  # CRITICAL
+        assert "main/primary: CRITICAL more than needed: a member of a superuser role: SET ROLE makes it one" \
+            in grants.stdout, grants.stdout
+    finally:
+        drop_role(primary)
+        primary.execute("DROP TABLE IF EXISTS lw_owned, lw_writable")
+        for role in others:
+            primary.execute(f"DROP ROLE IF EXISTS {role}")

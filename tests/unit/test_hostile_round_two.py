@@ -153,8 +153,19 @@ def test_every_privilege_past_monitoring_is_flagged_with_its_severity() -> None:
     assert [(state, text.split(":")[0]) for state, text in flagged] == [
         (WARNING, "REPLICATION"), (WARNING, "CREATEROLE"), (CRITICAL, "pg_execute_server_program"),
         (WARNING, "pg_signal_backend"), (WARNING, "owns 2 object(s) in this database (tables, functions, schemas or "
-                                                  "the database itself)")]
+                                                  "the database itself), itself or through a role it is a member of")]
     assert excess_privileges({**plain, "superuser": True, "replication": True})[0][0] == CRITICAL
+    # Round three: through a role it may SET ROLE to, EXECUTE on functions that reach the
+    # server's files, tables it may write, parameters it may set.
+    (through,) = excess_privileges({**plain, "through_superuser": True, "replication": True})
+    assert through[0] == CRITICAL and through[1].startswith("a member of a superuser role"), through
+    more = excess_privileges({**plain, "functions": ["pg_read_binary_file(text)"], "writable": 3,
+                              "parameters": ["log_min_messages", "shared_preload_libraries"]})
+    assert [text for _, text in more] == [
+        "EXECUTE on pg_read_binary_file(text): reads files on the server",
+        "writes 3 table(s) in this database (INSERT, UPDATE, DELETE or TRUNCATE; lagwatch writes only its "
+        "heartbeat table)",
+        "ALTER SYSTEM or SET granted on parameter(s): log_min_messages, shared_preload_libraries"]
 
 
 # -- the fuzz corpus's new doors -------------------------------------------------------------
