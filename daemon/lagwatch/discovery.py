@@ -23,6 +23,41 @@ from lagwatch.snapshot import DiscoveryStatus
 log = logging.getLogger("lagwatch.discovery")
 
 
+# How many membership-change lines a cluster may log in a burst, and how fast that allowance
+# comes back: a member joining or leaving now and then is each said, a Patroni (or an etcd)
+# that renames its members every answer is said in summary.
+CHANGE_LINES_BURST = 5
+CHANGE_LINES_EVERY = 60.0  # seconds for one more line's allowance
+NAMES_SHOWN = 8  # member names a line lists before "and N more"
+
+
+class ChangeLines:
+    """A token bucket for one cluster's membership-change lines: ``allow`` says whether to
+    log one now, and how many changes went unsaid since the last one logged."""
+
+    def __init__(self) -> None:
+        self.tokens = float(CHANGE_LINES_BURST)
+        self.at: float | None = None
+        self.unsaid = 0
+
+    def allow(self, now: float) -> tuple[bool, int]:
+        if self.at is not None:
+            self.tokens = min(CHANGE_LINES_BURST, self.tokens + (now - self.at) / CHANGE_LINES_EVERY)
+        self.at = now
+        if self.tokens < 1:
+            self.unsaid += 1
+            return False, 0
+        self.tokens -= 1
+        unsaid, self.unsaid = self.unsaid, 0
+        return True, unsaid
+
+
+def _names(names: set[str]) -> str:
+    shown = sorted(names)
+    more = len(shown) - NAMES_SHOWN
+    return ", ".join(shown[:NAMES_SHOWN]) + (f" and {more} more" if more > 0 else "")
+
+
 class _Known:
     def __init__(self, name: str) -> None:
         self.name = name
@@ -34,6 +69,7 @@ class _Known:
         self.last_success_at: float | None = None
         self.error: str | None = None
         self.said_down = False
+        self.changes = ChangeLines()
 
 
 class Discovery:
@@ -110,9 +146,13 @@ class Discovery:
         if changed:
             before = {m.name for m in known.membership.members} if known.membership else set()
             after = {m.name for m in membership.members}
-            log.info("%s: members from %s: %s%s%s", cluster.name, membership.source, ", ".join(sorted(after)) or "none",
-                     f"; joined: {', '.join(sorted(after - before))}" if before and after - before else "",
-                     f"; left: {', '.join(sorted(before - after))}" if before - after else "")
+            say, unsaid = known.changes.allow(time.monotonic())
+            if say:
+                log.info("%s: members from %s: %s%s%s%s", cluster.name, membership.source, _names(after) or "none",
+                         f"; joined: {_names(after - before)}" if before and after - before else "",
+                         f"; left: {_names(before - after)}" if before - after else "",
+                         f" ({unsaid} change(s) since the last such line not said one by one: members changing "
+                         "this often are summarised)" if unsaid else "")
         if known.said_down:
             log.info("%s: Patroni answers again (%s)", cluster.name, membership.source)
         known.membership, known.config, known.template = membership, config, cluster

@@ -69,3 +69,50 @@ def test_a_uri_whose_password_holds_a_delimiter_is_refused_without_its_tail(
         assert dsn.startswith("postgresql://lagwatch:Az:")
     else:
         assert code == 2 and "percent-encode" in err, err
+
+
+def test_member_churn_is_said_in_bounded_lines(monkeypatch: pytest.MonkeyPatch,
+                                               caplog: pytest.LogCaptureFixture) -> None:
+    """A Patroni that renames its 32 members in every answer (an attacker's, or a broken
+    one): the membership-change lines are a burst of CHANGE_LINES_BURST, then one now and
+    then saying how many changes went unsaid, each listing at most NAMES_SHOWN names (before,
+    every answer logged every name: 1.37 MB of log in 40 s). A member that joins or leaves
+    now and then is still each said."""
+    import asyncio
+    import logging
+
+    from lagwatch import discovery as discovery_module
+    from lagwatch.config import parse_config
+    from lagwatch.discovery import CHANGE_LINES_BURST, CHANGE_LINES_EVERY, NAMES_SHOWN, Discovery
+    from lagwatch.patroni import Membership, parse_cluster
+
+    answer = [0]
+
+    def fetch(config: object, timeout: float) -> Membership:
+        answer[0] += 1
+        members = [{"name": f"m{answer[0]}-{i:02d}-{'x' * 40}", "host": "10.0.0.1", "port": 5432 + i}
+                   for i in range(32)]
+        return parse_cluster({"members": members}, "http://x:1")
+
+    clock = [1000.0]
+    monkeypatch.setattr(discovery_module, "fetch_membership", fetch)
+    monkeypatch.setattr(discovery_module.time, "monotonic", lambda: clock[0])
+    clusters = parse_config({"clusters": [{"name": "m", "discovery": {"kind": "patroni", "urls": ["http://x:1"]},
+                                           "members": {"dsn": "user=x"}}]}).patroni_clusters
+    discovery = Discovery()
+    with caplog.at_level(logging.INFO, "lagwatch.discovery"):
+        for _ in range(40):  # an answer a second for 40 s
+            assert asyncio.run(discovery.refresh(clusters, 1.0))
+            clock[0] += 1.0
+    lines = [r.getMessage() for r in caplog.records if "members from" in r.getMessage()]
+    assert CHANGE_LINES_BURST <= len(lines) <= CHANGE_LINES_BURST + 40 // CHANGE_LINES_EVERY + 1, len(lines)
+    assert all(line.count("-xxxx") <= 3 * NAMES_SHOWN for line in lines), lines[-1]
+    assert "and 24 more" in lines[0]
+    assert sum(len(line) for line in lines) < 20_000
+    # Once the churn stops, an occasional change is said again, with what went unsaid.
+    clock[0] += 10 * CHANGE_LINES_EVERY
+    caplog.clear()
+    with caplog.at_level(logging.INFO, "lagwatch.discovery"):
+        asyncio.run(discovery.refresh(clusters, 1.0))
+    (line,) = [r.getMessage() for r in caplog.records if "members from" in r.getMessage()]
+    assert "change(s) since the last such line not said one by one" in line, line
