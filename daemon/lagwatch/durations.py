@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 import re
 
+from lagwatch.escape import secret_shapes
+
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 _PATTERN = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 
@@ -40,6 +42,7 @@ def _shown(value: object) -> str:
         text = repr(value)
     except ValueError:  # an int too long to print
         return "a number of more than 4300 digits"
+    text = secret_shapes(text)  # a password or a URL's token put here by mistake is not echoed
     return text if len(text) <= 40 else f"{text[:40]}... ({len(text)} characters)"
 
 

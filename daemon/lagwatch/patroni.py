@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import base64
 import http.client
+import ipaddress
 import json
 import re
 import ssl
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -102,7 +104,61 @@ def _flag(tags: Mapping[str, Any], name: str) -> bool:
     return value is True or (isinstance(value, str) and value.lower() in ("true", "on", "yes", "1"))
 
 
-def parse_cluster(payload: Any, source: str, max_members: int = 32) -> Membership:
+@dataclass(frozen=True)
+class HostRule:
+    """Where a discovered member may be (PatroniDiscoveryConfig.allowed_hosts)."""
+
+    networks: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
+    names: frozenset[str] = frozenset()
+    domains: tuple[str, ...] = ()  # ".example.com": any name in it
+    single_labels: bool = False  # names of one label (a URL host named so: the same search domain)
+    said: str = ""  # the rule as a message says it
+
+    def allows(self, host: str) -> bool:
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            name = host.lower().rstrip(".")
+            return (name in self.names or any(name.endswith(d) for d in self.domains)
+                    or (self.single_labels and "." not in name))
+        return any(address in network for network in self.networks)
+
+
+def member_hosts(config: PatroniDiscoveryConfig) -> HostRule:
+    """Where this discovery's members may be: ``allowed_hosts``, or by default each URL
+    host's network (/24, IPv6 /64) or, for a name, that name and its domain."""
+    networks, names, domains, single = [], set(), [], False
+    given = config.allowed_hosts
+    entries = given if given is not None else tuple(urllib.parse.urlsplit(u).hostname or "" for u in config.urls)
+    for entry in entries:
+        try:
+            if given is None:
+                address = ipaddress.ip_address(entry)
+                prefix = 24 if address.version == 4 else 64
+                networks.append(ipaddress.ip_network(f"{address}/{prefix}", strict=False))
+            else:
+                networks.append(ipaddress.ip_network(entry, strict=False))
+            continue
+        except ValueError:
+            pass
+        name = entry.lower().rstrip(".")
+        if name.startswith("."):
+            domains.append(name)
+        elif given is not None:
+            names.add(name)
+        else:
+            names.add(name)
+            if "." in name:
+                domains.append("." + name.split(".", 1)[1])
+            else:
+                single = True
+    networks = list(dict.fromkeys(networks))  # URLs on one network name it once
+    shown = ", ".join([*(str(n) for n in networks), *sorted(names), *(f"*{d}" for d in domains)])
+    said = f"allowed_hosts ({'as configured' if given is not None else 'by default, from the URLs'}: {shown})"
+    return HostRule(tuple(networks), frozenset(names), tuple(domains), single, said)
+
+
+def parse_cluster(payload: Any, source: str, max_members: int = 32, hosts: HostRule | None = None) -> Membership:
     """A ``GET /cluster`` answer as a Membership; DiscoveryError if it is not one, or has
     more than ``max_members`` members (checked before any is read)."""
     members = payload.get("members") if isinstance(payload, dict) else None
@@ -123,6 +179,9 @@ def parse_cluster(payload: Any, source: str, max_members: int = 32) -> Membershi
         if not isinstance(host, str) or not MEMBER_HOST.fullmatch(host) or not isinstance(port, int) \
                 or isinstance(port, bool) or not 0 < port < 65536:
             raise DiscoveryError(f"{source}: member {name} has no usable host and port")
+        if hosts is not None and not hosts.allows(host):
+            raise DiscoveryError(f"{source}: member {name} is at {host}, outside {hosts.said}: refused (its "
+                                 "connection would carry the members' password)")
         tags = entry.get("tags")
         tags = tags if isinstance(tags, dict) else {}
         timeline = entry.get("timeline")
@@ -208,7 +267,7 @@ def fetch_membership(config: PatroniDiscoveryConfig, timeout: float) -> Membersh
         try:
             with opener.open(urllib.request.Request(url, headers=headers), timeout=timeout) as answer:
                 body = _read_within(answer, time.monotonic() + timeout, shown, config.max_members)
-            return parse_cluster(json.loads(body), redact_url(base), config.max_members)
+            return parse_cluster(json.loads(body), redact_url(base), config.max_members, member_hosts(config))
         except urllib.error.HTTPError as exc:
             problems.append(f"{shown}: HTTP {exc.code}")
         except urllib.error.URLError as exc:

@@ -7,6 +7,8 @@ from collections.abc import Iterable
 
 import psycopg.conninfo
 
+from lagwatch.escape import shown_url
+
 _PASSWORD_IN_DSN = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
 _PASSWORD_IN_URI = re.compile(r"(postgres(?:ql)?://[^:/@\s]*:)([^@\s]*)(@)", re.IGNORECASE)
 
@@ -33,15 +35,5 @@ def redact_text(text: str, secrets: Iterable[str | None]) -> str:
 
 
 def redact_url(url: str) -> str:
-    """What a message may show of ``url``: its scheme, host and port, and nothing else. A
-    URL's user part may be a token (``https://TOKEN@host``), and so may its path, query or
-    fragment (``?token=``, ``#key``): none is shown (``***@`` and ``/…`` say they were
-    there). The host is what follows the *last* ``@``: a password holding ``/``, ``?``,
-    ``#`` or ``@`` ends the authority early for a URL parser, and its tail would show."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        scheme, rest = "", url
-    _userinfo, at, after = rest.rpartition("@")
-    host = re.split(r"[/?#]", after, maxsplit=1)[0]
-    more = "/…" if len(host) < len(after) else ""
-    return f"{scheme}{sep}{'***@' if at else ''}{host}{more}"
+    """What a message may show of ``url`` (escape.shown_url: scheme, host and port)."""
+    return shown_url(url)

@@ -26,6 +26,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 from lagwatch.errors import ConfigError, validation_problems
+from lagwatch.escape import excerpt
 from lagwatch.webauth import bcrypt_cost
 from lagwatch.yamlfile import load_yaml
 
@@ -167,7 +168,8 @@ class HttpServerConfig(_Strict):
                                  f"{', '.join(EXTRA_HTTP_HEADERS)}")
             allowed = EXTRA_HTTP_HEADERS[name]
             if allowed and value not in allowed:
-                raise ValueError(f"invalid value for {name}: expected one of {', '.join(allowed)}, got {value!r}")
+                raise ValueError(f"invalid value for {name}: expected one of {', '.join(allowed)}, "
+                                 f"got '{excerpt(value)}'")
             if not all(" " <= ch <= "~" for ch in value):
                 # HTTP/1.1 headers are Latin-1 (h11 writes them so); anything else would fail every
                 # response (/healthz too), and control characters could split the header.

@@ -116,3 +116,42 @@ def test_member_churn_is_said_in_bounded_lines(monkeypatch: pytest.MonkeyPatch,
         asyncio.run(discovery.refresh(clusters, 1.0))
     (line,) = [r.getMessage() for r in caplog.records if "members from" in r.getMessage()]
     assert "change(s) since the last such line not said one by one" in line, line
+
+
+@pytest.mark.parametrize(("urls", "allowed", "host", "ok"), [
+    (["http://10.0.0.1:8008"], None, "10.0.0.7", True),  # the URL's /24
+    (["http://10.0.0.1:8008"], None, "10.0.1.7", False),
+    (["http://10.0.0.1:8008"], None, "127.0.0.5", False),  # a fake server elsewhere
+    (["http://[fd00::1]:8008"], None, "fd00::9", True),  # the URL's /64
+    (["http://pg1.db.example.com:8008"], None, "pg2.db.example.com", True),  # the URL host's domain
+    (["http://pg1.db.example.com:8008"], None, "evil.example.org", False),
+    (["http://pg1.db.example.com:8008"], None, "10.0.0.7", False),  # an address where URLs name hosts
+    (["http://patroni:8008"], None, "pg2", True),  # one label: the same search domain
+    (["http://10.0.0.1:8008"], ["192.168.5.0/24", ".example.com"], "192.168.5.9", True),
+    (["http://10.0.0.1:8008"], ["192.168.5.0/24", ".example.com"], "db.example.com", True),
+    (["http://10.0.0.1:8008"], ["192.168.5.0/24", ".example.com"], "10.0.0.7", False),  # as configured only
+])
+def test_a_member_is_reached_only_where_discovery_allows(urls: list[str], allowed: list[str] | None, host: str,
+                                                         ok: bool) -> None:
+    """A member pointed at a host outside ``allowed_hosts`` (by default the URLs' network or
+    domain) refuses the answer: its connection would carry the members' password (before,
+    a fake server on 127.0.0.5 got it in clear 8 times in 5 s)."""
+    from lagwatch.config import PatroniDiscoveryConfig
+    from lagwatch.patroni import DiscoveryError, member_hosts, parse_cluster
+
+    config = PatroniDiscoveryConfig(kind="patroni", urls=tuple(urls),
+                                    allowed_hosts=tuple(allowed) if allowed else None)
+    answer = {"members": [{"name": "pg-b", "host": host, "port": 5432}]}
+    if ok:
+        assert [m.host for m in parse_cluster(answer, "u", hosts=member_hosts(config)).members] == [host]
+    else:
+        with pytest.raises(DiscoveryError, match=f"member pg-b is at {host}, outside allowed_hosts"):
+            parse_cluster(answer, "u", hosts=member_hosts(config))
+
+
+@pytest.mark.parametrize("value", ["password=FuzzS3cret", "postgresql://u:FuzzS3cret@h/db",
+                                   "https://FuzzS3cret@h:1", "https://h:1/FuzzS3cret", "x https://h:1?t=FuzzS3cret y"])
+def test_an_excerpt_hides_what_is_shaped_like_a_secret(value: str) -> None:
+    from lagwatch.escape import excerpt
+
+    assert "FuzzS3cret" not in excerpt(value, 200)

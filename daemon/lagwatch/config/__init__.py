@@ -52,6 +52,7 @@ from lagwatch.config.poolers import (
     check_template,
 )
 from lagwatch.errors import ConfigError, validation_problems
+from lagwatch.escape import excerpt
 from lagwatch.shard import shard_of
 from lagwatch.webconfig import WebConfig, load_web_config
 from lagwatch.yamlfile import load_yaml
@@ -157,7 +158,7 @@ class ClusterConfig(_Strict):
                 value = str(params.get(key) or "")
                 if value and not POOLED_HOST.fullmatch(value):
                     # It is written into the pooler's config: a newline or quote could add lines.
-                    raise ValueError(f"{where}.dsn: {key} {value!r} cannot be written into a pooler config "
+                    raise ValueError(f"{where}.dsn: {key} '{excerpt(value)}' cannot be written into a pooler config "
                                      "(a host name, an IP address or a socket directory expected)")
         return self
 
@@ -354,9 +355,9 @@ class Config(_Strict):
 def split_listen(value: str) -> tuple[str, int]:
     host, sep, port_text = value.rpartition(":")
     if not sep or not host:
-        raise ValueError(f"expected HOST:PORT, got {value!r}")
+        raise ValueError(f"expected HOST:PORT, got '{excerpt(value)}'")
     if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise ValueError(f"port must be 1-65535, got {port_text!r}")
+        raise ValueError(f"port must be 1-65535, got '{excerpt(port_text)}'")
     return host.strip("[]"), int(port_text)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import urllib.parse
@@ -20,7 +21,10 @@ from lagwatch.config.base import (
     _Strict,
 )
 from lagwatch.config.poolers import HAProxyPoolerConfig, PgBouncerPoolerConfig, PoolerConfig
+from lagwatch.escape import excerpt
 from lagwatch.redact import redact_url
+
+_HOST_NAME = re.compile(r"\.?[A-Za-z0-9]([A-Za-z0-9-]{0,62}\.?)*")
 
 
 class PatroniDiscoveryConfig(_Strict):
@@ -39,6 +43,25 @@ class PatroniDiscoveryConfig(_Strict):
     # is a node polled, a connection held and a log line written, and a Patroni cluster
     # has a handful. Raise it for a bigger one.
     max_members: int = Field(default=32, ge=1, le=1000)
+    # Where a member may be: Patroni and the DCS behind it are remote input, and a member
+    # pointed at another host would be sent the members' password. Addresses or networks
+    # (10.0.0.0/24, fd00::/64), host names (db1.example.com) or domains (.example.com).
+    # Default (patroni.member_hosts): each URL host's network, its /24 (IPv6: /64), where it
+    # is an address; where it is a name, that name and its domain (the name less its first
+    # label; a name of one label: other names of one label).
+    allowed_hosts: tuple[str, ...] | None = Field(default=None, min_length=1)
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _hosts(cls, hosts: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        for host in hosts or ():
+            try:
+                ipaddress.ip_network(host, strict=False)
+            except ValueError:
+                if not _HOST_NAME.fullmatch(host):
+                    raise ValueError(f"'{excerpt(host)}' is no address, network (10.0.0.0/24), host name or "
+                                     "domain (.example.com)") from None
+        return hosts
 
     @field_validator("urls")
     @classmethod

@@ -17,6 +17,7 @@ from pydantic import (
 )
 
 from lagwatch.config.base import NodeConfig, _password_sources, _Strict
+from lagwatch.escape import excerpt
 
 PGBOUNCER_NAME = re.compile(r"[A-Za-z0-9_.$-]+")
 PGBOUNCER_PAIR = re.compile(r"\s*([A-Za-z_]+)\s*=\s*('(?:[^'\\]|\\.|'')*'|[^\s']+)")
@@ -55,7 +56,7 @@ class PgBouncerPoolerConfig(_Strict):
     def _database_name(cls, value: str) -> str:
         # Written as the key of a [databases] line: anything else could start a new setting.
         if not PGBOUNCER_NAME.fullmatch(value):
-            raise ValueError(f"{value!r} is not a PgBouncer database name lagwatch writes "
+            raise ValueError(f"'{excerpt(value)}' is not a PgBouncer database name lagwatch writes "
                              "(letters, digits and _ . - $ only)")
         return value
 
