@@ -326,9 +326,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    # Until a command sets up its own: every line logged is escaped (OneLineFormatter), as
-    # Python's last-resort handler would print it raw.
-    setup_logging("warning")
     return int(args.func(args))
 
 

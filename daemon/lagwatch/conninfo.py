@@ -3,6 +3,7 @@ sets (its application_name, a statement_timeout), and the password, read only he
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg.conninfo
@@ -10,8 +11,17 @@ import psycopg.conninfo
 from lagwatch.config import NodeConfig
 
 
+def search_path(schemas: Sequence[str] = ("public",)) -> str:
+    """The search_path every lagwatch session sets: pg_catalog first, the schemas the
+    operator names (``schemas``: where pg_walinspect and the heartbeat table are), pg_temp
+    last. Never ``$user``: a role with CREATE on the database could make a schema named as
+    lagwatch's login, with a heartbeat table carrying a trigger or a function named as
+    pg_walinspect's, and lagwatch would write into or run them as itself."""
+    return ",".join(["pg_catalog", *schemas, "pg_temp"])
+
+
 def build_conninfo(node: NodeConfig, connect_timeout: float, statement_timeout: float,
-                   application_name: str = "lagwatch") -> str:
+                   application_name: str = "lagwatch", schemas: Sequence[str] = ("public",)) -> str:
     """The node's DSN plus what lagwatch always sets; the password is added only here."""
     params = psycopg.conninfo.conninfo_to_dict(node.dsn)
     options = str(params.get("options", ""))
@@ -21,7 +31,10 @@ def build_conninfo(node: NodeConfig, connect_timeout: float, statement_timeout: 
         # (session.py): a late lagwatch gives up on nobody. libpq's (whole seconds, wall
         # clock) is only the backstop for a lagwatch that stays late for that long.
         "connect_timeout": max(10, round(4 * connect_timeout)),
-        "options": f"{options} -c statement_timeout={max(1, int(statement_timeout * 1000))}".strip(),
+        # Set as the connection's options, after the DSN's own: they take precedence over
+        # the role's and the database's settings (ALTER ROLE ... SET search_path).
+        "options": (f"{options} -c statement_timeout={max(1, int(statement_timeout * 1000))} "
+                    f"-c search_path={search_path(schemas)}").strip(),
     }
     password = node.password()
     if password is not None:

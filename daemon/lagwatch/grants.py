@@ -172,9 +172,9 @@ def excess_privileges(role: Mapping[str, Any]) -> list[tuple[int, str]]:
 
 
 def _check_node(node_name: str, node: NodeConfig, timeout: float, lag_from_wal: str,
-                heartbeat_table: str | None = None) -> NodeGrants:
+                heartbeat_table: str | None = None, schemas: tuple[str, ...] = ("public",)) -> NodeGrants:
     try:
-        conninfo = build_conninfo(node, timeout, timeout)
+        conninfo = build_conninfo(node, timeout, timeout, schemas=schemas)
         with psycopg.connect(conninfo, autocommit=True, row_factory=psycopg.rows.dict_row) as conn:
             rows = conn.execute(probe.SQL).fetchall()
             user = str(conn.execute("SELECT current_user AS u").fetchone()["u"])  # type: ignore[index]
@@ -210,7 +210,7 @@ def run_grants_check(config: Config, out: TextIO) -> int:
     for cluster in config.clusters_with_nodes:
         for name, node in _nodes(cluster):
             result = _check_node(name, node, config.effective_connect_timeout, cluster.lag_from_wal,
-                                 cluster.heartbeat.table if cluster.heartbeat is not None else None)
+                                 cluster.heartbeat.table if cluster.heartbeat is not None else None, cluster.schemas)
             where = f"{cluster.name}/{name}"
             if result.error is not None:
                 print(escape_controls(f"{where}: UNKNOWN cannot connect: {result.error}"), file=out)

@@ -42,6 +42,7 @@ class HeartbeatWriter:
         self.cluster_name = cluster.name
         self.settings: HeartbeatConfig = cluster.heartbeat
         self.primary: NodeConfig = cluster.primary
+        self.schemas = cluster.schemas
         self.row = row_id(self.settings.id)
         self.connect_timeout = config.effective_connect_timeout
         self.timeout = config.effective_query_timeout
@@ -59,7 +60,7 @@ class HeartbeatWriter:
 
     def serves(self, cluster: ClusterConfig) -> bool:
         """Whether this writer beats as ``cluster`` wants (a reload keeps it, and its log)."""
-        return cluster.heartbeat == self.settings and cluster.primary == self.primary
+        return (cluster.heartbeat, cluster.primary, cluster.schemas) == (self.settings, self.primary, self.schemas)
 
     def ensure_started(self) -> None:
         if self._task is None:
@@ -124,7 +125,7 @@ class HeartbeatWriter:
 
     async def _beat_while_connected(self) -> None:
         conninfo = build_conninfo(self.primary, self.connect_timeout, self.timeout,
-                                  f"lagwatch/{self.cluster_name}/heartbeat")
+                                  f"lagwatch/{self.cluster_name}/heartbeat", self.schemas)
         conn = await asyncio.wait_for(psycopg.AsyncConnection.connect(conninfo, autocommit=True),
                                       self.connect_timeout * 4)
         try:

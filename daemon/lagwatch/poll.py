@@ -238,7 +238,8 @@ class NodePoller:
                 raise NodeError("connect", f"waiting to reconnect after: {self._last_error}", backing_off=True)
             try:
                 conninfo = build_conninfo(self.node_config, self.connect_timeout, self.query_timeout,
-                                          poller_application_name(self.cluster.name, self.node))
+                                          poller_application_name(self.cluster.name, self.node),
+                                          self.cluster.schemas)
             except PasswordUnavailableError as exc:
                 raise NodeError("connect", str(exc)) from None
             self._connects += 1

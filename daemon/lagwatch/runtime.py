@@ -145,6 +145,7 @@ def claims(config: Config) -> dict[str, Claim]:
 
 def _set_when_made(cluster: ClusterConfig) -> tuple[object, ...]:
     """What a poller reads that is set when it is made: a primary's WAL reads, a replica's
-    heartbeat row (a heartbeat turned on, off or moved by a reload makes new pollers)."""
+    heartbeat row (a heartbeat turned on, off or moved by a reload makes new pollers), the
+    schemas its session searches."""
     return (cluster.walinspect, cluster.walinspect_max_bytes, cluster.lag_from_wal, cluster.lag_from_wal_max_bytes,
-            cluster.heartbeat)
+            cluster.heartbeat, cluster.schemas)

@@ -233,3 +233,42 @@ def test_a_check_writes_no_heartbeat(beating: ChaosCluster, tmp_path: Path) -> N
     assert done.returncode in (0, 1), done.stdout + done.stderr
     assert beating.primary.scalar("SELECT seq FROM lagwatch_heartbeat WHERE id = 'daemon-row'") == before
     assert _heartbeat_sessions(beating) == 0
+
+
+def test_a_schema_named_as_the_login_runs_nothing_of_the_attackers(beating: ChaosCluster, tmp_path: Path) -> None:
+    """A role with CREATE on the database makes the schema the login's ``$user`` would
+    search first (here ``postgres``, the tests' login), with a heartbeat table whose trigger
+    and functions named as pg_walinspect's record every call: lagwatch's sessions search
+    pg_catalog, public and pg_temp only, so none of it runs (before, the beats went into the
+    attacker's table and its wrapper of pg_get_wal_stats ran as lagwatch)."""
+    primary = beating.primary
+    fn_args = {name: str(primary.scalar("SELECT pg_get_function_arguments(%s::regprocedure)", (signature,)))
+               for name, signature in (("pg_get_wal_stats", "public.pg_get_wal_stats(pg_lsn,pg_lsn,boolean)"),
+                                       ("pg_get_wal_records_info", "public.pg_get_wal_records_info(pg_lsn,pg_lsn)"))}
+    primary.execute("DROP SCHEMA IF EXISTS postgres CASCADE")
+    primary.execute("CREATE SCHEMA postgres")
+    try:
+        primary.execute("CREATE TABLE postgres.stolen (what text, at timestamptz DEFAULT now())")
+        primary.execute("CREATE TABLE postgres.lagwatch_heartbeat (id text PRIMARY KEY, seq bigint NOT NULL)")
+        primary.execute("CREATE FUNCTION postgres.steal() RETURNS trigger LANGUAGE plpgsql AS "
+                        "$$ BEGIN INSERT INTO postgres.stolen (what) VALUES ('heartbeat'); RETURN NEW; END $$")
+        primary.execute("CREATE TRIGGER steal BEFORE INSERT OR UPDATE ON postgres.lagwatch_heartbeat "
+                        "FOR EACH ROW EXECUTE FUNCTION postgres.steal()")
+        for name, args in fn_args.items():
+            params = ", ".join(a.split()[0] for a in args.split(", ") if not a.startswith("OUT "))
+            primary.execute(f"CREATE FUNCTION postgres.{name}({args}) RETURNS SETOF record LANGUAGE plpgsql AS "
+                            f"$$ BEGIN INSERT INTO postgres.stolen (what) VALUES ('{name}'); "
+                            f"RETURN QUERY SELECT * FROM public.{name}({params}); END $$")
+        beating.wait_replayed()
+        config = _config(beating, interval="100ms", heartbeat={"id": "hostile-schema", "interval": "10ms"})
+        with Lagwatch(tmp_path, config) as lw:
+            lw.wait_ready()
+            lw.wait_for("beating", lambda: (lw.value("lagwatch_heartbeat_beats_total") or 0) > 20, timeout=15)
+            lw.wait_cycles(20)  # its WAL reads (pg_walinspect's) in every cycle of the primary
+            assert (lw.value("lagwatch_wal_inspected_bytes_total") or 0) > 0 or \
+                lw.value("lagwatch_view_up", node="primary", view="walinspect") is not None
+        stolen = primary.execute("SELECT what, count(*) FROM postgres.stolen GROUP BY 1")
+        assert stolen == [], stolen
+        assert primary.scalar("SELECT seq FROM public.lagwatch_heartbeat WHERE id = 'hostile-schema'") > 20
+    finally:
+        primary.execute("DROP SCHEMA IF EXISTS postgres CASCADE")

@@ -4,6 +4,8 @@ character into it: a file name, a cluster's name, a server's message."""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,6 +33,19 @@ def test_validate_prints_a_broken_cluster_files_problem_once_and_escaped(tmp_pat
     assert "x\\nERROR forged.yaml: bad_key: unknown key" in err
 
 
+@pytest.fixture
+def root_logging() -> Iterator[None]:
+    """`lagwatch check` sets up the root logger for the process: put it back after."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        yield
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+
+
+@pytest.mark.usefixtures("root_logging")
 def test_check_escapes_what_it_prints(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A cluster named with a newline and an escape sequence, its nodes unreachable: the
     check's summary and table put neither on a line of its own (before, a name forged

@@ -115,7 +115,7 @@ def test_every_option_a_patroni_cluster_shares_with_a_static_one_carries_over() 
     options = {"walinspect": "off", "walinspect_max_bytes": 1024, "lag_from_wal": "off",
                "lag_from_wal_max_bytes": 2048, "horizon_alert_xids": 7_000, "dry_run": True,
                "leader_lock_key": "lagwatch-test-key", "heartbeat": {"interval": "2s"},
-               "sla": {"max_lag": "3s"}}
+               "sla": {"max_lag": "3s"}, "schemas": ["monitoring"]}
     shared = set(PatroniClusterConfig.model_fields) & set(ClusterConfig.model_fields) - {"name"}
     assert shared - {"pooler"} == set(options), "an option both kinds share: set it above too"
     (patroni,) = parse_config({"clusters": [{**CLUSTER, **options}]}).patroni_clusters

@@ -33,6 +33,7 @@ from lagwatch.config.base import (
     PasswordUnavailableError,
     PositiveDuration,
     ReplicaSla,
+    Schemas,
     SlaConfig,
     SlaOverride,
     _Strict,
@@ -51,9 +52,9 @@ from lagwatch.config.poolers import (
     TomlPoolerConfig,
     check_template,
 )
+from lagwatch.config.process import HttpConfig, ShardConfig
 from lagwatch.errors import ConfigError, validation_problems
 from lagwatch.escape import excerpt
-from lagwatch.shard import shard_of
 from lagwatch.webconfig import WebConfig, load_web_config
 from lagwatch.yamlfile import load_yaml
 
@@ -102,6 +103,9 @@ class ClusterConfig(_Strict):
     lag_from_wal: Literal["auto", "off"] = "auto"
     lag_from_wal_max_bytes: int = Field(default=LAG_FROM_WAL_MAX_BYTES, gt=0)
     heartbeat: HeartbeatConfig | None = None  # off unless configured: lagwatch's one write
+    # The schemas lagwatch's sessions search after pg_catalog (conninfo.search_path): where
+    # pg_walinspect and an unqualified heartbeat table are. Never the login's own schema.
+    schemas: Schemas = Field(default=("public",), max_length=8)
     # Replication holding the vacuum horizon back by more transactions than this alerts
     # (LagwatchReplicationHoldsHorizon; exported as lagwatch_horizon_alert_xids).
     horizon_alert_xids: int = Field(default=50_000_000, gt=0)
@@ -200,32 +204,6 @@ AnyClusterConfig = Annotated[
     Annotated[ClusterConfig, Tag("static")] | Annotated[PatroniClusterConfig, Tag("patroni")],
     Discriminator(_cluster_kind),
 ]
-
-
-class ShardConfig(_Strict):
-    """This instance's part of a fleet: clusters are spread over ``count`` shards by
-    rendezvous hashing of their names (lagwatch.shard); run two instances per index for HA
-    (the per-cluster leader lock decides which one acts on the pool)."""
-
-    index: int = Field(ge=0)
-    count: int = Field(ge=1, le=1024)
-
-    @model_validator(mode="after")
-    def _index_in_range(self) -> ShardConfig:
-        if self.index >= self.count:
-            raise ValueError(f"index {self.index} must be below count {self.count} (shards are 0 .. count-1)")
-        return self
-
-    def owns(self, cluster: str) -> bool:
-        return shard_of(cluster, self.count) == self.index
-
-
-class HttpConfig(_Strict):
-    """The HTTP server's limits against slow or numerous clients (see httpserver.py)."""
-
-    max_connections: int = Field(default=512, ge=1, le=100_000)  # also kept below the descriptor limit
-    request_timeout: PositiveDuration = 10.0  # to read a whole request's headers, TLS handshake included
-    idle_timeout: PositiveDuration = 60.0  # a kept-alive connection between two requests
 
 
 class Config(_Strict):

@@ -38,6 +38,22 @@ NODE_NAME_RULE = ("letters, digits, '.', '_' and '-', starting with a letter or 
                   "(PostgreSQL's application_name)")
 
 
+SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+
+def schema_names(schemas: tuple[str, ...]) -> tuple[str, ...]:
+    """``schemas`` if each is a plain lower-case schema name lagwatch may search (not
+    pg_catalog or pg_temp, which it places itself, nor ``$user``); else ValueError."""
+    for schema in schemas:
+        if not SCHEMA_NAME.fullmatch(schema) or schema in ("pg_catalog", "pg_temp"):
+            raise ValueError("each schema is a lower-case name (letters, digits, '_'), not pg_catalog or pg_temp "
+                             "(lagwatch places those itself) nor $user")
+    return schemas
+
+
+Schemas = Annotated[tuple[str, ...], AfterValidator(schema_names)]
+
+
 def node_name_problem(name: str) -> str | None:
     """Why ``name`` is no node name (None: it is one)."""
     if name == "primary":

@@ -17,6 +17,7 @@ from lagwatch.config.base import (
     HeartbeatConfig,
     NodeConfig,
     PositiveDuration,
+    Schemas,
     SlaConfig,
     _Strict,
 )
@@ -123,6 +124,9 @@ class PatroniClusterConfig(_Strict):
     lag_from_wal: Literal["auto", "off"] = "auto"
     lag_from_wal_max_bytes: int = Field(default=LAG_FROM_WAL_MAX_BYTES, gt=0)
     heartbeat: HeartbeatConfig | None = None  # off unless configured: lagwatch's one write
+    # The schemas lagwatch's sessions search after pg_catalog (conninfo.search_path): where
+    # pg_walinspect and an unqualified heartbeat table are. Never the login's own schema.
+    schemas: Schemas = Field(default=("public",), max_length=8)
     # Replication holding the vacuum horizon back by more transactions than this alerts
     # (LagwatchReplicationHoldsHorizon; exported as lagwatch_horizon_alert_xids).
     horizon_alert_xids: int = Field(default=50_000_000, gt=0)
