@@ -264,9 +264,11 @@ def test_a_schema_named_as_the_login_runs_nothing_of_the_attackers(beating: Chao
         with Lagwatch(tmp_path, config) as lw:
             lw.wait_ready()
             lw.wait_for("beating", lambda: (lw.value("lagwatch_heartbeat_beats_total") or 0) > 20, timeout=15)
-            lw.wait_cycles(20)  # its WAL reads (pg_walinspect's) in every cycle of the primary
-            assert (lw.value("lagwatch_wal_inspected_bytes_total") or 0) > 0 or \
-                lw.value("lagwatch_view_up", node="primary", view="walinspect") is not None
+            # pg_walinspect called, by its unqualified names: the WAL dating's reads and the
+            # FPI statistics', cycle after cycle (the attacker's functions would have run).
+            lw.wait_for("WAL reads", lambda: (lw.value("lagwatch_wal_dating_reads_total") or 0) > 10
+                        and (lw.value("lagwatch_wal_inspected_bytes_total") or 0) > 0, timeout=30)
+            assert (lw.value("lagwatch_wal_dating_reads_failed_total") or 0) == 0
         stolen = primary.execute("SELECT what, count(*) FROM postgres.stolen GROUP BY 1")
         assert stolen == [], stolen
         assert primary.scalar("SELECT seq FROM public.lagwatch_heartbeat WHERE id = 'hostile-schema'") > 20
