@@ -15,20 +15,26 @@ import yaml
 from chaoscluster import ChaosCluster
 from harness import Lagwatch, Writer, cluster_config, let_time_pass, run_cli
 from lagwatch.demo.ports import free_port
+from lagwatch.demo.servers import wait_until
 
 pytestmark = pytest.mark.one_pg_version
 
 SECRET = "Sup3r-Secret-Pw"
 
 
-def test_sigterm_exits_cleanly_within_2s(pg_cluster: ChaosCluster, tmp_path: Path) -> None:
+def test_sigterm_exits_cleanly(pg_cluster: ChaosCluster, tmp_path: Path) -> None:
+    """SIGTERM ends it: exit code 0, no traceback, its sessions gone. How long that takes is
+    a speed, measured by bench/shutdown.py (docs/benchmarks.md), not asserted here: the wait
+    below only keeps a hang from hanging the suite."""
     lw = Lagwatch.for_cluster(tmp_path, pg_cluster)
     lw.wait_ready()
-    started = time.monotonic()
+    lw.wait_cycles(2)
     lw.signal(signal.SIGTERM)
-    lw.proc.wait(5)
-    assert time.monotonic() - started < 2.0
-    assert lw.stop() == 0
+    assert lw.proc.wait(30) == 0, lw.log_text()[-3000:]
+    assert "Traceback" not in lw.log_text()
+    # Its sessions end as the server sees their sockets close (a moment after the exit).
+    assert wait_until(lambda: pg_cluster.primary.scalar(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'lagwatch/%'") == 0, 10)
 
 
 class BlackHole:
