@@ -4,7 +4,7 @@
 --
 -- One row per lagwatch instance (its heartbeat.id, the host's name by default), raised
 -- every heartbeat.interval on lagwatch's own session with synchronous_commit = local. At
--- the default 25 ms that is 40 small commits a second: about 0.6 GB of WAL a day (~170
+-- the default 25 ms that is 40 small commits a second: about 0.55 GB of WAL a day (~160
 -- bytes a beat, measured in tests/integration/test_heartbeat.py, said in docs/lag.md),
 -- shipped to and replayed on every replica.
 CREATE TABLE IF NOT EXISTS lagwatch_heartbeat (
