@@ -271,10 +271,15 @@ def test_a_schema_named_as_the_login_runs_nothing_of_the_attackers(beating: Chao
         primary.execute("CREATE TRIGGER steal BEFORE INSERT OR UPDATE ON postgres.lagwatch_heartbeat "
                         "FOR EACH ROW EXECUTE FUNCTION postgres.steal()")
         for name, args in fn_args.items():
-            params = ", ".join(a.split()[0] for a in args.split(", ") if not a.startswith("OUT "))
-            primary.execute(f"CREATE FUNCTION postgres.{name}({args}) RETURNS SETOF record LANGUAGE plpgsql AS "
-                            f"$$ BEGIN INSERT INTO postgres.stolen (what) VALUES ('{name}'); "
-                            f"RETURN QUERY SELECT * FROM public.{name}({params}); END $$")
+            # The same arguments, the IN ones renamed (pg_get_wal_records_info's OUT columns
+            # reuse their names, which PL/pgSQL refuses).
+            ins = [a for a in args.split(", ") if not a.startswith("OUT ")]
+            renamed = [f"i{n} {a.split(' ', 1)[1]}" for n, a in enumerate(ins)]
+            outs = [a for a in args.split(", ") if a.startswith("OUT ")]
+            call = ", ".join(f"i{n}" for n in range(len(ins)))
+            primary.execute(f"CREATE FUNCTION postgres.{name}({', '.join(renamed + outs)}) RETURNS SETOF record "
+                            f"LANGUAGE plpgsql AS $$ BEGIN INSERT INTO postgres.stolen (what) VALUES ('{name}'); "
+                            f"RETURN QUERY SELECT * FROM public.{name}({call}); END $$")
         beating.wait_replayed()
         config = _config(beating, interval="100ms", heartbeat={"id": "hostile-schema", "interval": "10ms"})
         with Lagwatch(tmp_path, config) as lw:

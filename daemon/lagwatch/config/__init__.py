@@ -162,8 +162,8 @@ class ClusterConfig(_Strict):
                 value = str(params.get(key) or "")
                 if value and not POOLED_HOST.fullmatch(value):
                     # It is written into the pooler's config: a newline or quote could add lines.
-                    raise ValueError(f"{where}.dsn: {key} '{excerpt(value)}' cannot be written into a pooler config "
-                                     "(a host name, an IP address or a socket directory expected)")
+                    raise ValueError(f"{where}.dsn: {key} '{excerpt(value, 100)}' cannot be written into a pooler "
+                                     "config (a host name, an IP address or a socket directory expected)")
         return self
 
     @model_validator(mode="after")

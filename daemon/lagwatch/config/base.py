@@ -129,7 +129,9 @@ class NodeConfig(_Strict):
         # tail for the port or the host.
         encode = "percent-encode '@', ':' and '/' in a URI's user name and password (%40, %3A, %2F)"
         for port in str(params.get("port", "")).split(","):
-            if port.strip() and not (port.strip().isdigit() and 0 < int(port) < 65536):
+            if port.strip().isdigit() and not 0 < int(port) < 65536:
+                raise ValueError(f"port {port.strip()!r} is not a TCP port number")  # digits: no password's tail
+            if port.strip() and not port.strip().isdigit():
                 raise ValueError(f"a port is not a TCP port number (not shown: it may hold a password's tail; "
                                  f"{encode})")
         if "@" in str(params.get("host", "")):  # ('/' starts a socket directory: a host may hold it)
