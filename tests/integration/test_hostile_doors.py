@@ -126,20 +126,23 @@ def test_an_answer_of_4000_members_is_refused_and_costs_nothing_once_it_is_gone(
     assert after_rss <= rss * 1.10 and after_fds <= fds * 1.10 + 1, (rss, after_rss, fds, after_fds)
 
 
-def test_member_names_with_newlines_and_escapes_are_one_escaped_line(
+def test_member_names_with_newlines_and_escapes_are_refused_in_one_escaped_line(
         patroni: FakePatroni, tls: RestTls, tmp_path: Path) -> None:
+    """A member name holding a newline (a forged log line after it) or an escape sequence
+    is no node name (round three: one rule for node names, config/base.NODE_NAME): the
+    answer is refused, and the refusal names it in one escaped line."""
     forged = "b\n2026-11-26 00:00:00,000 ERROR lagwatch.forged: <script>alert(1)</script>"
     patroni.serve(members(["a", forged, "c\x1b[31mred"]))
     with Lagwatch(tmp_path, discovered(patroni, tls)) as lw:
         lw.wait_ready()
-        lw.wait_for("3 members", lambda: lw.value("lagwatch_discovery_members", cluster="main") == 3, timeout=20)
+        lw.wait_logged("member discovery failed")
         lw.wait_cycles(3)
+        assert lw.value("lagwatch_discovery_up", cluster="main") == 0
         log = lw.log_text()
     assert "\x1b" not in log
     assert not any(line.startswith("2026-11-26 00:00:00,000") for line in log.splitlines()), log[-2000:]
-    members_line = [line for line in log.splitlines() if "members from" in line]
-    assert members_line and "b\\n2026-11-26 00:00:00,000 ERROR lagwatch.forged" in members_line[0]
-    assert "c\\x1b[31mred" in members_line[0]
+    (refused,) = [line for line in log.splitlines() if "member discovery failed" in line]
+    assert "a member has no usable name ('b\\n2026-11-26 00:00:00,000 ERRO" in refused, refused
 
 
 def test_a_patroni_url_with_a_password_is_refused_without_repeating_it(
@@ -157,4 +160,4 @@ def test_a_patroni_url_with_a_password_is_refused_without_repeating_it(
         assert lw.value("lagwatch_discovery_members", cluster="main") == 3
         log = lw.log_text()
     assert "UrlSecret-41" not in log
-    assert "https://lagwatch:***@127.0.0.1:47360" in log
+    assert "https://***@127.0.0.1:47360" in log  # the user part may be a token too: none of it shown
