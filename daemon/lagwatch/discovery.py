@@ -24,10 +24,13 @@ log = logging.getLogger("lagwatch.discovery")
 
 
 # How many membership-change lines a cluster may log in a burst, and how fast that allowance
-# comes back: a member joining or leaving now and then is each said, a Patroni (or an etcd)
-# that renames its members every answer is said in summary.
-CHANGE_LINES_BURST = 5
-CHANGE_LINES_EVERY = 60.0  # seconds for one more line's allowance
+# comes back: members joining and leaving, even through a failover and a maintenance window's
+# restarts, are each said; a Patroni (or an etcd) that renames its members in every answer is
+# said in summary, at most 6 lines a minute once the burst is spent (some 5 MB a day at the
+# worst, where every name was logged every second before: 2.9 GB). A burst of 5 with a line a
+# minute hid a member's join after a test's failover and leave.
+CHANGE_LINES_BURST = 20
+CHANGE_LINES_EVERY = 10.0  # seconds for one more line's allowance
 NAMES_SHOWN = 8  # member names a line lists before "and N more"
 
 
