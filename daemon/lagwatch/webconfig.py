@@ -164,7 +164,8 @@ class HttpServerConfig(_Strict):
     def _allowed_headers(cls, headers: dict[str, str]) -> dict[str, str]:
         for name, value in headers.items():
             if name not in EXTRA_HTTP_HEADERS:
-                raise ValueError(f"HTTP header {name!r} can not be configured: one of "
+                # A name is shown as any unexpected value is (``excerpt``): a token pasted here is hidden.
+                raise ValueError(f"HTTP header '{excerpt(name)}' can not be configured: one of "
                                  f"{', '.join(EXTRA_HTTP_HEADERS)}")
             allowed = EXTRA_HTTP_HEADERS[name]
             if allowed and value not in allowed:
@@ -188,11 +189,13 @@ class WebConfig(_Strict):
         for user, hashed in users.items():
             cost = bcrypt_cost(hashed)
             if cost is None:
-                raise ValueError(f"{user}: expected a bcrypt hash ($2y$...), not a plain password")
+                # The user name is shown as ``excerpt`` shows a value: a password put in the
+                # name's place (``"user:secret": ...``) is not echoed.
+                raise ValueError(f"{excerpt(user)}: expected a bcrypt hash ($2y$...), not a plain password")
             if not 4 <= cost <= MAX_BCRYPT_COST:
                 # bcrypt allows 31, but each step doubles the work: 17 takes ~10 s of CPU
                 # (Prometheus's scrape timeout) per check here, 31 takes days.
-                raise ValueError(f"{user}: bcrypt cost {cost:02d} is out of range (4 to {MAX_BCRYPT_COST}; "
+                raise ValueError(f"{excerpt(user)}: bcrypt cost {cost:02d} is out of range (4 to {MAX_BCRYPT_COST}; "
                                  "10 to 12 is usual)")
         return users
 

@@ -335,7 +335,9 @@ def split_listen(value: str) -> tuple[str, int]:
     if not sep or not host:
         raise ValueError(f"expected HOST:PORT, got '{excerpt(value)}'")
     if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise ValueError(f"port must be 1-65535, got '{excerpt(port_text)}'")
+        # The whole value is shown, not what follows its last ':' (a URL's or a DSN's tail,
+        # ``8008/TOKEN/``, would not look like a secret on its own).
+        raise ValueError(f"port must be 1-65535, in '{excerpt(value)}'")
     return host.strip("[]"), int(port_text)
 
 
