@@ -23,6 +23,7 @@ from lagwatch.beats import BeatLog, Beats
 from lagwatch.config import ClusterConfig, Config, HeartbeatConfig, NodeConfig, PasswordUnavailableError
 from lagwatch.conninfo import build_conninfo
 from lagwatch.errors import flat_message
+from lagwatch.heartbeattable import HeartbeatTableError, check_table
 from lagwatch.redact import redact_text
 from lagwatch.views.heartbeat import row_id
 
@@ -30,10 +31,6 @@ log = logging.getLogger("lagwatch.heartbeat")
 
 RETRY_MAX = 30.0  # seconds between attempts while the heartbeat cannot be written
 SEQ_MAX = (1 << 63) - 1  # bigint's: the beat log holds 64-bit numbers (beats.BeatLog)
-
-
-class HeartbeatTableError(Exception):
-    """The heartbeat table is not what deploy/sql/lagwatch-heartbeat.sql makes."""
 
 
 class HeartbeatWriter:
@@ -48,14 +45,11 @@ class HeartbeatWriter:
         self.timeout = config.effective_query_timeout
         self.log = BeatLog()
         self._task: asyncio.Task[None] | None = None
-        table = self.settings.table  # checked by the config's pattern: an identifier, maybe schema-qualified
-        self._write = (f"INSERT INTO {table} (id, seq) VALUES (%s, %s) "
+        # Checked by the config's pattern (identifiers), and schema-qualified.
+        self.table = self.settings.qualified_table(self.schemas)
+        self._write = (f"INSERT INTO {self.table} (id, seq) VALUES (%s, %s) "
                        "ON CONFLICT (id) DO UPDATE SET seq = EXCLUDED.seq").encode()
-        self._last = f"SELECT seq FROM {table} WHERE id = %s".encode()
-        # The seq column's type: bigint, as the shipped SQL makes it (a numeric column takes
-        # numbers the beat log cannot hold).
-        self._seq_type = (b"SELECT format_type(atttypid, atttypmod) FROM pg_catalog.pg_attribute "
-                          b"WHERE attrelid = %s::regclass AND attname = 'seq' AND NOT attisdropped")
+        self._last = f"SELECT seq FROM {self.table} WHERE id = %s".encode()
         self._failures = 0  # attempts failed since the last beat written
 
     def serves(self, cluster: ClusterConfig) -> bool:
@@ -98,7 +92,7 @@ class HeartbeatWriter:
         if self._failures == 1:
             log.warning("%s: cannot write the heartbeat to %s (%s); its bounds are off until it can "
                         "(deploy/sql/lagwatch-heartbeat.sql creates the table and its grant)",
-                        self.cluster_name, self.settings.table, message)
+                        self.cluster_name, self.table, message)
 
     def _written(self) -> None:
         if self._failures:
@@ -108,13 +102,10 @@ class HeartbeatWriter:
 
     async def _next_seq(self, conn: psycopg.AsyncConnection[tuple[object, ...]]) -> int:
         """The row's number to go on from (a restart must not count back: a replica would
-        show a beat the log cannot place), once the table is seen to hold what the beat log
-        can: a bigint column, and room left in it."""
-        cursor = await conn.execute(self._seq_type, (self.settings.table,))
-        column = await cursor.fetchone()
-        if column is None or column[0] != "bigint":
-            found = "no seq column" if column is None else f"its seq column is {column[0]}"
-            raise HeartbeatTableError(f"{found}, not bigint: make it with deploy/sql/lagwatch-heartbeat.sql")
+        show a beat the log cannot place), once the table is seen to be fit to beat in (no
+        code on it, trusted owners, a bigint column: heartbeattable.py) and to have room
+        left in its row."""
+        await check_table(conn, self.table)
         cursor = await conn.execute(self._last, (self.row,))
         row = await cursor.fetchone()
         seq = int(str(row[0])) if row and row[0] is not None else 0

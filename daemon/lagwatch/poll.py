@@ -89,7 +89,8 @@ class NodePoller:
         self._session = Session(context or SessionContext())
         self._caps: Capabilities | None = None
         beat = cluster.heartbeat
-        self._beat_view = None if beat is None else heartbeat.view_for(beat.table, heartbeat.row_id(beat.id))
+        self._beat_view = None if beat is None else heartbeat.view_for(beat.qualified_table(cluster.schemas),
+                                                                           heartbeat.row_id(beat.id))
         self._reader = ViewReader(f"{cluster.name}/{node}", () if self._beat_view is None else (self._beat_view,))
         self._failures = 0
         self._next_attempt = 0.0

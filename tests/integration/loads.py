@@ -26,11 +26,17 @@ BIG_TABLE = "lagwatch_big"
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def create_heartbeat_table(cluster: ChaosCluster) -> None:
-    """The heartbeat table as deploy/sql/lagwatch-heartbeat.sql makes it (its grant to
-    PUBLIC: the tests' role is a superuser, and no `lagwatch` role exists here)."""
-    sql = (ROOT / "deploy" / "sql" / "lagwatch-heartbeat.sql").read_text()
-    cluster.primary.execute(sql.replace("TO lagwatch;", "TO PUBLIC;"))
+def create_heartbeat_table(cluster: ChaosCluster, schema: str | None = None) -> None:
+    """The heartbeat table as deploy/sql/lagwatch-heartbeat.sql makes it, run by psql as
+    an operator would (its grants to a NOLOGIN ``lagwatch`` role made here if missing: the
+    tests' login is a superuser), in ``schema`` (the script's default, public, if None)."""
+    cluster.primary.execute("DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'lagwatch') "
+                            "THEN CREATE ROLE lagwatch NOLOGIN; END IF; END $$")
+    primary = cluster.primary
+    subprocess.run([str(cluster.binaries.tool("psql")), "-X", "-q", "-h", primary.host, "-p", str(primary.port),
+                    "-U", "postgres", "-d", "postgres", *(["-v", f"schema={schema}"] if schema else []),
+                    "-f", str(ROOT / "deploy" / "sql" / "lagwatch-heartbeat.sql")],
+                   check=True, capture_output=True, timeout=60)
 
 
 def prepare(cluster: ChaosCluster, big_rows: int = 0) -> None:

@@ -295,3 +295,59 @@ def test_a_schema_named_as_the_login_runs_nothing_of_the_attackers(beating: Chao
         assert primary.scalar("SELECT seq FROM public.lagwatch_heartbeat WHERE id = 'hostile-schema'") > 20
     finally:
         primary.execute("DROP SCHEMA IF EXISTS postgres CASCADE")
+
+
+def test_the_shipped_sql_makes_a_table_in_a_schema_of_its_own(beating: ChaosCluster, tmp_path: Path) -> None:
+    """``psql -v schema=beat -f deploy/sql/lagwatch-heartbeat.sql``, ``table:
+    beat.lagwatch_heartbeat``: the beats go there and the replicas read them back."""
+    create_heartbeat_table(beating, schema="beat")
+    try:
+        config = _config(beating, interval="100ms",
+                         heartbeat={"id": "own-schema", "interval": "10ms", "table": "beat.lagwatch_heartbeat"})
+        with Lagwatch(tmp_path, config) as lw:
+            lw.wait_ready()
+            lw.wait_for("beating", lambda: (lw.value("lagwatch_heartbeat_beats_total") or 0) > 20, timeout=15)
+            lw.wait_for("replica1 reads the heartbeat", lambda: lw.value(
+                "lagwatch_view_up", node="replica1", view="heartbeat") == 1, timeout=15)
+            assert (lw.value("lagwatch_heartbeat_errors_total") or 0) == 0
+        assert beating.primary.scalar("SELECT seq FROM beat.lagwatch_heartbeat WHERE id = 'own-schema'") > 20
+    finally:
+        beating.primary.execute("DROP SCHEMA IF EXISTS beat CASCADE")
+
+
+@pytest.mark.parametrize(("plant", "said"), [
+    ("CREATE TRIGGER steal BEFORE INSERT OR UPDATE ON planted.lagwatch_heartbeat "
+     "FOR EACH ROW EXECUTE FUNCTION planted.steal()", "triggers: steal"),
+    ("ALTER TABLE planted.lagwatch_heartbeat OWNER TO mallory", "it is owned by mallory, who may put code on it"),
+    ("ALTER SCHEMA planted OWNER TO mallory", "its schema planted is owned by mallory, who may replace it"),
+])
+def test_a_table_with_code_on_it_or_a_strangers_is_never_written(beating: ChaosCluster, tmp_path: Path,
+                                                                plant: str, said: str) -> None:
+    """A heartbeat table with a trigger (whose function would run as lagwatch's role and
+    read what that role reads), or a table or schema a stranger owns (who could add one
+    later): lagwatch says what it found, once, and writes nothing (before, it beat into
+    any table the name resolved to). The trigger's function records each call."""
+    primary = beating.primary
+    primary.execute("DROP SCHEMA IF EXISTS planted CASCADE")
+    primary.execute("DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'mallory') "
+                    "THEN CREATE ROLE mallory NOLOGIN; END IF; END $$")
+    primary.execute("CREATE SCHEMA planted")
+    try:
+        primary.execute("CREATE TABLE planted.stolen (what text)")
+        primary.execute("CREATE TABLE planted.lagwatch_heartbeat (id text PRIMARY KEY, seq bigint NOT NULL)")
+        primary.execute("CREATE FUNCTION planted.steal() RETURNS trigger LANGUAGE plpgsql AS "
+                        "$$ BEGIN INSERT INTO planted.stolen VALUES ('beat'); RETURN NEW; END $$")
+        primary.execute(plant)
+        config = _config(beating, interval="100ms",
+                         heartbeat={"id": "planted", "interval": "10ms", "table": "planted.lagwatch_heartbeat"})
+        with Lagwatch(tmp_path, config) as lw:
+            lw.wait_ready()
+            lw.wait_for("two failed attempts counted",
+                        lambda: (lw.value("lagwatch_heartbeat_errors_total") or 0) >= 2, timeout=15)
+            assert lw.value("lagwatch_heartbeat_beats_total") == 0
+            lines = [line for line in lw.log_text().splitlines() if "cannot write the heartbeat" in line]
+            assert len(lines) == 1 and said in lines[0] and "planted.lagwatch_heartbeat" in lines[0], lines
+        assert primary.scalar("SELECT count(*) FROM planted.lagwatch_heartbeat") == 0
+        assert primary.scalar("SELECT count(*) FROM planted.stolen") == 0
+    finally:
+        primary.execute("DROP SCHEMA IF EXISTS planted CASCADE")

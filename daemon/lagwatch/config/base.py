@@ -223,6 +223,12 @@ class HeartbeatConfig(_Strict):
             raise ValueError("must be a lower-case table name, optionally schema-qualified (schema.table)")
         return value
 
+    def qualified_table(self, schemas: tuple[str, ...]) -> str:
+        """The table as every statement names it, schema-qualified: an unqualified name is
+        in the first of the cluster's ``schemas`` (public by default, where the SQL of
+        earlier releases made it), never wherever a search path would find it first."""
+        return self.table if "." in self.table else f"{schemas[0]}.{self.table}"
+
     @field_validator("id")
     @classmethod
     def _plain_id(cls, value: str | None) -> str | None:

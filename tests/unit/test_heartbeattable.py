@@ -1,0 +1,41 @@
+"""The heartbeat table's shape rule (heartbeattable.shape_problems), one row per case: what
+the shipped SQL makes passes; each thing that would run code as lagwatch's role, or let a
+stranger add it later, is named."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from lagwatch.heartbeattable import shape_problems
+
+AS_SHIPPED: dict[str, Any] = {
+    "relkind": "r", "row_security": False, "schema": "lagwatch", "table_owner": "postgres", "table_trusted": True,
+    "schema_owner": "postgres", "schema_trusted": True, "seq_type": "bigint", "other_columns": None,
+    "triggers": None, "rules": None, "constraints": None, "indexes": None,
+}
+
+
+@pytest.mark.parametrize(("change", "said"), [
+    ({}, None),
+    ({"relkind": "v"}, "it is not a plain table (relkind 'v')"),
+    ({"relkind": "p"}, "it is not a plain table (relkind 'p')"),
+    ({"seq_type": "numeric"}, "its seq column is numeric, not bigint"),
+    ({"seq_type": None}, "no seq column, not bigint"),
+    ({"other_columns": ["id", "at"]}, "columns other than id text and seq bigint: id, at"),
+    ({"triggers": ["steal"]}, "triggers: steal"),
+    ({"rules": ["r1", "r2"]}, "rules: r1, r2"),
+    ({"constraints": ["seq_check"]}, "constraints other than its keys: seq_check"),
+    ({"indexes": ["lagwatch.by_fn"]}, "indexes on expressions or with predicates: lagwatch.by_fn"),
+    ({"row_security": True}, "row security is on (its policies run as lagwatch's role)"),
+    ({"table_trusted": False, "table_owner": "mallory"}, "it is owned by mallory, who may put code on it"),
+    ({"schema_trusted": False, "schema_owner": "mallory"},
+     "its schema lagwatch is owned by mallory, who may replace it"),
+])
+def test_the_shape_rule(change: dict[str, Any], said: str | None) -> None:
+    assert shape_problems({**AS_SHIPPED, **change}) == ([] if said is None else [said])
+
+
+def test_every_problem_is_said_at_once() -> None:
+    problems = shape_problems({**AS_SHIPPED, "triggers": ["t"], "table_trusted": False, "table_owner": "m"})
+    assert problems == ["triggers: t", "it is owned by m, who may put code on it"]
