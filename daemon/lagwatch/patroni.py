@@ -281,9 +281,26 @@ def fetch_membership(config: PatroniDiscoveryConfig, timeout: float) -> Membersh
     raise DiscoveryError("; ".join(problems))
 
 
+VERIFYING = ("verify-ca", "verify-full")  # the sslmodes in which only the real server can answer
+
+
+def member_auth(template: str) -> dict[str, str]:
+    """What a discovered member's DSN adds to the template's about authentication. A host
+    Patroni names is remote input (allowed_hosts bounds where it may be, not who answers
+    there): the password is never sent to it in clear (``require_auth=!password``, libpq
+    16+; md5 and SCRAM prove it without sending it), unless the template sets its own
+    ``require_auth`` or verifies the server's certificate (``sslmode`` verify-ca or
+    verify-full). Everything else the template sets (sslmode, sslrootcert, gssencmode...)
+    applies to every member as written, as to a static node."""
+    params = psycopg.conninfo.conninfo_to_dict(template)
+    if "require_auth" in params or params.get("sslmode") in VERIFYING or psycopg.pq.version() < 160000:
+        return {}
+    return {"require_auth": "!password"}
+
+
 def _member_dsn(template: str, hosts: list[str], ports: list[int], **extra: str) -> str:
     params = psycopg.conninfo.conninfo_to_dict(template)
-    params.update(host=",".join(hosts), port=",".join(str(p) for p in ports), **extra)
+    params.update(host=",".join(hosts), port=",".join(str(p) for p in ports), **member_auth(template), **extra)
     return psycopg.conninfo.make_conninfo(**{k: str(v) for k, v in params.items() if v is not None})
 
 

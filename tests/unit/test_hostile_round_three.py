@@ -208,3 +208,81 @@ def test_a_web_config_key_is_refused_without_echoing_a_secret(
     err = capsys.readouterr().err
     assert "FuzzS3cret" not in err, err
     assert ("not a plain password" in err) if "basic_auth_users" in web else ("can not be configured" in err), err
+
+
+class CleartextAsker:
+    """A fake PostgreSQL server on a loopback address: it declines SSL and GSS, answers a
+    startup message with AuthenticationCleartextPassword, and keeps what comes next (a
+    client that obeys sends its password there, in clear)."""
+
+    def __init__(self, host: str) -> None:
+        import socket
+        import threading
+
+        self.sock = socket.create_server((host, 0))
+        self.host, self.port = host, self.sock.getsockname()[1]
+        self.received: list[bytes] = []
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        import struct
+
+        self.sock.settimeout(10)
+        try:
+            conn, _ = self.sock.accept()
+        except OSError:
+            return
+        with conn:
+            conn.settimeout(5)
+            try:
+                while True:  # SSLRequest and GSSENCRequest: 'N', then the startup message
+                    length, code = struct.unpack("!ii", conn.recv(8, 0x100))
+                    if code in (80877103, 80877104):
+                        conn.sendall(b"N")
+                        continue
+                    conn.recv(length - 8, 0x100)
+                    break
+                conn.sendall(b"R" + struct.pack("!ii", 8, 3))  # AuthenticationCleartextPassword
+                self.received.append(conn.recv(4096))  # a password message, or b"" when refused
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self.sock.close()
+        self._thread.join(5)
+
+
+@pytest.mark.parametrize(("template", "sent"), [
+    ("user=lagwatch dbname=postgres", False),  # the default: never in clear to a discovered member
+    ("user=lagwatch dbname=postgres require_auth=password", True),  # the operator's own choice stands
+])
+def test_a_host_patroni_names_is_not_sent_the_password_in_clear(template: str, sent: bool, tmp_path: Path) -> None:
+    """Patroni names a member on 127.0.0.5, inside allowed_hosts, where a fake server asks
+    for the password in clear: libpq, with the DSN lagwatch builds for the member, refuses
+    before sending it (before: the members' password went to it 8 times in 5 s)."""
+    import psycopg
+    from lagwatch.config import parse_config
+    from lagwatch.conninfo import build_conninfo
+    from lagwatch.patroni import cluster_config, parse_cluster
+
+    if psycopg.pq.version() < 160000:
+        pytest.skip("require_auth needs libpq 16+")  # said in docs/patroni.md
+    fake = CleartextAsker("127.0.0.5")
+    try:
+        secret = tmp_path / "members.pass"
+        secret.write_text("MembersS3cret\n")
+        secret.chmod(0o600)
+        (patroni,) = parse_config({"clusters": [{
+            "name": "main", "members": {"dsn": template, "password_file": str(secret)},
+            "discovery": {"kind": "patroni", "urls": ["http://127.0.0.1:8008"], "allowed_hosts": ["127.0.0.0/8"]}}],
+        }).patroni_clusters
+        answer = {"members": [{"name": "pg-b", "role": "replica", "host": fake.host, "port": fake.port}]}
+        (member,) = cluster_config(patroni, parse_cluster(answer, "u", hosts=None)).replicas
+        with pytest.raises(psycopg.OperationalError) as refused:
+            psycopg.connect(build_conninfo(member, 2.0, 2.0), connect_timeout=5).close()
+    finally:
+        fake.close()
+    assert (b"MembersS3cret" in b"".join(fake.received)) is sent, (fake.received, str(refused.value))
+    if not sent:
+        assert "password" in str(refused.value), str(refused.value)

@@ -105,7 +105,8 @@ def test_members_make_a_cluster_config() -> None:
     assert [(r.name, r.walsender_name, r.read_pool) for r in cluster.replicas] == [
         ("pg-a", "pg-a", True), ("pg-b", "pg-b", False), ("pg-c", "pg-c", True)]
     assert psycopg.conninfo.conninfo_to_dict(cluster.replicas[2].dsn) == {
-        "user": "lagwatch", "dbname": "postgres", "sslmode": "prefer", "host": "10.0.0.3", "port": "5433"}
+        "user": "lagwatch", "dbname": "postgres", "sslmode": "prefer", "host": "10.0.0.3", "port": "5433",
+        "require_auth": "!password"}  # never the password in clear to a host Patroni names
 
 
 def test_every_option_a_patroni_cluster_shares_with_a_static_one_carries_over() -> None:
@@ -212,7 +213,8 @@ def test_a_standby_cluster_is_reached_through_its_standby_leader() -> None:
     config = cluster_config(cluster, membership)
     assert config.standby_cluster
     assert psycopg.conninfo.conninfo_to_dict(config.primary.dsn) == {
-        "host": "10.1.0.1", "port": "5432", "user": "lagwatch", "dbname": "postgres", "sslmode": "prefer"}
+        "host": "10.1.0.1", "port": "5432", "user": "lagwatch", "dbname": "postgres", "sslmode": "prefer",
+        "require_auth": "!password"}
     moved = parse_cluster({"members": [{**answer["members"][0], "role": "replica"},
                                        {**answer["members"][1], "role": "standby_leader"}]}, "u")
     assert moved.addresses != membership.addresses
