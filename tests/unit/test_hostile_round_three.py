@@ -267,7 +267,7 @@ def test_a_host_patroni_names_is_not_sent_the_password_in_clear(template: str, s
     from lagwatch.patroni import cluster_config, parse_cluster
 
     if psycopg.pq.version() < 160000:
-        pytest.skip("require_auth needs libpq 16+")  # said in docs/patroni.md
+        pytest.skip("require_auth needs libpq 16+")  # said in docs/roles-and-failover.md
     fake = CleartextAsker("127.0.0.5")
     try:
         secret = tmp_path / "members.pass"
