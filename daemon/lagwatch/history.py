@@ -32,6 +32,11 @@ CLOCK_MAX_POINTS = 1536
 # The primary's transaction rate is taken over spans of at least XACT_MIN_SPAN_SECONDS
 # ending at the last poll, within this horizon: its counters reach pg_stat_database up to
 # a second late and in lumps.
+# Replicas gone from the output whose history is kept for one window (one that comes back,
+# a Patroni member missing from an answer or two, keeps its window): at most this many, the
+# longest gone dropped first, so that a Patroni renaming its members in every answer cannot
+# grow lagwatch (each name was kept a window: 800 names a minute of churn, ~2 KB each).
+DEPARTED_KEPT = 32
 XACT_HORIZON_SECONDS = 30.0
 XACT_MIN_SPAN_SECONDS = 2.0
 
@@ -175,9 +180,11 @@ class LagHistory:
 
     def forget_vanished(self, present: set[str], now: float) -> list[str]:
         """A replica that stopped streaming drops out of the output at once; its history is
-        kept one window in case it comes back, then dropped so memory stays bounded.
-        Returns the replicas forgotten."""
-        gone = [n for n, seen in self._last_seen.items() if n not in present and seen < now - self.window]
+        kept one window in case it comes back, then dropped so memory stays bounded, and
+        only for the DEPARTED_KEPT last gone. Returns the replicas forgotten."""
+        absent = sorted((seen, n) for n, seen in self._last_seen.items() if n not in present)
+        recent = [n for seen, n in absent if seen >= now - self.window]
+        gone = [n for seen, n in absent if seen < now - self.window] + recent[:max(0, len(recent) - DEPARTED_KEPT)]
         for name in gone:
             for table in (self._windows, self._histograms, self._last_replay, self._last_seen, self._last_reading):
                 table.pop(name, None)

@@ -178,6 +178,8 @@ class ClusterTracker:
             self.replay_load.forget([name])
             self.conflicts.forget([name])
             self.read_instants.forget([name])
+            if name not in configured_labels:  # still polled (a configured replica that now leads): still counted
+                self.nodes.forget([name])
         return replicas
 
     def _commits(self, by_node: dict[str, NodeObservation], primary: _PrimaryView) -> dict[str, Commits]:

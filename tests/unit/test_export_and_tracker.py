@@ -318,3 +318,41 @@ def test_the_text_exposition_reads_back_as_written_with_hostile_label_values() -
          if s.labels["cluster"] == nasty]
     assert h == [("lagwatch_h_seconds_bucket", "0.5", 1.0), ("lagwatch_h_seconds_bucket", "+Inf", 3.0),
                  ("lagwatch_h_seconds_count", None, 3.0), ("lagwatch_h_seconds_sum", None, 2.25)]
+
+
+def test_a_departed_members_state_is_dropped_under_churn() -> None:
+    """Replicas renamed in every membership (a Patroni churning its member names): what the
+    tracker keeps of departed ones stays bounded (history.DEPARTED_KEPT of them, each one
+    window), measured as the memory lagwatch's own code holds (tracemalloc). Before, each
+    name's history, node counters and conflict totals were kept one whole window: here,
+    some 2 KB a name, and growing with every answer."""
+    import gc
+    import logging
+    import tracemalloc
+
+    tracker = ClusterTracker(CONFIG.clusters[0], 1.0, 60.0)
+
+    def churn(first: int, answers: int) -> None:
+        for n in range(first, first + answers):
+            names = [f"m{n:04d}-{i}" for i in range(8)]
+            tracker.cluster = parse_config({"interval": "1s", "window": "1m", "clusters": [{
+                "name": "main", "primary": {"dsn": "host=p"},
+                "replicas": [{"name": name, "dsn": "host=r"} for name in names]}]}).clusters[0]
+            tracker.update([primary(n, 100), *(down(name, n) for name in names)], now=float(n))
+
+    ours = [tracemalloc.Filter(True, "*/lagwatch/*")]
+    tracemalloc.start()
+    logging.disable(logging.CRITICAL)  # the "down" lines, which pytest's log capture would keep
+    try:
+        churn(0, 10)  # past DEPARTED_KEPT departed names, within one window
+        gc.collect()
+        before = tracemalloc.take_snapshot().filter_traces(ours)
+        churn(10, 40)  # 320 names more, all departed within the window
+        gc.collect()
+        after = tracemalloc.take_snapshot().filter_traces(ours)
+    finally:
+        logging.disable(logging.NOTSET)
+        tracemalloc.stop()
+    grown = sum(stat.size_diff for stat in after.compare_to(before, "filename"))
+    print(f"lagwatch's own memory grew {grown} bytes over 320 departed names")
+    assert grown < 320 * 50, [str(s) for s in after.compare_to(before, "lineno")[:8]]

@@ -495,3 +495,19 @@ def test_the_reads_speed_is_the_servers_not_what_a_starved_lagwatch_waited() -> 
     ends = re.findall(rb"ARRAY\[([^\]]*)\]::pg_lsn\[\]", conn.statements[-1])[1].decode().strip("'").split("/")
     planned = (int(ends[0], 16) << 32 | int(ends[1], 16)) - 0x1F4240
     assert planned > 0.1 * 0.3 * 50e6, planned
+
+
+def test_departed_replicas_are_kept_one_window_and_at_most_departed_kept() -> None:
+    """A replica gone from the output keeps its history one window (it may come back), but
+    only the DEPARTED_KEPT last gone do: a Patroni renaming 40 members at once leaves 32."""
+    from lagwatch.history import DEPARTED_KEPT
+
+    history = LagHistory("main", interval=1.0, window=10.0)
+    names = [f"m{i:02d}" for i in range(40)]
+    for i, name in enumerate(names):
+        history.reading(name, None, None, now=100.0 + i * 0.01)  # m39 seen last
+    assert history.forget_vanished(set(names), now=101.0) == []
+    forgotten = history.forget_vanished({"other"}, now=101.0)
+    assert forgotten == names[:40 - DEPARTED_KEPT]  # the longest gone first
+    assert history.forget_vanished({"other"}, now=105.0) == []  # the rest within their window
+    assert sorted(history.forget_vanished({"other"}, now=120.0)) == names[40 - DEPARTED_KEPT:]
