@@ -44,8 +44,7 @@ from lagwatch.config import (
     ReplicaConfig,
 )
 from lagwatch.config.base import NODE_NAME_RULE, node_name_problem
-from lagwatch.escape import excerpt
-from lagwatch.redact import redact_url
+from lagwatch.escape import excerpt, shown_url
 
 # A member's host as Patroni gives it: a host name or an IPv4 or IPv6 address, nothing a
 # connection string or a pooler's file could read as more (spaces, quotes, '=', ',').
@@ -263,11 +262,11 @@ def fetch_membership(config: PatroniDiscoveryConfig, timeout: float) -> Membersh
     problems = []
     for base in config.urls:
         url = base.rstrip("/") + "/cluster"
-        shown = redact_url(url)  # what messages and the members' source name: no token in a log
+        shown = shown_url(url)  # what messages and the members' source name: no token in a log
         try:
             with opener.open(urllib.request.Request(url, headers=headers), timeout=timeout) as answer:
                 body = _read_within(answer, time.monotonic() + timeout, shown, config.max_members)
-            return parse_cluster(json.loads(body), redact_url(base), config.max_members, member_hosts(config))
+            return parse_cluster(json.loads(body), shown_url(base), config.max_members, member_hosts(config))
         except urllib.error.HTTPError as exc:
             problems.append(f"{shown}: HTTP {exc.code}")
         except urllib.error.URLError as exc:

@@ -14,9 +14,8 @@ import yaml
 from lagwatch.cli import main
 from lagwatch.clusterdir import ClusterDir
 from lagwatch.errors import key_path, validation_problems
-from lagwatch.escape import escape_controls, excerpt
+from lagwatch.escape import escape_controls, excerpt, shown_url
 from lagwatch.patroni import DiscoveryError, parse_cluster
-from lagwatch.redact import redact_url
 
 SHADOW = "root:$6$SecretSalt$secrethash:19000:0:99999:7:::\nlagwatch:!secret:19000:0:99999:7:::\n"
 
@@ -49,7 +48,7 @@ def test_an_excerpt_is_bounded_and_escaped() -> None:
     ("https://h:1", "https://h:1"),
 ])
 def test_a_urls_password_is_hidden(url: str, shown: str) -> None:
-    assert redact_url(url) == shown
+    assert shown_url(url) == shown
 
 
 def test_validate_refuses_a_patroni_url_with_a_password_without_repeating_it(

@@ -22,8 +22,7 @@ from lagwatch.config.base import (
     _Strict,
 )
 from lagwatch.config.poolers import HAProxyPoolerConfig, PgBouncerPoolerConfig, PoolerConfig
-from lagwatch.escape import excerpt
-from lagwatch.redact import redact_url
+from lagwatch.escape import excerpt, shown_url
 
 _HOST_NAME = re.compile(r"\.?[A-Za-z0-9]([A-Za-z0-9-]{0,62}\.?)*")
 
@@ -74,10 +73,10 @@ class PatroniDiscoveryConfig(_Strict):
             except ValueError:
                 port = 0
             if port == 0:
-                raise ValueError(f"{redact_url(url)!r}: the port is not a number from 1 to 65535")
+                raise ValueError(f"{shown_url(url)!r}: the port is not a number from 1 to 65535")
             if (parts.scheme not in ("http", "https") or not parts.hostname or "@" in parts.netloc
                     or parts.path not in ("", "/") or parts.query or parts.fragment or re.search(r"\s", url)):
-                raise ValueError(f"{redact_url(url)!r} is not an http:// or https:// URL of a Patroni REST API "
+                raise ValueError(f"{shown_url(url)!r} is not an http:// or https:// URL of a Patroni REST API "
                                  "(scheme, host and port only"
                                  + ("; credentials go in username and password_file" if "@" in parts.netloc else "")
                                  + ")")
