@@ -82,7 +82,8 @@ class HeartbeatWriter:
             except (psycopg.Error, TimeoutError, OSError, PasswordUnavailableError, HeartbeatTableError) as exc:
                 self._failed(redact_text(flat_message(exc), [self._password()]))
             except Exception as exc:  # a bug must not end the heartbeat in silence
-                log.exception("%s: heartbeat: internal error", self.cluster_name)
+                if not self._failures:  # its traceback once an outage, as the outage is said once
+                    log.exception("%s: heartbeat: internal error", self.cluster_name)
                 self._failed(f"internal error: {type(exc).__name__}")
             await asyncio.sleep(min(RETRY_MAX, 0.5 * 2 ** min(self._failures, 6)))  # 1, 2, 4 ... 30 s
 
