@@ -511,7 +511,10 @@ def test_the_replay_busy_ratio_against_the_startup_process_itself(pg_cluster: Ch
         # Working is on a CPU or in I/O: never much less than its CPU time says.
         assert w["replay_busy_ratio"] >= cpu - 0.25, (label, w, cpu)
     assert big["replay_busy_ratio"] >= 0.8, big  # replay cannot keep up
-    assert big["replay_busy_ratio"] > steady["replay_busy_ratio"] > idle["replay_busy_ratio"]
+    # Not steady > idle: a light load keeps replay busy ~14 % of the time, and 30 samples see
+    # none of it one run in a hundred (0.86 ** 30; CI saw 0.00 against a true 0.14, well
+    # within the bound above). The order that matters is heavy over light.
+    assert big["replay_busy_ratio"] > steady["replay_busy_ratio"] >= idle["replay_busy_ratio"]
     assert behind["why"]["startup_process"]["activity"] == "working", behind["why"]
     if pg_cluster.primary.binaries.major >= 16:  # the newest is; LAGWATCH_TEST_PG_MAJORS may say otherwise
         reads = lw.value("lagwatch_replica_startup_reads_total", replica="replica1")
