@@ -105,6 +105,13 @@ def test_demo_runs_and_cleans_up(tmp_path: Path) -> None:
         view.wait_for("replica1 serves the read pool", lambda: hosts["replica1"] in pool_path.read_text(), timeout=10)
     finally:
         proc.send_signal(signal.SIGTERM)
+        # A second SIGTERM while it cleans up (an impatient user; `timeout` signals its
+        # process group too) must not end it half way: before, it left the servers' data.
+        until = time.monotonic() + 30
+        while proc.poll() is None and time.monotonic() < until and "demo: stopping servers" not in (
+                tmp_path / "demo.log").read_text(errors="replace"):
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGTERM)
         code = proc.wait(60)
         log.close()
     assert code == 0, (tmp_path / "demo.log").read_text()

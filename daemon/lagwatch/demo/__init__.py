@@ -19,6 +19,7 @@ import signal
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import yaml
@@ -175,7 +176,8 @@ def run_demo(listen: str | None = None, pg_major: int | None = None, duration: f
     binaries = find_binaries(pg_major)
     log.info("demo: starting a PostgreSQL %d primary and two replicas (%s)", binaries.major, binaries.bindir)
     with (LocalCluster(binaries, replicas=2) as cluster, tempfile.TemporaryDirectory(prefix="lagwatch-demo-") as tmp,
-          contextlib.ExitStack() as stack):  # exits first: PgBouncer stops before the servers
+          contextlib.ExitStack() as stack,  # exits first: PgBouncer stops before the servers
+          _deaf_while_cleaning_up()):
         cluster.start()
         cluster.replicas[1].set_apply_delay(REPLICA2_APPLY_DELAY)
         pgbouncer = stack.enter_context(DemoPgBouncer(cluster)) if DemoPgBouncer.available() else None
@@ -203,6 +205,7 @@ lagwatch demo is running (PostgreSQL {binaries.major}):
         try:
             return run_daemon(config, config_path)
         finally:
+            _ignore_stop_signals()
             load.stop()
             log.info("demo: stopping servers and removing their data")
 
@@ -223,6 +226,24 @@ def _switchover_line(after: float | None) -> str:
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
+
+
+def _ignore_stop_signals() -> None:
+    """From here the demo only cleans up (pg_ctl stops with timeouts, then the data is
+    removed): a second Ctrl-C or SIGTERM (an impatient user, ``timeout`` signalling its
+    process group too) must not end it half way, servers running or data left behind."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def _deaf_while_cleaning_up() -> Iterator[None]:
+    """Stop signals ignored once the demo's ``with`` unwinds, whatever made it (the daemon's
+    end, or a signal or error while the servers were starting)."""
+    try:
+        yield
+    finally:
+        _ignore_stop_signals()
 
 
 def _stop_after(seconds: float) -> None:
