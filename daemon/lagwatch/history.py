@@ -29,14 +29,14 @@ log = logging.getLogger("lagwatch.tracker")
 # polls (58 days at 1 s, 14 hours at 10 ms). Past that, the resolution halves rather than
 # the bound growing: at most 12 MB of clocks for 300 clusters.
 CLOCK_MAX_POINTS = 1536
-# The primary's transaction rate is taken over spans of at least XACT_MIN_SPAN_SECONDS
-# ending at the last poll, within this horizon: its counters reach pg_stat_database up to
-# a second late and in lumps.
 # Replicas gone from the output whose history is kept for one window (one that comes back,
 # a Patroni member missing from an answer or two, keeps its window): at most this many, the
 # longest gone dropped first, so that a Patroni renaming its members in every answer cannot
 # grow lagwatch (each name was kept a window: 800 names a minute of churn, ~2 KB each).
 DEPARTED_KEPT = 32
+# The primary's transaction rate is taken over spans of at least XACT_MIN_SPAN_SECONDS
+# ending at the last poll, within this horizon: its counters reach pg_stat_database up to
+# a second late and in lumps.
 XACT_HORIZON_SECONDS = 30.0
 XACT_MIN_SPAN_SECONDS = 2.0
 
