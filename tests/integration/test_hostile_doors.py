@@ -173,10 +173,11 @@ def _churn(lw: Lagwatch, patroni: FakePatroni, phase: str, rounds: int) -> None:
             dict(labels).get("node") == first for name, labels in lw.samples() if name == "lagwatch_up"), 20)
 
 
-def test_member_churn_leaves_nothing_behind_once_it_stops(patroni: FakePatroni, tls: RestTls, tmp_path: Path) -> None:
+def test_member_churn_leaves_only_the_members_series(patroni: FakePatroni, tls: RestTls, tmp_path: Path) -> None:
     """Churn under the member cap (32 new 60-character names per answer, 10 answers), then
     the same three members back: /metrics holds the three's
-    series only, as before the churn. What the tracker keeps of departed members is
+    series only, as before the churn (the code before the memory mend passed this too: it
+    dropped the series, not the state). What the tracker keeps of departed members is
     measured where it is deterministic, in test_export_and_tracker (tracemalloc: 2.7 KB
     over 320 departed names, 384 KB before); RSS, which the allocator blurs, is printed."""
     with Lagwatch(tmp_path, discovered(patroni, tls)) as lw:
