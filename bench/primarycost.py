@@ -4,13 +4,14 @@ Starts a primary (and one replica, so the primary has a walsender and slots), wi
 ``--sessions`` idle sessions on it, then runs the primary's per-cycle statement as lagwatch
 does (prepared, one round trip), in arms rotated every round so drift falls on each alike:
 
-- ``without``: the primary's views but the horizon one (views/horizon.py);
-- ``with``: with it, as lagwatch reads it: pg_stat_activity scanned on one poll in ten;
-- ``every``: the horizon view as if it were read on every poll (what the gating saves);
+- ``without``: the primary's views read every poll, none of those read one poll in ten
+  (views/horizon.py, views/subscriptions.py);
+- ``with``: all of them as lagwatch reads them: the slow ones on one poll in ten
+  (views/cadence.py: the statement without them on the nine others);
+- ``every``: the slow views as if they were read on every poll (what the cadence saves);
 - ``before logical``: ``with``, but pg_stat_replication read as before logical consumers
-  were (logical walsenders filtered out in SQL) and no subscriptions view
-  (views/subscriptions.py): with no logical walsender on the primary, what reading
-  logical replication adds to ``with``.
+  were (logical walsenders filtered out in SQL) and no subscriptions view: with no logical
+  walsender on the primary, what reading logical replication adds to ``with``.
 
 Per arm: the primary backend's CPU per poll (/proc) and the wall time per poll, the median
 over rounds with the spread; ``without`` is the same-run reference. It prints; it asserts
@@ -33,7 +34,7 @@ from lagwatch.demo.binaries import find_binaries  # noqa: E402
 from lagwatch.demo.cluster import LocalCluster  # noqa: E402
 from lagwatch.views import CYCLE_VIEWS, horizon, replication, subscriptions  # noqa: E402
 from lagwatch.views.combined import combined_sql  # noqa: E402
-from replicacost import cost_arguments, print_table, room_for, run_rotated  # noqa: E402
+from replicacost import cadenced, cost_arguments, print_table, room_for, run_rotated  # noqa: E402
 
 ARMS = ("without", "with", "every", "before logical")
 
@@ -63,15 +64,16 @@ def main() -> int:
         conns = {arm: psycopg.connect(primary.dsn(), autocommit=True) for arm in ARMS}
         version = conns["with"].info.server_version
         views = [v for v in CYCLE_VIEWS if "primary" in v.roles and v.name != "wal_dir"]
-        without = combined_sql([v for v in views if v.name != horizon.VIEW.name], version)
-        assert subscriptions.VIEW in views
-        with_horizon = combined_sql(views, version)
-        every = with_horizon.replace(b"% 10) + 1", b"% 1) + 1")  # the gate always open
+        assert horizon.VIEW in views and subscriptions.VIEW in views
+        without = combined_sql([v for v in views if v.every == 1], version)
+        with_slow = cadenced(views, version)
+        every = combined_sql(views, version)
         now_read = replication.VIEW.sql_for(version)
-        assert now_read is not None and now_read.encode() in with_horizon
-        before_logical = combined_sql([v for v in views if v.name != subscriptions.VIEW.name], version).replace(
-            now_read.encode(), BEFORE_LOGICAL.encode())
-        sqls = {"without": without, "with": with_horizon, "every": every, "before logical": before_logical}
+        assert now_read is not None and now_read.encode() in every
+        before_logical = [sql.replace(now_read.encode(), BEFORE_LOGICAL.encode())
+                          for sql in cadenced([v for v in views if v.name != subscriptions.VIEW.name], version)]
+        sqls: dict[str, bytes | list[bytes]] = {"without": without, "with": with_slow, "every": every,
+                                                "before logical": before_logical}
         print(f"PostgreSQL {binaries.major}, a primary with {args.sessions} idle sessions and one replica; "
               f"{args.rounds} rounds of {args.polls} polls per arm, rotated; one round trip a cycle in every arm")
         print_table(run_rotated(conns, sqls, args.rounds, args.polls))

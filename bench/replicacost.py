@@ -21,11 +21,14 @@ trips: one a cycle in every arm (the views are one statement). It prints; it ass
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "daemon"))
@@ -34,7 +37,9 @@ import psycopg  # noqa: E402
 from lagwatch.demo.binaries import find_binaries  # noqa: E402
 from lagwatch.demo.cluster import LocalCluster  # noqa: E402
 from lagwatch.demo.servers import LocalServer  # noqa: E402
-from lagwatch.views import probe, recovery, server, wal_receiver  # noqa: E402
+from lagwatch.views import probe, recovery, server, startup_io, wal_receiver  # noqa: E402
+from lagwatch.views.base import View  # noqa: E402
+from lagwatch.views.cadence import Cadence  # noqa: E402
 from lagwatch.views.combined import combined_sql  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -46,19 +51,29 @@ def backend_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS
 
 
-def measure(conn: psycopg.Connection, sql: bytes, polls: int) -> tuple[float, float]:
-    """(backend CPU µs, wall µs) per poll of ``sql``, prepared as lagwatch prepares it."""
+def measure(conn: psycopg.Connection, sql: bytes | Sequence[bytes], polls: int) -> tuple[float, float]:
+    """(backend CPU µs, wall µs) per poll of ``sql``, prepared as lagwatch prepares it (a
+    sequence: poll n runs its n-th statement, round and round, as a cadence chooses them)."""
     pid = conn.info.backend_pid
-    for _ in range(20):
-        conn.execute(sql, prepare=True)  # warm: prepared, caches filled
+    cycle = [sql] if isinstance(sql, bytes) else list(sql)
+    for n in range(20):
+        conn.execute(cycle[n % len(cycle)], prepare=True)  # warm: prepared, caches filled
     cpu0, t0 = backend_cpu(pid), time.perf_counter()
-    for _ in range(polls):
-        conn.execute(sql, prepare=True)
+    for n in range(polls):
+        conn.execute(cycle[n % len(cycle)], prepare=True)
     wall = time.perf_counter() - t0
     return (backend_cpu(pid) - cpu0) / polls * 1e6, wall / polls * 1e6
 
 
-def run_rotated(conns: dict[str, psycopg.Connection], sqls: dict[str, bytes], rounds: int,
+def cadenced(views: Sequence[View[Any]], version: int) -> list[bytes]:
+    """The statements a connection runs poll after poll for ``views``, as lagwatch's cadence
+    chooses them (views/cadence.py), one full turn of it."""
+    cadence, applying = Cadence(), tuple(views)
+    turn = math.lcm(*(v.every for v in applying))
+    return [combined_sql(cadence.choose(applying, n), version) for n in range(turn)]
+
+
+def run_rotated(conns: dict[str, psycopg.Connection], sqls: dict[str, bytes | Sequence[bytes]], rounds: int,
                 polls: int) -> dict[str, list[tuple[float, float]]]:
     """Each arm's (CPU µs, wall µs) per poll, round after round, the arms' order rotated each
     round so that drift on a shared machine falls on every arm alike."""
@@ -110,7 +125,9 @@ def main() -> int:
             conns[arm].execute(probe.SQL)  # keeps the startup pid in the session (the scan arm has none)
         version = conns["after"].info.server_version
         before = combined_sql([server.VIEW, wal_receiver.VIEW], version)
-        after = combined_sql([server.VIEW, wal_receiver.VIEW, recovery.VIEW], version)
+        # With the recovery view, and pg_stat_io's startup reads one poll in ten (16+), as lagwatch reads them.
+        after = cadenced([server.VIEW, wal_receiver.VIEW, recovery.VIEW]
+                         + ([startup_io.VIEW] if version >= 160000 else []), version)
         sqls = {"before": before, "after": after, "scan": after}
         print(f"PostgreSQL {binaries.major}, a replica with {args.sessions} idle sessions; {args.rounds} rounds of "
               f"{args.polls} polls per arm, rotated; one round trip a cycle in every arm")

@@ -20,9 +20,7 @@ at the end of the last transaction it applied, and commits written after that (p
 or not) read as lag: with published commits every few milliseconds that is a few
 milliseconds; with few of them and many others, up to the subscriber's flush delay.
 
-The primary's own subscriptions (it is a subscriber: views/subscriptions.py, read one poll
-in ten) are kept here between reads too. Pure: the tracker passes each cycle's slots,
-walsenders and dates in.
+Pure: the tracker passes each cycle's slots, walsenders and dates in.
 """
 
 from __future__ import annotations
@@ -32,10 +30,9 @@ from collections.abc import Mapping, Sequence
 
 from lagwatch.estimate.dating import Dated, date, gather
 from lagwatch.estimate.lsnclock import LsnClock, WalDates
-from lagwatch.snapshot import LogicalConsumer, NodeObservation
+from lagwatch.snapshot import LogicalConsumer
 from lagwatch.views.replication import LogicalSender, logical_key
 from lagwatch.views.slots import Slot
-from lagwatch.views.subscriptions import Subscription
 from lagwatch.windows import LagWindow
 
 
@@ -49,7 +46,6 @@ class LogicalConsumers:
         self._names: dict[str, str] = {}  # slot -> the last application_name seen streaming from it
         self._done: dict[str, int] = {}  # slot -> the furthest position its consumer was seen at
         self._windows: dict[str, LagWindow] = {}
-        self._subscriptions: tuple[Subscription, ...] = ()  # as the primary's last read of them said
 
     def update(self, slots: Sequence[Slot], senders: Sequence[LogicalSender], primary_lsn: int | None,
                clock: LsnClock, wal_dates: Mapping[str, WalDates], at: float, now: float) -> tuple[
@@ -68,15 +64,6 @@ class LogicalConsumers:
             self._names.pop(gone, None)
             self._done.pop(gone, None)
         return consumers
-
-    def subscriptions(self, primary: NodeObservation | None) -> tuple[Subscription, ...]:
-        """The primary's own subscriptions (it is a subscriber): read one poll in ten, kept
-        between; none while the primary does not answer."""
-        if primary is None:
-            self._subscriptions = ()
-        elif primary.subscriptions is not None:
-            self._subscriptions = primary.subscriptions
-        return self._subscriptions
 
     def _consumer(self, name: str, sender: LogicalSender | None, slot: Slot | None, primary_lsn: int | None,
                   clock: LsnClock, dates: WalDates | None, at: float, now: float) -> LogicalConsumer:

@@ -14,6 +14,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Collection, Sequence
+from dataclasses import replace
 from typing import Any
 
 import psycopg
@@ -40,6 +41,7 @@ from lagwatch.views import (
     server,
     slots,
     slotsync,
+    startup_io,
     subscriptions,
     wal,
     wal_dir,
@@ -188,6 +190,7 @@ class NodePoller:
     def _failed(self, error: NodeError, started: float) -> NodeObservation:
         kind = error.kind
         message = redact_text(str(error), [self._password_for_redaction()])
+        self._reader.forget_kept()  # no answer: what the slow views read last is not carried past it
         if not error.backing_off:
             self._last_error = message
             self._failures += 1
@@ -341,6 +344,8 @@ class NodePoller:
         conflict_query_text is on (whatever the server sent: the session's setting is one
         guard, this the other)."""
         found = read.of(recovery.VIEW)
+        if found is not None and (reads := read.of(startup_io.VIEW)) is not None:  # one poll in ten
+            found = replace(found, startup_reads=reads)
         return found if found is None or self.conflict_query_text else recovery.without_query_text(found)
 
     def _beat_read(self, read: ViewsRead) -> int | None:

@@ -33,6 +33,7 @@ from lagwatch.snapshot import ClusterSnapshot, NodeObservation, ReplicaState
 from lagwatch.syncrep import SyncReplication, assess
 from lagwatch.vacuumhorizon import HorizonHolders
 from lagwatch.views.replication import WalSender
+from lagwatch.views.subscriptions import Subscription
 from lagwatch.views.walinspect import WalInspectTally
 
 log = logging.getLogger("lagwatch.tracker")
@@ -114,11 +115,11 @@ class ClusterTracker:
             wal_dating=answered.wal_dating if answered is not None else None,
             heartbeat=(beats.written, beats.failed) if beats is not None else None,
             horizon_alert_xids=self.cluster.horizon_alert_xids,
-            horizon=self.vacuum_horizon.note(answered is not None, answered.horizon if answered else None, slots),
+            horizon=self.vacuum_horizon.note(answered.horizon if answered else None, slots),
             horizon_seconds=self.vacuum_horizon.dated(primary.next_xid, primary.at, slots),
             logical=() if answered is None or primary.standby else self.logical.update(
                 slots, answered.logical, primary.lsn, self.clock, primary.wal_dates, primary.senders_at, now),
-            subscriptions=self.logical.subscriptions(answered),
+            subscriptions=_own_subscriptions(answered),
         )
 
     def _primary(self, roles: RoleView, now: float) -> _PrimaryView:
@@ -313,3 +314,9 @@ def _last_commit_at(obs: NodeObservation | None, clock: PrimaryClock | None) -> 
     if obs is None or not obs.ok or obs.position is None or clock is None:
         return None
     return clock.monotonic(obs.position.last_replay_epoch)
+
+
+def _own_subscriptions(primary: NodeObservation | None) -> tuple[Subscription, ...]:
+    """The primary's own subscriptions (a subscriber), as its poll read or carried them (one
+    poll in ten: views/cadence.py); none without its answer."""
+    return (primary.subscriptions or ()) if primary is not None else ()

@@ -1,6 +1,6 @@
 """Who holds the primary's vacuum horizon back, in transactions: its slots (read every
 poll), and the walsenders' hot_standby_feedback, its own sessions and prepared transactions
-(views/horizon.py: read on one poll in ten, kept in between); and, for the slots, for how
+(views/horizon.py: read on one poll in ten, carried in between by the poll); and, for the slots, for how
 long. Pure.
 
 How long: the primary's transaction ID clock (views/server.py's ``next_xid``, one past its
@@ -28,18 +28,14 @@ XID_CLOCK_POINTS = 512
 
 class HorizonHolders:
     def __init__(self) -> None:
-        self._last: Horizon | None = None
         self._xids = LsnClock(XID_CLOCK_POINTS)
 
-    def note(self, answered: bool, horizon: Horizon | None, slots: Sequence[Slot]) -> dict[str, int]:
+    @staticmethod
+    def note(horizon: Horizon | None, slots: Sequence[Slot]) -> dict[str, int]:
         """The holders as of this poll: "slot/NAME", "replica/APPLICATION_NAME",
-        "sessions", "prepared". ``answered``: the primary answered this cycle."""
-        if not answered:
-            self._last = None  # no primary, or another: what was read is not its
-        elif horizon is not None:
-            self._last = horizon
+        "sessions", "prepared" (``horizon``: the primary's answer's, None without one)."""
         held = {f"slot/{s.name}": age for s in slots if (age := s.horizon_age) is not None}
-        h = self._last
+        h = horizon
         if h is not None:
             held.update({f"replica/{name}": xids for name, xids in h.walsenders.items()})
             held.update({name: xids for name, xids in (("sessions", h.sessions), ("prepared", h.prepared))

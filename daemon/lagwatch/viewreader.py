@@ -1,7 +1,10 @@
 """What a node's poller reads each cycle on its connection, and how.
 
-Every view the node's role reads, in one prepared statement (views/combined.py) run over
-libpq directly (wire.py): one round trip, one value. Should a view fail (a grant taken
+Every view the node's role reads that applies to the server (asked once per connection,
+views/base.py) and is due this poll (its cadence, counted per connection), in one prepared
+statement (views/combined.py) run over libpq directly (wire.py): one round trip, one value.
+A view read one poll in N has its last value carried on the polls between (where it keeps
+one), until the node fails to answer or the connection is new. Should a view fail (a grant taken
 away), the views are read one by one that cycle to learn which, and that one rests for
 VIEW_RETRY_SECONDS so it does not cost the others their one statement. The walsenders'
 names are read once per walsender (views/replication.py). Which views were read is the
@@ -24,6 +27,7 @@ from lagwatch.errors import flat_message
 from lagwatch.snapshot import Role
 from lagwatch.views import CYCLE_VIEWS
 from lagwatch.views.base import View
+from lagwatch.views.cadence import Cadence
 from lagwatch.views.combined import combined_sql, parse_combined
 from lagwatch.views.probe import Capabilities
 from lagwatch.views.replication import NAMES_SQL, SenderNames
@@ -77,6 +81,7 @@ class ViewReader:
         self._role_views = {role: views + tuple(v for v in extra if role in v.roles)
                             for role, views in _ROLE_VIEWS.items()}
         self._names = [v.name for v in CYCLE_VIEWS] + [v.name for v in extra]
+        self._cadence = Cadence()  # the views read one poll in N: what the polls between carry
         self.resting: dict[str, float] = {}  # view -> monotonic time it is tried again
         self.view_errors: dict[str, int] = {}  # view -> failed reads since start
         self.user: str | None = None  # the role the connection logs in as, for grant hints
@@ -90,6 +95,14 @@ class ViewReader:
         # be there, and preparing a name the session holds fails.
         self._prepare_count = 0
         self._senders = SenderNames()  # the names of the walsenders seen on this connection
+        self._polls = 0  # polls read on this connection: the cadenced views' clock
+        self._caps: Capabilities | None = None  # the probe's answer the views below were chosen by
+        self._applying: tuple[View[Any], ...] = ()  # the role's views that apply to this server
+        self._cadence.forget()
+
+    def forget_kept(self) -> None:
+        """The node did not answer: what was read of it before is not carried further."""
+        self._cadence.forget()
 
     def is_resting(self, view: str) -> bool:
         return self.resting.get(view, 0.0) > time.monotonic()
@@ -97,6 +110,7 @@ class ViewReader:
     async def read(self, conn: psycopg.AsyncConnection[Any], caps: Capabilities) -> ViewsRead:
         """This cycle's views. Raises psycopg.OperationalError when the connection broke."""
         views = self._views(caps)
+        poll, self._polls = self._polls, self._polls + 1
         try:
             results = await self._read_views(conn, caps, views)
             failed: dict[str, str] = {}
@@ -113,25 +127,27 @@ class ViewReader:
             failed["wal_receiver"] = "its columns are hidden from this role"
         for view, error in failed.items():
             self.note_failure(view, error)
+        health = {name: name in results for name in self._names if name in results or name in failed
+                  or name in self.resting or name in caps.skipped}
+        self._cadence.carry(self._applying, poll, results, failed, health, self.is_resting)
         if "replication" not in results:
             # Unread (failed, resting, or a replica): the names go, so a pid the kernel hands
             # to another walsender before the view is read again is asked for afresh.
             self._senders.forget()
-        health = {name: name in results for name in self._names if name in results or name in failed
-                  or name in self.resting or name in caps.skipped}
         return ViewsRead(results, health, failed)
 
     def _views(self, caps: Capabilities) -> Sequence[View[Any]]:
-        views = self._role_views["replica" if caps.in_recovery else "primary"]
-        if caps.can_ls_waldir and caps.can_read_all_stats and not self.resting:
-            return views  # every cycle but in the cases below: the same tuple, nothing to filter
-        # Without pg_read_all_stats the replication view still answers (LSNs are NULL), but
-        # the startup process's wait would read as "working" (it is hidden): left out, as
-        # pg_ls_waldir() is without its grant (it would fail outright).
+        """The views this poll reads: the role's that apply to the server (chosen once per
+        probe), those read one poll in N only when due, none that rests after a failure."""
+        if caps is not self._caps:
+            self._caps = caps
+            self._applying = tuple(v for v in self._role_views["replica" if caps.in_recovery else "primary"]
+                                   if v.applies(caps))
+        views = self._cadence.choose(self._applying, self._polls)
+        if not self.resting:
+            return views  # every cycle but after a failure: the same tuple, nothing to filter
         now = time.monotonic()
-        return [v for v in views if not (v.name == "wal_dir" and not caps.can_ls_waldir)
-                and not (v.name == "recovery" and not caps.can_read_all_stats)
-                and self.resting.get(v.name, 0.0) <= now]
+        return [v for v in views if self.resting.get(v.name, 0.0) <= now]
 
     async def _read_views(self, conn: psycopg.AsyncConnection[Any], caps: Capabilities,
                           views: Sequence[View[Any]]) -> dict[str, Any]:

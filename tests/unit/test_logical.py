@@ -104,13 +104,12 @@ def test_status_and_the_page_list_consumers_under_their_cluster_apart_from_repli
     assert "lagwatch_replica_lag_seconds{" not in text
 
 
-def test_subscriptions_parse_and_are_kept_between_the_polls_that_read_them() -> None:
-    from lagwatch.logical import LogicalConsumers
-    from lagwatch.snapshot import NodeObservation
+def test_subscriptions_parse_one_poll_in_ten() -> None:
     from lagwatch.views import subscriptions
 
-    assert subscriptions.parse([{"due": False, "subscriptions": None}]) is None
-    read = subscriptions.parse([{"due": True, "subscriptions": [
+    assert subscriptions.parse([{"subscriptions": None}]) == ()
+    assert subscriptions.VIEW.every == 10  # carried between its reads by the poll (test_cadence.py)
+    read = subscriptions.parse([{"subscriptions": [
         {"name": "lw_sub", "enabled": True, "worker": False, "received_lsn": "0/3000000", "latest_end_lsn": None,
          "send_age": 0.5, "receipt_age": 0.4, "latest_end_age": None,
          "stats": {"apply_errors": 3, "sync_errors": 0, "insert_exists": 3, "update_missing": 0}}]}])
@@ -123,14 +122,6 @@ def test_subscriptions_parse_and_are_kept_between_the_polls_that_read_them() -> 
         sql = subscriptions.VIEW.sql_for(version) or ""
         assert ("pg_stat_subscription_stats" in sql) == (version >= 150000)
         assert ("confl_insert_exists" in sql) == (version >= 180000)
-    tracked = LogicalConsumers(interval=0.1, window=10)
-
-    def obs(subs: tuple[subscriptions.Subscription, ...] | None) -> NodeObservation:
-        return NodeObservation("main", "primary", "primary", 1.0, 0.01, subscriptions=subs)
-
-    assert tracked.subscriptions(obs(read)) == read
-    assert tracked.subscriptions(obs(None)) == read  # not read this poll: as last read
-    assert tracked.subscriptions(None) == ()  # the primary did not answer: nothing to say
 
 
 def test_a_standbys_failover_slot_copies_read_and_exported_per_primary_failover_slot() -> None:

@@ -27,19 +27,15 @@ def test_a_slot_says_the_horizon_it_holds_and_its_safety() -> None:
     assert both.horizon_age == 7
 
 
-def test_the_others_are_read_one_poll_in_ten_and_kept_in_between() -> None:
-    assert horizon.parse([{"due": False, "held": None}]) is None
-    read = horizon.parse([{"due": True, "held": {"walsenders": {"replica2": 900}, "sessions": 50, "prepared": None}}])
+def test_the_others_are_read_one_poll_in_ten_beside_every_polls_slots() -> None:
+    assert horizon.VIEW.every == 10  # carried between its reads by the poll (test_cadence.py)
+    assert horizon.parse([{"held": None}]) == Horizon()
+    read = horizon.parse([{"held": {"walsenders": {"replica2": 900}, "sessions": 50, "prepared": None}}])
     assert read == Horizon({"replica2": 900}, 50, None)
-    holders = HorizonHolders()
     (slot,) = slots.parse([slot_row(slot_name="cdc", catalog_xmin_age=77)])
-    assert holders.note(True, read, [slot]) == {"slot/cdc": 77, "replica/replica2": 900, "sessions": 50}
-    # Not read this poll: the last reading stands beside this poll's slots.
-    (slot,) = slots.parse([slot_row(slot_name="cdc", catalog_xmin_age=80)])
-    assert holders.note(True, None, [slot]) == {"slot/cdc": 80, "replica/replica2": 900, "sessions": 50}
-    # No primary answered: nothing of the old one is kept for the next.
-    assert holders.note(False, None, []) == {}
-    assert holders.note(True, None, []) == {}
+    assert HorizonHolders.note(read, [slot]) == {"slot/cdc": 77, "replica/replica2": 900, "sessions": 50}
+    # No primary answer: its slots only (none).
+    assert HorizonHolders.note(None, []) == {}
 
 
 def test_a_slots_hold_is_dated_by_the_transaction_id_clock() -> None:

@@ -1,6 +1,7 @@
-"""One module per PostgreSQL view: its SQL by server version and a pure parser.
+"""One module per PostgreSQL view: its SQL by server version, a pure parser, and when it is
+read (views/base.py: roles, the servers it applies to, its cadence).
 
-The per-cycle views are listed in ``CYCLE_VIEWS``; ``probe`` runs once per connection and
+The views a poll reads are listed in ``CYCLE_VIEWS``; ``probe`` runs once per connection and
 ``walinspect`` is a parameterised, opt-in extra.
 """
 
@@ -13,6 +14,7 @@ from lagwatch.views import (
     server,
     slots,
     slotsync,
+    startup_io,
     subscriptions,
     wal,
     wal_dir,
@@ -25,6 +27,7 @@ CYCLE_VIEWS: tuple[View[Any], ...] = (
     replication.VIEW,
     wal_receiver.VIEW,
     recovery.VIEW,
+    startup_io.VIEW,
     slotsync.VIEW,
     slots.VIEW,
     horizon.VIEW,

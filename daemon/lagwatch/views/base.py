@@ -1,14 +1,22 @@
-"""What every view module provides: SQL by minimum server version, and a pure parser."""
+"""What every view module provides: SQL by minimum server version, a pure parser, and when
+the view is read: on which roles, on which servers, and how often."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
+
+if TYPE_CHECKING:
+    from lagwatch.views.probe import Capabilities
 
 Row = Mapping[str, Any]
 Role = Literal["primary", "replica"]
 T = TypeVar("T")
+
+
+def always(caps: Capabilities) -> bool:
+    return True
 
 
 @dataclass(frozen=True)
@@ -17,16 +25,38 @@ class View(Generic[T]):
 
     ``queries`` maps a minimum ``server_version_num`` to the SQL for servers from that
     version on; ``parse`` turns the rows into an immutable value and does no I/O.
+
+    ``applies`` says, from what the connection's probe learnt once (version, role,
+    privileges), whether the server has anything for the view to read: where it does not,
+    the view costs the poll nothing, not even a clause. ``every``: the view is read on one
+    poll in ``every`` on each connection (the first, then every ``every``-th), for what
+    changes slowly or costs the server a row per session (the reader keeps the cadence,
+    viewreader.py); ``keep``: between its reads the poll carries the value read last (a
+    rate over samples wants None there instead: it needs the instant each was read). What
+    is kept goes with the node's answer: a poll that fails, or a new connection, drops it.
     """
 
     name: str
     roles: frozenset[Role]
     queries: Mapping[int, str]
     parse: Callable[[Sequence[Row]], T]
+    applies: Callable[[Capabilities], bool] = always
+    every: int = 1
+    keep: bool = True
 
     def sql_for(self, server_version_num: int) -> str | None:
         usable = [v for v in self.queries if v <= server_version_num]
         return self.queries[max(usable)] if usable else None
+
+    def due(self, poll: int) -> bool:
+        """Whether the connection's ``poll``-th poll (0: its first) reads this view."""
+        return poll % self.every == 0
+
+
+# How often the views that build a row per session, or change slowly, are read (views/
+# horizon.py, subscriptions.py, slotsync.py, startup_io.py): one cadence, so that on the
+# polls that read none of them the statement is the same, and each connection prepares two.
+SLOW_EVERY = 10
 
 
 def opt_float(value: Any) -> float | None:

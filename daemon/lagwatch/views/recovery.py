@@ -18,9 +18,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from lagwatch.fastinit import fast_init
 from lagwatch.views.base import Row, View, opt_float, opt_int
+
+if TYPE_CHECKING:
+    from lagwatch.views.probe import Capabilities  # the probe reads the startup pid this view uses
 
 STARTUP_PID_SETTING = "lagwatch.startup_pid"
 # Set in every replica session to 'on' where the operator turns conflict_query_text on, else
@@ -62,23 +66,8 @@ _LOCK_HOLDERS = """SELECT h.pid FROM pg_locks w JOIN pg_locks h ON h.granted AND
                 WHERE w.pid = s.pid AND NOT w.granted"""
 
 
-# pg_stat_io builds every backend type's rows from a statistics snapshot: ~150 µs of the
-# replica's CPU a read (bench/replicacost.py), more than the rest of the poll. The startup
-# process's reads are a rate over the window, so they are read on one poll in READS_EVERY
-# on each connection (the first, then every tenth), counted in the session.
-READS_EVERY = 10
-_TICK_SETTING = "lagwatch.io_tick"
-
-
 def _sql(version: int) -> str:
-    # pg_stat_io (16+): the startup process's reads of relation data (its I/O while replaying).
-    reads = ("""CASE WHEN (SELECT n FROM tick) = 1 THEN
-        (SELECT sum(reads)::int8 FROM pg_stat_io WHERE backend_type = 'startup' AND object = 'relation') END"""
-             if version >= 160000 else "NULL::int8")
-    return f"""WITH tick AS MATERIALIZED (
-    SELECT set_config('{_TICK_SETTING}', ((coalesce(nullif(current_setting('{_TICK_SETTING}', true), ''), '0')::int
-        % {READS_EVERY}) + 1)::text, false)::int AS n),
-startup AS MATERIALIZED (
+    return f"""WITH startup AS MATERIALIZED (
     SELECT pid, wait_event_type, wait_event
     FROM pg_stat_get_activity(nullif(current_setting('{STARTUP_PID_SETTING}', true), '')::int)
     WHERE backend_type = 'startup')
@@ -97,7 +86,6 @@ SELECT s.pid AS startup_pid, s.wait_event_type, s.wait_event,
             ORDER BY a.xact_start LIMIT 5) h)
     END AS holders,
     c.*,
-    {reads} AS startup_reads,
     extract(epoch FROM current_setting('max_standby_streaming_delay')::interval)::float8 AS max_streaming_delay,
     extract(epoch FROM current_setting('max_standby_archive_delay')::interval)::float8 AS max_archive_delay,
     -- restore_command is shown to pg_read_all_settings only (it may hold credentials).
@@ -131,7 +119,9 @@ class Recovery:
     wait_event: str | None
     holders: tuple[Holder, ...] = ()
     conflicts: Mapping[str, int] = field(default_factory=dict)  # cancelled queries by type, since stats reset
-    startup_reads: int | None = None  # blocks the startup process has read (pg_stat_io, 16+; one poll in 10)
+    # Blocks the startup process has read (pg_stat_io, 16+): views/startup_io.py's, read one
+    # poll in ten, set on the polls that read it (poll.py), None on the others.
+    startup_reads: int | None = None
     max_streaming_delay: float | None = None  # max_standby_streaming_delay, seconds (-1: wait forever)
     max_archive_delay: float | None = None  # max_standby_archive_delay (WAL from the archive)
     restore_command_set: bool | None = None  # None: hidden from this role
@@ -188,8 +178,14 @@ def parse(rows: Sequence[Row]) -> Recovery:
     return Recovery(
         startup_pid=opt_int(row.get("startup_pid")), wait_event_type=row.get("wait_event_type"),
         wait_event=row.get("wait_event"), holders=holders, conflicts=conflicts,
-        startup_reads=opt_int(row.get("startup_reads")), max_streaming_delay=opt_float(row.get("max_streaming_delay")),
+        max_streaming_delay=opt_float(row.get("max_streaming_delay")),
         max_archive_delay=opt_float(row.get("max_archive_delay")), restore_command_set=row.get("restore_command_set"))
 
 
-VIEW = View("recovery", frozenset({"replica"}), QUERIES, parse)
+def applies(caps: Capabilities) -> bool:
+    """Without pg_read_all_stats the startup process's wait is hidden and would read as
+    "working": the view is left out (probe.py says which grant)."""
+    return caps.can_read_all_stats
+
+
+VIEW = View("recovery", frozenset({"replica"}), QUERIES, parse, applies=applies)

@@ -3,9 +3,12 @@ them (``sync_replication_slots`` and its slot sync worker) and which it holds, s
 usable. A logical consumer whose slot has no usable copy on the standby that gets promoted
 loses its place: its subscription or CDC pipeline breaks at the failover.
 
-The slot sync worker is looked for in ``pg_stat_activity`` (which builds a row for every
-session) only on a standby that has ``sync_replication_slots`` on: the others pay nothing.
-Before 17 nothing is read.
+Before 17 the view does not apply (nothing is read). From 17 it is read on one poll in
+``SLOW_EVERY`` (views/base.py: the slots it holds change as the primary's do, seldom), and
+only ``sync_replication_slots`` is looked at unless it is on: the slot sync worker (in
+``pg_stat_activity``, which builds a row for every session) and the synced copies (in
+``pg_replication_slots``) are read on a standby that syncs, so one that does not pays one
+``current_setting()`` every tenth poll.
 """
 
 from __future__ import annotations
@@ -14,17 +17,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from lagwatch.fastinit import fast_init
-from lagwatch.views.base import Row, View
+from lagwatch.views.base import SLOW_EVERY, Row, View
+from lagwatch.views.probe import Capabilities
 
 QUERIES = {
-    130000: "SELECT NULL::boolean AS enabled, NULL::boolean AS worker, '[]'::json AS synced",
     # A synced copy is usable once it is persistent (a new one stays temporary until the
     # standby has caught up with the primary's slot) and not invalidated.
     170000: """SELECT s.enabled,
     CASE WHEN s.enabled THEN EXISTS (SELECT 1 FROM pg_stat_activity WHERE backend_type = 'slotsync worker') END
         AS worker,
-    (SELECT coalesce(json_agg(slot_name ORDER BY slot_name), '[]'::json) FROM pg_replication_slots
-     WHERE synced AND NOT temporary AND invalidation_reason IS NULL) AS synced
+    CASE WHEN s.enabled THEN (SELECT coalesce(json_agg(slot_name ORDER BY slot_name), '[]'::json)
+                              FROM pg_replication_slots WHERE synced AND NOT temporary AND invalidation_reason IS NULL)
+    END AS synced
 FROM (SELECT current_setting('sync_replication_slots')::boolean AS enabled) s""",
 }
 
@@ -42,11 +46,14 @@ class SlotSync:
 
 
 def parse(rows: Sequence[Row]) -> SlotSync | None:
-    """None before PostgreSQL 17 (nothing to sync)."""
     if not rows or rows[0].get("enabled") is None:
         return None
     row = rows[0]
     return SlotSync(bool(row["enabled"]), bool(row.get("worker")), frozenset(str(s) for s in row.get("synced") or ()))
 
 
-VIEW = View("slotsync", frozenset({"replica"}), QUERIES, parse)
+def applies(caps: Capabilities) -> bool:
+    return caps.major >= 17
+
+
+VIEW = View("slotsync", frozenset({"replica"}), QUERIES, parse, applies=applies, every=SLOW_EVERY)

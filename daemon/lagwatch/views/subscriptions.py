@@ -3,10 +3,11 @@ worker from ``pg_stat_subscription`` (running or not; when it last heard from it
 publisher, how far it has received and confirmed) and its errors from
 ``pg_stat_subscription_stats`` (15+: apply and table-sync errors; 18+: conflicts by type).
 
-Read on one poll in ``READS_EVERY`` on each connection (the first, then every tenth), as
-views/horizon.py is: on the others the statement is one ``set_config()`` and the tracker
-keeps what it read last. Every column read is granted to every role (``pg_subscription``
-hides only ``subconninfo``, which is not read).
+Read on one poll in ``SLOW_EVERY`` on each connection (the first, then every tenth:
+views/base.py), as views/horizon.py is: on the others it is not in the statement at all and
+the poll carries what was read last; a primary with no subscription pays one look at the
+empty ``pg_subscription`` every tenth poll. Every column read is granted to every role
+(``pg_subscription`` hides only ``subconninfo``, which is not read).
 """
 
 from __future__ import annotations
@@ -16,16 +17,13 @@ from dataclasses import dataclass, field
 
 from lagwatch.fastinit import fast_init
 from lagwatch.lsn import parse_lsn
-from lagwatch.views.base import Row, View, opt_float, opt_int
-
-READS_EVERY = 10
-_TICK_SETTING = "lagwatch.subscriptions_tick"
+from lagwatch.views.base import SLOW_EVERY, Row, View, opt_float, opt_int
 
 # 18's conflict counters, by the type lagwatch labels them with.
 CONFLICTS_18 = ("insert_exists", "update_origin_differs", "update_exists", "update_missing",
                 "delete_origin_differs", "delete_missing", "multiple_unique_conflicts")
 
-_BASE = """SELECT due, CASE WHEN due THEN (
+_BASE = """SELECT (
     SELECT coalesce(json_agg(json_build_object(
         'name', s.subname, 'enabled', s.subenabled, 'worker', a.pid IS NOT NULL,
         'received_lsn', a.received_lsn::text, 'latest_end_lsn', a.latest_end_lsn::text,
@@ -41,9 +39,7 @@ _BASE = """SELECT due, CASE WHEN due THEN (
                        FROM pg_stat_subscription w
                        WHERE w.subid = s.oid AND w.pid IS NOT NULL AND w.relid IS NULL {apply_only}
                        LIMIT 1) a ON true
-    {stats_join}) END AS subscriptions
-FROM (SELECT set_config('{tick}', ((coalesce(nullif(current_setting('{tick}', true), ''), '0')::int
-        % {every}) + 1)::text, false)::int = 1 AS due) tick"""
+    {stats_join}) AS subscriptions"""
 
 _STATS_JOIN = "LEFT JOIN pg_stat_subscription_stats st ON st.subid = s.oid"
 _STATS_15 = "json_build_object('apply_errors', st.apply_error_count, 'sync_errors', st.sync_error_count)"
@@ -52,8 +48,7 @@ _STATS_18 = ("json_build_object('apply_errors', st.apply_error_count, 'sync_erro
 
 
 def _query(stats: str, stats_join: str, apply_only: str) -> str:
-    return _BASE.format(stats=stats, stats_join=stats_join, apply_only=apply_only, tick=_TICK_SETTING,
-                        every=READS_EVERY)
+    return _BASE.format(stats=stats, stats_join=stats_join, apply_only=apply_only)
 
 
 QUERIES = {
@@ -81,12 +76,10 @@ class Subscription:
     conflicts: Mapping[str, int] = field(default_factory=dict)  # 18+: conflicts by type (CONFLICTS_18)
 
 
-def parse(rows: Sequence[Row]) -> tuple[Subscription, ...] | None:
-    """The subscriptions, by name; None when this poll did not read them (one in ten does)."""
-    if not rows or not rows[0].get("due"):
-        return None
+def parse(rows: Sequence[Row]) -> tuple[Subscription, ...]:
+    """The subscriptions, by name."""
     out = []
-    for sub in rows[0].get("subscriptions") or ():
+    for sub in (rows[0].get("subscriptions") if rows else None) or ():
         stats = sub.get("stats") or {}
         out.append(Subscription(
             name=str(sub["name"]), enabled=bool(sub["enabled"]), worker=bool(sub["worker"]),
@@ -98,4 +91,4 @@ def parse(rows: Sequence[Row]) -> tuple[Subscription, ...] | None:
     return tuple(out)
 
 
-VIEW = View("subscriptions", frozenset({"primary"}), QUERIES, parse)
+VIEW = View("subscriptions", frozenset({"primary"}), QUERIES, parse, every=SLOW_EVERY)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from lagwatch.fastinit import fast_init
 from lagwatch.views.base import Row, View
+from lagwatch.views.probe import Capabilities
 
 QUERIES = {
     130000: "SELECT coalesce(sum(size), 0)::float8 AS bytes, count(*)::int AS files FROM pg_ls_waldir()",
@@ -25,5 +26,10 @@ def parse(rows: Sequence[Row]) -> WalDir:
     return WalDir(bytes=int(row["bytes"]), files=int(row["files"]))
 
 
+def applies(caps: Capabilities) -> bool:
+    """pg_ls_waldir() without its grant would fail outright (probe.py says which grant)."""
+    return caps.can_ls_waldir
+
+
 # Read on the primary only: lagwatch exports the primary's pg_wal (what slots make it keep).
-VIEW = View("wal_dir", frozenset({"primary"}), QUERIES, parse)
+VIEW = View("wal_dir", frozenset({"primary"}), QUERIES, parse, applies=applies)
