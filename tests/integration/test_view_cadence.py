@@ -7,7 +7,8 @@ statement; the views read one poll in ten (views/base.py: the vacuum horizon's a
 subscriptions' on the primary, the slot sync's and the startup process's reads on the
 replica) are in it on the connection's first poll and every tenth after, and not at all on
 the others (no ``set_config()`` tick, no clause); the slot sync's copies are not read where
-``sync_replication_slots`` is off (the server's own plan says their scan never ran). The newest version runs it: slot sync is 17+.
+``sync_replication_slots`` is off (the server's own plan says their scan never ran). The
+newest version runs it: slot sync is 17+.
 """
 
 from __future__ import annotations
