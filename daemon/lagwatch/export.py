@@ -19,6 +19,7 @@ from lagwatch.diagnosis import CAUSES
 from lagwatch.diagnosis import STAGES as DIAGNOSIS_STAGES
 from lagwatch.exposition import Family, Gauge, collecting, to_prometheus
 from lagwatch.logicalexport import logical_metrics
+from lagwatch.rooms import ROOMS
 from lagwatch.snapshot import OBSERVED_ROLES, ClusterSnapshot, Snapshot
 from lagwatch.views.replication import STAGES
 
@@ -116,6 +117,9 @@ def _cluster_metrics(c: ClusterSnapshot) -> None:
     _wal_metrics(c)
     _pool_metrics(c)
     _sync_metrics(c)
+    for room in ROOMS:
+        if room.name in c.rooms:
+            room.export(c.name, c.rooms[room.name])
 
 
 def _node_metrics(c: ClusterSnapshot) -> None:
@@ -360,3 +364,9 @@ def _fmt_q(q: float) -> str:
 def _les(bounds: tuple[float, ...]) -> tuple[str, ...]:
     """The le label of each bucket bound (the bounds are the same for every replica)."""
     return tuple("+Inf" if bound == float("inf") else repr(bound) for bound in bounds)
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.stdout.write(f.markdown())  # docs/metrics.md: this module's families and the rooms'

@@ -1,9 +1,11 @@
 """Every metric family lagwatch exports: its name, type, labels and help, in one list.
 
-export.py fills them from a snapshot; every family here is declared (``# HELP`` and
-``# TYPE``) on every scrape, whatever its series, so that a dashboard or a rule can be
-checked against any live scrape; ``docs/metrics.md`` is generated from this list
-(``python3 -m lagwatch.families``), and a test fails when the two disagree.
+The rooms (lagwatch.rooms: a view with everything about it) declare their own families
+here, each in its section, after this module's; export.py fills them from a snapshot;
+every family here is declared (``# HELP`` and ``# TYPE``) on every scrape, whatever its
+series, so that a dashboard or a rule can be checked against any live scrape;
+``docs/metrics.md`` is generated from this list (``python3 -m lagwatch.export``, with the
+rooms'), and a test fails when the two disagree.
 """
 
 from __future__ import annotations
@@ -49,20 +51,26 @@ _section = ""
 T = TypeVar("T", bound=Family)
 
 
-def _spec(cls: type[T], name: str, text: str, *labels: str, as_of: bool = False) -> Spec[T]:
-    spec = Spec(name, cls, text + (AS_OF if as_of else ""), labels, _section)
+def _spec(cls: type[T], name: str, text: str, *labels: str, as_of: bool = False, section: str | None = None) -> Spec[T]:
+    spec = Spec(name, cls, text + (AS_OF if as_of else ""), labels, section or _section)
     assert name not in CATALOGUE, name
     CATALOGUE[name] = spec
     return spec
 
 
-def gauge(name: str, text: str, *labels: str) -> Spec[Gauge]:
-    """A gauge of the cluster's state: its help says it is as of the last poll."""
-    return _spec(Gauge, name, text, *labels, as_of=True)
+def gauge(name: str, text: str, *labels: str, section: str | None = None) -> Spec[Gauge]:
+    """A gauge of the cluster's state: its help says it is as of the last poll. ``section``:
+    a room's own (rooms/), else the one this module is declaring."""
+    return _spec(Gauge, name, text, *labels, as_of=True, section=section)
 
 
-def counter(name: str, text: str, *labels: str) -> Spec[Counter]:
-    return _spec(Counter, name, text, *labels)
+def counter(name: str, text: str, *labels: str, section: str | None = None) -> Spec[Counter]:
+    return _spec(Counter, name, text, *labels, section=section)
+
+
+def info(name: str, text: str, *labels: str, section: str | None = None) -> Spec[Info]:
+    """An info family (``NAME_info``, 1 per label set) of the cluster's state, as of the last poll."""
+    return _spec(Info, name, text, *labels, as_of=True, section=section)
 
 
 C, R, N, S = "cluster", "replica", "node", "slot"
@@ -367,10 +375,11 @@ SYNC_INFO = _spec(Info, "lagwatch_sync", "synchronous_standby_names and synchron
 def markdown() -> str:
     """docs/metrics.md: every family, by section, as this list has it."""
     out = ["# Metrics", "",
-           "Every family lagwatch exports, generated from `daemon/lagwatch/families.py` "
-           "(`python3 -m lagwatch.families > docs/metrics.md`). Each is declared (`# HELP`, `# TYPE`) on "
-           "every scrape, whatever its series. A counter's samples end in `_total`, an info's in `_info`; "
-           "a histogram has `_bucket`, `_count` and `_sum`; a summary `quantile` samples, `_count` and `_sum`.",
+           "Every family lagwatch exports, generated from `daemon/lagwatch/families.py` and the rooms' "
+           "(`daemon/lagwatch/rooms/`: `python3 -m lagwatch.export > docs/metrics.md`). Each is declared "
+           "(`# HELP`, `# TYPE`) on every scrape, whatever its series. A counter's samples end in `_total`, "
+           "an info's in `_info`; a histogram has `_bucket`, `_count` and `_sum`; a summary `quantile` samples, "
+           "`_count` and `_sum`.",
            ""]
     for section, specs in groupby(CATALOGUE.values(), key=lambda spec: spec.section):
         out += [f"## {section}", "", "| name | type | labels | what |", "|---|---|---|---|"]
@@ -382,4 +391,4 @@ def markdown() -> str:
 
 
 if __name__ == "__main__":
-    sys.stdout.write(markdown())
+    sys.exit("run: PYTHONPATH=daemon python3 -m lagwatch.export > docs/metrics.md (with the rooms' families)")

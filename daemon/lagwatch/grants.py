@@ -24,6 +24,7 @@ from typing import Any, TextIO
 import psycopg
 import psycopg.rows
 
+from lagwatch import rooms
 from lagwatch.config import ClusterConfig, Config, NodeConfig, PasswordUnavailableError
 from lagwatch.conninfo import build_conninfo
 from lagwatch.discovery import with_members_now
@@ -123,6 +124,9 @@ def missing_grants(caps: probe.Capabilities, user: str) -> tuple[dict[str, str],
         optional["walinspect_blocks"] = grant("walinspect_blocks")
     if caps.has_walinspect and not caps.can_walinspect_records and not caps.in_recovery:
         optional["wal_dating"] = grant("wal_dating")
+    for room, needed in rooms.grants():  # each room's own (lagwatch.rooms), where its view applies
+        if caps.asked.get(needed.name) is False and room.view.applies(caps):
+            (optional if needed.optional else missing)[room.name] = needed.statement.replace("ROLE", user)
     excess = []
     if caps.can_read_all_settings:
         excess.append("pg_read_all_settings (e.g. through pg_monitor): it shows each replica's primary_conninfo, "
@@ -176,7 +180,7 @@ def _check_node(node_name: str, node: NodeConfig, timeout: float, lag_from_wal: 
     try:
         conninfo = build_conninfo(node, timeout, timeout, schemas=schemas)
         with psycopg.connect(conninfo, autocommit=True, row_factory=psycopg.rows.dict_row) as conn:
-            rows = conn.execute(probe.SQL).fetchall()
+            rows = conn.execute(probe.sql(rooms.probe_columns())).fetchall()
             user = str(conn.execute("SELECT current_user AS u").fetchone()["u"])  # type: ignore[index]
             role = conn.execute(privileges_sql(conn.info.server_version).encode(),
                                 {"powers": list(POWERS), "functions": list(FUNCTIONS),

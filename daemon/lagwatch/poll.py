@@ -22,6 +22,7 @@ import psycopg.conninfo
 import psycopg.errors
 from psycopg.rows import dict_row
 
+from lagwatch import rooms
 from lagwatch.config import ClusterConfig, Config, NodeConfig, PasswordUnavailableError
 from lagwatch.conninfo import build_conninfo, connected_address, poller_application_name
 from lagwatch.errors import flat_message
@@ -55,7 +56,7 @@ log = logging.getLogger("lagwatch.poll")
 MIN_VERSION_NUM = 130000
 # Bytes, as the combined statement (views/combined.py): psycopg keeps every statement it
 # has run in the connection's prepare counts, and would encode a str into a copy of its own.
-_PROBE_SQL = probe.SQL.encode()
+_PROBE_SQL = probe.sql(rooms.probe_columns()).encode()
 # conflict_query_text, set in every replica session either way: a setting the role or the
 # database carries (ALTER ROLE ... SET lagwatch.conflict_queries = 'on') is never inherited.
 _QUERY_TEXT_SQL = {on: f"SELECT set_config('{recovery.QUERY_TEXT_SETTING}', '{'on' if on else 'off'}', false)".encode()
@@ -337,7 +338,8 @@ class NodePoller:
                                walinspect=inspection, wal_commits=wal_commits, heartbeat_seq=self._beat_read(read),
                                views=health, recovery=self._recovery(read), horizon=read.of(horizon.VIEW),
                                logical=senders.logical, subscriptions=read.of(subscriptions.VIEW),
-                               slot_sync=read.of(slotsync.VIEW))
+                               slot_sync=read.of(slotsync.VIEW),
+                               rooms={v.name: read.results[v.name] for v in rooms.VIEWS if v.name in read.results})
 
     def _recovery(self, read: ViewsRead) -> recovery.Recovery | None:
         """The startup process as read, without other sessions' query text unless

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from lagwatch.config import ReplicaSla
 from lagwatch.diagnosis import Diagnosis
@@ -84,6 +84,7 @@ class NodeObservation:
     logical: tuple[LogicalSender, ...] = ()  # the primary's logical walsenders (views/replication.py)
     subscriptions: tuple[Subscription, ...] | None = None  # its subscriptions (None: not read this poll)
     slot_sync: SlotSync | None = None  # a standby's failover slot copies (17+)
+    rooms: Mapping[str, Any] = field(default_factory=dict)  # each room's reading (lagwatch.rooms), by room
     wal_dating: WalDatingTotals | None = None  # the primary's reads to date staleness, since start
     # Per view: whether it was read this cycle (False: it failed, rests after a failure, or
     # the role may not read it). Views that do not apply to the node's role are absent.
@@ -331,6 +332,7 @@ class ClusterSnapshot:
     horizon_seconds: Mapping[str, float] = field(default_factory=dict)  # how long each slot has held it, at least
     logical: tuple[LogicalConsumer, ...] = ()  # the primary's logical slots and their consumers (logical.py)
     subscriptions: tuple[Subscription, ...] = ()  # the primary's own subscriptions, as last read (a subscriber)
+    rooms: Mapping[str, Any] = field(default_factory=dict)  # what each room says of the cluster, by room
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from lagwatch.config import ReplicaSla
 from lagwatch.diagnosis import STAGES as DIAGNOSIS_STAGES
 from lagwatch.lsn import format_lsn
 from lagwatch.rates import describe
+from lagwatch.rooms import ROOMS
 from lagwatch.snapshot import ClusterSnapshot, LogicalConsumer, PoolStatus, ReplicaState, Snapshot, replica_condition
 
 
@@ -130,6 +131,8 @@ def cluster_status(c: ClusterSnapshot) -> dict[str, Any]:
         "walinspect": None if c.walinspect is None else asdict(c.walinspect),
         "nodes": [asdict(n) for n in c.nodes],
         "pool": None if c.pool is None else pool_status(c.pool),
+        # Each room's part (lagwatch.rooms), under its name.
+        **{room.name: room.status(c.rooms.get(room.name)) for room in ROOMS},
         "sync": None if c.sync is None else {
             "standby_names": c.sync.standby_names, "synchronous_commit": c.sync.synchronous_commit,
             "method": c.sync.method, "required": c.sync.required, "healthy": c.sync.healthy,

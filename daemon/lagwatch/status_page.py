@@ -6,18 +6,20 @@ sparklines, a meta refresh. Readable on a phone. Everything shown is escaped.
 
 from __future__ import annotations
 
-import html
 import math
 import time
-import urllib.parse
 from collections.abc import Sequence
 
 from lagwatch.alerting import conditions
 from lagwatch.config import ReplicaSla
 from lagwatch.diagnosis import STAGES as DIAGNOSIS_STAGES
-from lagwatch.durations import format_duration
 from lagwatch.rates import describe
-from lagwatch.snapshot import CONDITION_TEXT, ClusterSnapshot, Condition, ReplicaState, Snapshot, replica_condition
+from lagwatch.rooms import ROOMS
+from lagwatch.snapshot import CONDITION_TEXT, ClusterSnapshot, ReplicaState, Snapshot, replica_condition
+from lagwatch.status_fleet import DETAILED_UP_TO, fleet_summary
+from lagwatch.status_html import CONDITION_CSS as _CONDITION_CSS
+from lagwatch.status_html import dur as _dur
+from lagwatch.status_html import esc as _e
 
 REFRESH_SECONDS = 5
 
@@ -42,12 +44,6 @@ svg.spark{vertical-align:middle}
 """
 
 
-def _e(value: object) -> str:
-    return html.escape(str(value), quote=True)
-
-
-def _dur(value: float | None) -> str:
-    return "?" if value is None else format_duration(value)
 
 
 def sparkline(samples: Sequence[tuple[float, float]], sla: float | None, width: int = 140, height: int = 28) -> str:
@@ -72,11 +68,6 @@ def sparkline(samples: Sequence[tuple[float, float]], sla: float | None, width: 
     parts.append(f'<polyline fill="none" stroke="{"#cf222e" if over else "#0969da"}" stroke-width="1.5" '
                  f'points="{points}"/></svg>')
     return "".join(parts)
-
-
-_CONDITION_CSS: dict[Condition, str] = {"down": "bad", "cannot_see": "warn",
-                                      "not_streaming": "bad", "paused": "warn", "unknown": "warn",
-                                      "behind": "warn", "streaming": "ok"}
 
 
 def _dated_by(r: ReplicaState) -> str:
@@ -245,10 +236,16 @@ def _alerts_line(c: ClusterSnapshot) -> str:
 def _cluster(c: ClusterSnapshot) -> str:
     rows = "".join(_replica_row(c, r) for r in c.replicas)
     return (f'<section data-cluster="{_e(c.name)}"><h2>{_e(c.name)}</h2><div class="meta">nodes: {_nodes_line(c)}</div>'
-            f"{_sync_line(c)}{_slots_line(c)}{_logical_line(c)}{_compression_line(c)}{_pool_line(c)}{_alerts_line(c)}"
+            f"{_sync_line(c)}{_slots_line(c)}{_logical_line(c)}{_compression_line(c)}{_rooms_lines(c)}{_pool_line(c)}"
+            f"{_alerts_line(c)}"
             f"<div class=\"wrap\"><table><thead><tr><th>replica</th><th>state</th><th>pool</th><th>staleness</th>"
             f"<th>p95</th><th>SLA</th><th>window</th></tr></thead>"
             f"<tbody>{rows}</tbody></table></div>{_events(c)}</section>")
+
+
+def _rooms_lines(c: ClusterSnapshot) -> str:
+    """Each room's line (lagwatch.rooms), in their order."""
+    return "".join(room.page(c.rooms.get(room.name)) for room in ROOMS)
 
 
 def _nodes_line(c: ClusterSnapshot) -> str:
@@ -289,64 +286,6 @@ def _events(c: ClusterSnapshot) -> str:
     return f'<h3 class="meta">recent pool events</h3><ul class="events">{items or "<li>none yet</li>"}</ul>'
 
 
-# Above this many clusters /status shows one line per cluster, worst first, each linking to
-# its own page (/status?cluster=NAME): a fleet's page of 300 detailed sections would not load.
-DETAILED_UP_TO = 20
-_CONDITION_ORDER = {c: i for i, c in enumerate(CONDITION_TEXT)}  # worst first
-
-
-def _worst(c: ClusterSnapshot) -> tuple[int, int, float, str]:
-    """How a cluster sorts in the fleet summary: pages first, then by condition, then p95."""
-    pages = sum(1 for a in conditions(c) if a.severity == "page")
-    worst = min((_CONDITION_ORDER[replica_condition(r, c.slas.get(r.name))] for r in c.replicas),
-                default=len(_CONDITION_ORDER))
-    p95 = max((r.window.p95 for r in c.replicas if r.window is not None), default=0.0)
-    return (-pages, worst, -p95, c.name)
-
-
-def _summary_row(c: ClusterSnapshot) -> str:
-    found = conditions(c)
-    staleness = max((r.staleness for r in c.replicas if r.staleness is not None), default=None)
-    p95 = max((r.window.p95 for r in c.replicas if r.window is not None), default=None)
-    out_of_pool = "" if c.pool is None or c.pool.members is None else str(
-        sum(1 for r in c.replicas if r.configured and r.name not in c.pool.members))
-    down = sum(1 for n in c.nodes if not n.up)
-    alerts = ", ".join(sorted({a.alert.removeprefix("Lagwatch") for a in found}))
-    pages = any(a.severity == "page" for a in found)
-    link = f'<a href="/status?cluster={urllib.parse.quote(c.name, safe="")}">{_e(c.name)}</a>'
-    return (f'<tr data-cluster="{_e(c.name)}"><td data-label="cluster">{link}</td>'
-            f'<td data-label="replicas">{_worst_replica(c)}</td>'
-            f'<td data-label="primaries" class="num{" bad" if c.primaries != 1 else ""}">{c.primaries}</td>'
-            f'<td data-label="staleness" class="num">{_e(_dur(staleness))}</td>'
-            f'<td data-label="worst p95" class="num">{_e(_dur(p95))}</td>'
-            f'<td data-label="out of pool" class="num">{_e(out_of_pool)}</td>'
-            f'<td data-label="nodes down" class="num{" bad" if down else ""}">{down}</td>'
-            f'<td data-label="alert conditions" class="{"bad" if pages else "warn" if found else "muted"}">'
-            f"{_e(alerts or 'none')}</td></tr>")
-
-
-def _worst_replica(c: ClusterSnapshot) -> str:
-    """The cluster's worst replica and its condition, or that they all stream."""
-    if not c.replicas:
-        return '<span class="muted">no replicas</span>'
-    worst = min(c.replicas, key=lambda r: _CONDITION_ORDER[replica_condition(r, c.slas.get(r.name))])
-    condition = replica_condition(worst, c.slas.get(worst.name))
-    if condition == "streaming":
-        return '<span class="ok">all streaming</span>'
-    return f'<span class="{_CONDITION_CSS[condition]}">{_e(worst.name)}: {_e(CONDITION_TEXT[condition])}</span>'
-
-
-def _summary(snapshot: Snapshot) -> str:
-    clusters = sorted(snapshot.clusters, key=_worst)
-    rows = "".join(_summary_row(c) for c in clusters)
-    troubled = sum(1 for c in clusters if conditions(c))
-    return (f'<h2>{len(clusters)} clusters</h2><div class="meta">worst first; {troubled} with alert conditions; '
-            f"select one for its replicas, pool and events</div>"
-            f'<div class="wrap"><table class="fleet"><thead><tr><th>cluster</th><th>replicas</th><th>primaries</th>'
-            f"<th>staleness</th><th>worst p95</th><th>out of pool</th><th>nodes down</th><th>alert conditions</th>"
-            f"</tr></thead><tbody>{rows}</tbody></table></div>")
-
-
 def _daemon_line(snapshot: Snapshot, cluster: str | None) -> str:
     """lagwatch's own trouble, when it has some: nodes still connecting (neither up nor down
     yet), and an interval stretched because its cycles do not fit the configured one."""
@@ -380,7 +319,7 @@ def render(snapshot: Snapshot | None, cluster: str | None = None) -> str:
             body = ('<div class="meta"><a href="/status">all clusters</a></div>'
                     + ("".join(_cluster(c) for c in chosen) or f'<p class="bad">no cluster named {_e(cluster)}</p>'))
         elif len(snapshot.clusters) > DETAILED_UP_TO:
-            body = _summary(snapshot)
+            body = fleet_summary(snapshot)
         else:
             body = "".join(_cluster(c) for c in snapshot.clusters)
         body = _daemon_line(snapshot, cluster) + body

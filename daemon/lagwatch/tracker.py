@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from lagwatch.beats import Beats
 from lagwatch.config import ClusterConfig
@@ -29,6 +30,7 @@ from lagwatch.readinstant import ReadInstants
 from lagwatch.replayload import ConflictTotals, ReplayLoadTracker
 from lagwatch.replicastate import ReplaySide, follows_primary, replica_signals, replica_state, replica_streaming
 from lagwatch.roles import RoleTracker, RoleView, describe_change, writer_member
+from lagwatch.rooms import ROOMS
 from lagwatch.snapshot import ClusterSnapshot, NodeObservation, ReplicaState
 from lagwatch.syncrep import SyncReplication, assess
 from lagwatch.vacuumhorizon import HorizonHolders
@@ -77,6 +79,7 @@ class ClusterTracker:
         # the runtime is put in force.
         self.beats: Callable[[], Beats] | None = None
         self._primary_clock = PrimaryClock()  # the primary's wall clock on lagwatch's (the one converter)
+        self.rooms = {room.name: room.keeper() for room in ROOMS}  # each room's keeper (lagwatch.rooms)
 
     @property
     def clock(self) -> LsnClock:
@@ -120,7 +123,17 @@ class ClusterTracker:
             logical=() if answered is None or primary.standby else self.logical.update(
                 slots, answered.logical, primary.lsn, self.clock, primary.wal_dates, primary.senders_at, now),
             subscriptions=_own_subscriptions(answered),
+            rooms=self._rooms(observations, now),
         )
+
+    def _rooms(self, observations: Sequence[NodeObservation], now: float) -> dict[str, Any]:
+        """What each room says of the cluster this cycle, from the nodes that answered with its view."""
+        out = {}
+        for name, keeper in self.rooms.items():
+            value = keeper.update({o.node: o.rooms[name] for o in observations if o.ok and name in o.rooms}, now)
+            if value is not None:
+                out[name] = value
+        return out
 
     def _primary(self, roles: RoleView, now: float) -> _PrimaryView:
         """Take the primary's answer into the history: its position on the LSN clock, the
@@ -179,6 +192,8 @@ class ClusterTracker:
             self.replay_load.forget([name])
             self.conflicts.forget([name])
             self.read_instants.forget([name])
+            for keeper in self.rooms.values():
+                keeper.forget(name)
             if name not in configured_labels:  # still polled (a configured replica that now leads): still counted
                 self.nodes.forget([name])
         return replicas

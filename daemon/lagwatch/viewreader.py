@@ -24,6 +24,8 @@ import pydantic_core
 
 from lagwatch import wire
 from lagwatch.errors import flat_message
+from lagwatch.rooms import ROOMS
+from lagwatch.rooms import VIEWS as ROOM_VIEWS
 from lagwatch.snapshot import Role
 from lagwatch.views import CYCLE_VIEWS
 from lagwatch.views.base import View
@@ -36,9 +38,9 @@ T = TypeVar("T")
 
 log = logging.getLogger("lagwatch.poll")
 
-# The views each role reads every cycle, in CYCLE_VIEWS' order.
+# The views each role may read, in CYCLE_VIEWS' order, then the rooms' (lagwatch.rooms).
 _ROLE_VIEWS: dict[Role, tuple[View[Any], ...]] = {
-    role: tuple(v for v in CYCLE_VIEWS if role in v.roles) for role in ("primary", "replica")}
+    role: tuple(v for v in (*CYCLE_VIEWS, *ROOM_VIEWS) if role in v.roles) for role in ("primary", "replica")}
 # A view that failed (a grant missing, a function gone) is retried after this long.
 VIEW_RETRY_SECONDS = 300
 GRANT_HINTS = {
@@ -55,6 +57,9 @@ GRANT_HINTS = {
     "recovery": ": the startup process's wait is shown to GRANT pg_read_all_stats TO ROLE",
     "heartbeat": ": the heartbeat table needs GRANT SELECT ON it TO ROLE (deploy/sql/lagwatch-heartbeat.sql)",
 }
+# A room's view needs its room's grants (lagwatch.rooms).
+GRANT_HINTS.update({room.name: ": needs " + "; ".join(g.statement for g in room.grants)
+                    for room in ROOMS if room.grants})
 
 
 def for_role(hint: str, user: str | None) -> str:
@@ -80,7 +85,7 @@ class ViewReader:
         # The role's views, and the cluster's own (the heartbeat row) where they apply.
         self._role_views = {role: views + tuple(v for v in extra if role in v.roles)
                             for role, views in _ROLE_VIEWS.items()}
-        self._names = [v.name for v in CYCLE_VIEWS] + [v.name for v in extra]
+        self._names = [v.name for v in (*CYCLE_VIEWS, *ROOM_VIEWS, *extra)]
         self._cadence = Cadence()  # the views read one poll in N: what the polls between carry
         self.resting: dict[str, float] = {}  # view -> monotonic time it is tried again
         self.view_errors: dict[str, int] = {}  # view -> failed reads since start

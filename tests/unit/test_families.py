@@ -60,6 +60,6 @@ def test_docs_metrics_is_the_catalogue() -> None:
     """docs/metrics.md is generated from the catalogue: a family added without
     documentation (or documentation left for a family gone) fails here."""
     documented = (ROOT / "docs" / "metrics.md").read_text()
-    assert documented == families.markdown(), "run: PYTHONPATH=daemon python3 -m lagwatch.families > docs/metrics.md"
+    assert documented == families.markdown(), "run: PYTHONPATH=daemon python3 -m lagwatch.export > docs/metrics.md"
     names = set(re.findall(r"^\| `(lagwatch_\w+)` \|", documented, re.M))
     assert names == {spec.series for spec in families.CATALOGUE.values()}

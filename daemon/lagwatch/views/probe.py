@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from functools import cached_property
+from typing import Any
 
 from lagwatch.views.base import Row
 from lagwatch.views.recovery import PROBE_COLUMN as STARTUP_PID
@@ -52,6 +53,8 @@ class Capabilities:
     can_read_all_settings: bool = False  # more than lagwatch needs: primary_conninfo shows passwords
     can_walinspect_blocks: bool = False  # pg_get_wal_block_info (16+): what WAL compression saves
     can_walinspect_records: bool = False  # pg_get_wal_records_info: staleness dated from commits
+    # What the rooms asked of the connection (rooms/base.py: their probe columns and grants), by column.
+    asked: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def major(self) -> int:
@@ -80,9 +83,18 @@ class Capabilities:
         return out
 
 
+def sql(asked: Mapping[str, str]) -> str:
+    """The probe, with the columns the rooms ask for once per connection (column -> SQL)."""
+    return SQL + "".join(f",\n    {expr} AS {column}" for column, expr in asked.items())
+
+
+_OWN = frozenset(f.name for f in fields(Capabilities)) | {"startup_pid"}
+
+
 def parse(rows: Sequence[Row]) -> Capabilities:
     (row,) = rows
     return Capabilities(
+        asked={k: v for k, v in row.items() if k not in _OWN},
         version_num=int(row["version_num"]),
         in_recovery=bool(row["in_recovery"]),
         can_ls_waldir=bool(row["can_ls_waldir"]),

@@ -1,0 +1,33 @@
+"""The rooms: each thing lagwatch reads from PostgreSQL with everything about it (rooms/
+base.py), and the one place they are registered: a room is added by its module, its test,
+and its entry here. The reader reads their views, the tracker keeps one keeper of each per
+cluster, and the exposition, /api/status, /status, the probe and ``check --grants`` iterate
+over them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lagwatch.rooms.base import Grant, Room
+from lagwatch.views.base import View
+
+ROOMS: tuple[Room[Any, Any], ...] = ()
+
+VIEWS: tuple[View[Any], ...] = tuple(room.view for room in ROOMS)
+
+
+def probe_columns() -> dict[str, str]:
+    """What the rooms ask once per connection (column -> SQL), their grants' checks among them."""
+    out: dict[str, str] = {}
+    for room in ROOMS:
+        out.update(room.probe)
+        out.update({grant.name: grant.held for grant in room.grants})
+    return out
+
+
+def grants() -> tuple[tuple[Room[Any, Any], Grant], ...]:
+    return tuple((room, grant) for room in ROOMS for grant in room.grants)
+
+
+__all__ = ["ROOMS", "VIEWS", "Grant", "Room", "grants", "probe_columns"]

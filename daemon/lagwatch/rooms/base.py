@@ -1,0 +1,62 @@
+"""What a room is: one thing lagwatch reads from PostgreSQL, with everything about it.
+
+A room holds its view (SQL per major, parser, roles, the servers it applies to, how often:
+views/base.py), what it asks once per connection (its probe columns) and the privileges it
+needs (so the probe, ``check --grants`` and the role SQL learn them from it), its
+families (in the catalogue, families.py), how a cluster's readings become one value across
+cycles (its keeper: pure, the time passed in), and that value's samples, its part of
+``/api/status`` and its line on ``/status``. The daemon's pipeline iterates over the rooms
+(lagwatch.rooms.ROOMS): adding one is its module, its test, and one line there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar
+
+from lagwatch.families import Spec
+from lagwatch.views.base import View
+
+R = TypeVar("R")  # what the view reads on one node, as its parser types it
+S = TypeVar("S")  # what the room says of a cluster
+R_in = TypeVar("R_in", contravariant=True)
+S_out = TypeVar("S_out", covariant=True)
+
+
+class Keeper(Protocol[R_in, S_out]):
+    """One cluster's room across cycles (the tracker keeps one per cluster)."""
+
+    def update(self, readings: Mapping[str, R_in], now: float) -> S_out | None:
+        """This cycle's value from the readings of the nodes that answered with the view
+        read or carried (by node name); None: nothing to say."""
+
+    def forget(self, node: str) -> None:
+        """A node gone from the cluster: nothing of it is kept."""
+
+
+@dataclass(frozen=True)
+class Grant:
+    """A privilege a room needs: asked in the probe, said by ``check --grants``, given by
+    deploy/sql/lagwatch-role.sql."""
+
+    name: str  # what check --grants calls it
+    held: str  # an SQL boolean: the login role has it (asked once per connection)
+    statement: str  # the statement that gives it, to ROLE
+    optional: bool = False  # the room still reads without it (less)
+
+
+@dataclass(frozen=True)
+class Room(Generic[R, S]):
+    view: View[R]
+    families: tuple[Spec[Any], ...]
+    keeper: Callable[[], Keeper[R, S]]
+    export: Callable[[str, S], None]  # the cluster's name and value -> samples (exposition.collecting)
+    status: Callable[[S | None], Any]  # JSON-ready, for /api/status (None: nothing read)
+    page: Callable[[S | None], str]  # the HTML of its /status line ('' for none)
+    probe: Mapping[str, str] = field(default_factory=dict)  # column -> SQL asked once per connection
+    grants: tuple[Grant, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return self.view.name

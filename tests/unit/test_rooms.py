@@ -1,0 +1,41 @@
+"""What every room (lagwatch.rooms) promises: it is read, kept, exported, shown and granted
+through the pipeline's one registry, and nothing of it lives outside its module."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lagwatch.export  # noqa: F401  (the catalogue with the rooms' families)
+from lagwatch import families
+from lagwatch.rooms import ROOMS, VIEWS, probe_columns
+from lagwatch.views import CYCLE_VIEWS
+from lagwatch.views.probe import SQL, parse, sql
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_each_room_is_named_once_and_its_families_are_in_the_catalogue_under_its_section() -> None:
+    names = [room.name for room in ROOMS]
+    assert len(set(names)) == len(names) and not set(names) & {v.name for v in CYCLE_VIEWS}
+    assert VIEWS == tuple(room.view for room in ROOMS)
+    for room in ROOMS:
+        assert room.families, room.name
+        for spec in room.families:
+            assert families.CATALOGUE[spec.name] is spec
+        assert len({spec.section for spec in room.families}) == 1, room.name  # one section: the room's
+
+
+def test_the_role_sql_gives_every_grant_a_room_needs() -> None:
+    role_sql = (ROOT / "deploy" / "sql" / "lagwatch-role.sql").read_text()
+    for room in ROOMS:
+        for grant in room.grants:
+            assert grant.statement.replace("ROLE", "lagwatch") + ";" in role_sql, (room.name, grant.name)
+
+
+def test_the_probe_asks_what_the_rooms_ask_and_keeps_their_answers_apart() -> None:
+    asked = probe_columns()
+    text = sql(asked)
+    assert text.startswith(SQL) and all(f"AS {column}" in text for column in asked)
+    row = {"version_num": 180000, "in_recovery": False, "can_ls_waldir": True, "has_walinspect": False,
+           "can_walinspect": False, "can_read_all_stats": True, "startup_pid": None, "room_column": "x"}
+    assert parse([row]).asked == {"room_column": "x"}
