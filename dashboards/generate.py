@@ -590,6 +590,34 @@ def _logical_row() -> list[Panel]:
     ]
 
 
+def _archive_row() -> list[Panel]:
+    by_node = "{{cluster}}/{{node}}"
+    return [
+        Panel(
+            "WAL archiving: waiting", "timeseries",
+            "Segments waiting to be archived on each node that archives (the primary; a standby only with "
+            "archive_mode = always), and how long the oldest has waited (right axis): the archive and "
+            "point-in-time recovery are that far behind, and pg_wal keeps all of it (LagwatchArchiveBehind). "
+            "Not the last archived file's age, which grows on an idle primary.",
+            [Query(f"max by (cluster, node) (lagwatch_archive_waiting_segments{{{C}}})", f"{by_node} waiting"),
+             Query(f"max by (cluster, node) (lagwatch_archive_oldest_waiting_age_seconds{{{C}}})",
+                   f"{by_node} oldest waited")],
+            12, 7, _timeseries("short", fill=0, overrides=[_override("B", ("unit", "s"),
+                                                                     ("custom.axisPlacement", "right"))]),
+            TIMESERIES_OPTIONS),
+        Panel(
+            "WAL archiving: archived and failed", "timeseries",
+            "WAL files archived per second, and failed attempts per second (red): a failing archive_command "
+            "retries the same segment, so nothing after it is archived (LagwatchArchiveFailing).",
+            [Query(f"max by (cluster, node) (rate(lagwatch_archive_archived_total{{{C}}}[{RATE}]))",
+                   f"{by_node} archived"),
+             Query(f"max by (cluster, node) (rate(lagwatch_archive_failed_total{{{C}}}[{RATE}]))",
+                   f"{by_node} failed")],
+            12, 7, _timeseries("short", fill=0, overrides=[_override("B", ("color", _fixed("red")))]),
+            TIMESERIES_OPTIONS),
+    ]
+
+
 def _lagwatch_row() -> list[Panel]:
     this_cluster = f"on (instance) lagwatch_up{{{C}}}"  # daemon-wide series of instances watching $cluster
     by_node = "{{cluster}}/{{node}} ({{instance}})"
@@ -697,6 +725,7 @@ ROWS: tuple[tuple[str, Callable[[], list[Panel]]], ...] = (
     ("Fleet", _fleet_row),
     ("Synchronous replication", _sync_row),
     ("Slots & WAL", _slots_wal_row),
+    ("WAL archiving", _archive_row),
     ("Logical replication", _logical_row),
     ("lagwatch itself", _lagwatch_row),
 )

@@ -108,7 +108,7 @@ def test_one_group_and_the_alerts_we_promise() -> None:
         "LagwatchReplicaReplayBlockedByQuery": "warning", "LagwatchReplicationHoldsHorizon": "warning",
         "LagwatchLogicalConsumerStale": "warning", "LagwatchSubscriptionApplyErrors": "warning",
         "LagwatchSubscriptionWorkerDown": "warning", "LagwatchFailoverSlotNotSynced": "warning",
-        "LagwatchSlotIdleTimeoutSoon": "warning",
+        "LagwatchSlotIdleTimeoutSoon": "warning", "LagwatchArchiveFailing": "page", "LagwatchArchiveBehind": "warning",
     }
     got = {rule["alert"]: rule["labels"]["severity"] for rule in alert_rules()}
     assert got == expected

@@ -159,8 +159,8 @@ def test_most_urgent_first(dashboard: dict[str, Any]) -> None:
     top = dashboard["panels"]
     assert top[0]["type"] == "row" and top[0]["title"] == "Lag"
     rows = [p["title"] for p in top if p["type"] == "row"]
-    assert rows == ["Lag", "Why replicas lag", "Fleet", "Synchronous replication", "Slots & WAL", "Logical replication",
-                    "lagwatch itself"]
+    assert rows == ["Lag", "Why replicas lag", "Fleet", "Synchronous replication", "Slots & WAL", "WAL archiving",
+                    "Logical replication", "lagwatch itself"]
     assert top[1]["type"] == "stat" and "lagwatch_replica_lag_seconds" in top[1]["targets"][0]["expr"]
 
 

@@ -14,6 +14,9 @@ ALTER ROLE lagwatch PASSWORD :password;
 GRANT pg_read_all_stats TO lagwatch;
 -- The WAL directory's size (lagwatch_wal_directory_bytes).
 GRANT EXECUTE ON FUNCTION pg_ls_waldir() TO lagwatch;
+-- WAL archiving's segments waiting to be archived (lagwatch_archive_waiting_segments), where
+-- archive_mode is on: the .ready files in pg_wal/archive_status.
+GRANT EXECUTE ON FUNCTION pg_ls_archive_statusdir() TO lagwatch;
 -- Everything else lagwatch reads is open to every role: pg_last_wal_replay_lsn(),
 -- pg_get_wal_replay_pause_state(), pg_replication_slots, pg_stat_wal, pg_stat_database,
 -- pg_locks and pg_try_advisory_lock() (pool control's leader election).

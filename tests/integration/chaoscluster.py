@@ -13,6 +13,7 @@ import os
 import signal
 import socket
 import time
+from pathlib import Path
 from typing import Any, Self
 
 import failure_logs
@@ -230,7 +231,27 @@ class ChaosCluster(LocalCluster):
     def start(self, timeout: float = 60) -> Self:
         for s in self.servers:
             failure_logs.watch(s, f"{s.name} (pg{self.binaries.major}) {s.log_file}", s.log_tail)
+        self.archive_flags.mkdir(mode=0o755, exist_ok=True)  # read by the server's user
         return super().start(timeout)
+
+    @property
+    def archive_flags(self) -> Path:
+        """Where a test steers the primary's archive_command: a file ``fail`` makes it fail,
+        a file ``delay`` holding seconds makes it take that long (heal removes both)."""
+        return self.base_dir / "archive-flags"
+
+    def primary_settings(self) -> dict[str, str]:
+        """As a LocalCluster's, and archiving WAL (archive_mode needs a restart, so it is on
+        from the start) through a command the flag files steer; it keeps nothing (the WAL
+        it "archives" is not copied anywhere). The replicas, cloned with it, have
+        archive_mode on, which on a standby does not archive."""
+        flags = self.archive_flags
+        return {**super().primary_settings(), "archive_mode": "on",
+                "archive_command": f'test ! -e "{flags}/fail" && sleep "$(cat "{flags}/delay" 2>/dev/null || echo 0)"'}
+
+    def clear_archive_flags(self) -> None:
+        for name in ("fail", "delay"):
+            (self.archive_flags / name).unlink(missing_ok=True)
 
     def stop(self) -> None:
         for s in self.servers:  # thaw all first: a frozen peer can stall a shutdown
@@ -331,6 +352,7 @@ class ChaosCluster(LocalCluster):
     def heal(self, timeout: float = 60) -> None:
         """Undo what tests do: thaw, start, resume, reconnect, reset ALTER SYSTEM, re-clone."""
         deadline = time.monotonic() + timeout
+        self.clear_archive_flags()
         for s in self.servers:
             s.thaw()
         self.primary.start(remaining(deadline))

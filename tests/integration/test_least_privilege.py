@@ -42,6 +42,7 @@ REQUIRED = [
     "lagwatch_wal_fpi_total", "lagwatch_wal_records_total", "lagwatch_wal_compression_info",
     "lagwatch_wal_directory_bytes", "lagwatch_up", "lagwatch_poll_duration_seconds", "lagwatch_poll_errors_total",
     "lagwatch_wal_inspected_bytes_total", "lagwatch_wal_inspected_fpi_bytes_total",
+    "lagwatch_archive_waiting_segments", "lagwatch_archive_archived_total",  # the primary archives (chaoscluster.py)
 ]
 NEEDS_MORE = ["lagwatch_wal_fpi_saved_bytes_total", "lagwatch_wal_fpi_compressed_bytes_total"]
 # What lagwatch does here (read its views, mark one down, say so once) is counted in its
@@ -119,6 +120,13 @@ def test_monitoring_role_is_enough(pg_cluster: ChaosCluster, tmp_path: Path) -> 
             assert "main/primary: replicas dated by the LSN clock and commit timestamps (no WAL dating: they read " \
                 "low under load, docs/lag.md); to date them from the WAL: GRANT EXECUTE ON FUNCTION " \
                 "pg_get_wal_records_info(pg_lsn, pg_lsn) TO lagwatch;" in lines, lines
+            # A room's grant (rooms/archiver.py) taken away: the check names it, on the node that archives only.
+            primary.execute("REVOKE EXECUTE ON FUNCTION pg_ls_archive_statusdir() FROM lagwatch")
+            check = run_cli("check", "--grants", "-c", str(lw.config_path))
+            lines = check.stdout.splitlines()
+            assert check.returncode == 2, check.stdout + check.stderr
+            assert [line for line in lines if "MISSING" in line] == [
+                "main/primary: MISSING for archiver: GRANT EXECUTE ON FUNCTION pg_ls_archive_statusdir() TO lagwatch"]
     finally:
         drop_role(primary)
 
@@ -216,6 +224,9 @@ def test_a_role_without_grants_is_told_what_it_lacks(pg_cluster: ChaosCluster, t
         lines = grants.stdout.splitlines()
         assert "main/primary: MISSING for replication: GRANT pg_read_all_stats TO lagwatch" in lines, lines
         assert "main/primary: MISSING for wal_dir: GRANT EXECUTE ON FUNCTION pg_ls_waldir() TO lagwatch" in lines
+        assert "main/primary: MISSING for archiver: GRANT EXECUTE ON FUNCTION pg_ls_archive_statusdir() TO " \
+            "lagwatch" in lines, lines  # a room's grant, on the node that archives only
+        assert sum("MISSING for archiver" in line for line in lines) == 1, lines
         for replica in ("replica1", "replica2"):
             assert f"main/{replica}: MISSING for wal_receiver: GRANT pg_read_all_stats TO lagwatch" in lines, lines
         primary.execute("GRANT pg_monitor TO lagwatch")
@@ -236,6 +247,7 @@ def test_check_grants_flags_every_privilege_beyond_what_lagwatch_needs(pg_cluste
     primary.execute("CREATE ROLE lagwatch LOGIN REPLICATION CREATEROLE")
     primary.execute("GRANT pg_read_all_stats, pg_signal_backend TO lagwatch")
     primary.execute("GRANT EXECUTE ON FUNCTION pg_ls_waldir() TO lagwatch")
+    primary.execute("GRANT EXECUTE ON FUNCTION pg_ls_archive_statusdir() TO lagwatch")  # the primary archives
     pg_cluster.wait_replayed()
     config_path = tmp_path / "lagwatch.yaml"
     config_path.write_text(yaml.safe_dump(config_as_lagwatch(pg_cluster)))
@@ -282,6 +294,7 @@ def test_check_grants_flags_what_a_role_gets_through_others(pg_cluster: ChaosClu
     primary.execute("CREATE ROLE lagwatch LOGIN")
     primary.execute("GRANT pg_read_all_stats TO lagwatch")
     primary.execute("GRANT EXECUTE ON FUNCTION pg_ls_waldir() TO lagwatch")
+    primary.execute("GRANT EXECUTE ON FUNCTION pg_ls_archive_statusdir() TO lagwatch")  # the primary archives
     primary.execute("CREATE ROLE lw_powerful NOLOGIN CREATEROLE REPLICATION")
     primary.execute("CREATE ROLE lw_owner NOLOGIN")
     primary.execute("CREATE TABLE lw_owned (i int)")

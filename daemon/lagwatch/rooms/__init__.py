@@ -9,10 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from lagwatch.rooms import archiver
 from lagwatch.rooms.base import Grant, Room
 from lagwatch.views.base import View
 
-ROOMS: tuple[Room[Any, Any], ...] = ()
+ROOMS: tuple[Room[Any, Any], ...] = (
+    archiver.ROOM,
+)
 
 VIEWS: tuple[View[Any], ...] = tuple(room.view for room in ROOMS)
 
