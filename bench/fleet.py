@@ -54,13 +54,18 @@ It prints; it asserts nothing. Targets (issue 6/6: 300 x 3 at 1 s on <= 25 % of 
 control: it adds <= 20 % CPU, converged within 10 s, sessions = nodes + at most one per
 primary server, 0 overruns, cpu_ratio <= 0.8).
 
+``--baseline DIR`` runs each size and arm with another build too (a checkout of it: ``git
+worktree add DIR REV``), the two builds alternated (their order swapped every pass and
+size), and prints this build's CPU per node-cycle against the baseline's.
+
     python3 bench/fleet.py [--clusters 1,10,100,300] [--arms plain,pool] [--seconds 60] [--settle 30]
-                           [--passes 1] [--busy 0] [--soak]
+                           [--passes 1] [--busy 0] [--soak] [--baseline DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import platform
@@ -321,7 +326,9 @@ class Row:
 
 
 def measure(cluster: LocalCluster, clusters: int, arm: str, pass_no: int, seconds: float, settle: float,
-            soak: bool, busy: int) -> Row:
+            soak: bool, busy: int, daemon: Path | None = None) -> Row:
+    """One run; ``daemon``: another build's ``daemon/`` folder to run instead of this one
+    (--baseline: its rows' arm reads ``ARM@base``)."""
     pool = arm == "pool"
     with tempfile.TemporaryDirectory(prefix="lagwatch-fleet-") as tmp:
         workdir = Path(tmp)
@@ -333,11 +340,13 @@ def measure(cluster: LocalCluster, clusters: int, arm: str, pass_no: int, second
         lw: Lagwatch | None = None
         try:
             # At INFO, as in production: DEBUG adds a line per cluster and cycle.
-            lw = Lagwatch(workdir, config, log_level="info")
+            lw = Lagwatch(workdir, config, log_level="info",
+                          env=None if daemon is None else {"PYTHONPATH": str(daemon)})
             # Popen returns once the child has exec'd: this is the process's start (to a few ms).
             converged = wait_converged(lw, time.monotonic(), clusters * 3, clusters if pool else 0)
             lw.wait_ready(timeout=CONVERGE_TIMEOUT)
-            return _measure_running(lw, cluster, clusters, arm, pass_no, converged, seconds, settle, soak)
+            row = _measure_running(lw, cluster, clusters, arm, pass_no, converged, seconds, settle, soak)
+            return row if daemon is None else dataclasses.replace(row, arm=f"{arm}@base")
         finally:
             if lw is not None:
                 lw.stop()
@@ -485,6 +494,9 @@ def main() -> int:
                         help="every cluster's lag_from_wal (the WAL dating's cost at fleet scale)")
     parser.add_argument("--soak", action="store_true", help="print RSS every minute (use with a long --seconds)")
     parser.add_argument("--pg-major", type=int, default=None)
+    parser.add_argument("--baseline", type=Path, default=None,
+                        help="a checkout of another build (git worktree add DIR REV): each run is made with it too, "
+                             "alternated, and their CPU per node-cycle compared")
     args = parser.parse_args()
     global LAG_FROM_WAL
     LAG_FROM_WAL = args.lag_from_wal
@@ -505,14 +517,34 @@ def main() -> int:
             forward = n % 2 == 0
             for size in sizes if forward else list(reversed(sizes)):
                 for arm in arms if forward else list(reversed(arms)):
-                    row = measure(cluster, size, arm, n, args.seconds, args.settle, args.soak, args.busy)
-                    rows.append(row)
-                    print(_format(row), flush=True)
+                    builds: list[Path | None] = [None] if args.baseline is None else [None, args.baseline / "daemon"]
+                    for daemon in builds if (n + sizes.index(size)) % 2 == 0 else list(reversed(builds)):
+                        row = measure(cluster, size, arm, n, args.seconds, args.settle, args.soak, args.busy, daemon)
+                        rows.append(row)
+                        print(_format(row), flush=True)
     print()
     _print_table(rows)
     print()
     _print_targets(rows, sizes)
+    if args.baseline is not None:
+        print()
+        _print_against_baseline(rows, sizes, arms)
     return 0
+
+
+def _print_against_baseline(rows: list[Row], sizes: list[int], arms: list[str]) -> None:
+    """Per size and arm: CPU per node-cycle of this build against the baseline's, the runs
+    alternated (the order of the builds swapped every pass and size)."""
+    print("| clusters x nodes | arm | CPU ms per node-cycle, this build (mean) | baseline (mean) | this / baseline |")
+    print("|---|---|---|---|---|")
+    for size in sizes:
+        for arm in arms:
+            new = [r.cpu_ms_per_node_cycle for r in rows if r.clusters == size and r.arm == arm]
+            base = [r.cpu_ms_per_node_cycle for r in rows if r.clusters == size and r.arm == f"{arm}@base"]
+            if new and base:
+                ratio = statistics.mean(new) / statistics.mean(base)
+                print(f"| {size} × 3 | {arm} | {statistics.mean(new):.4f} ({', '.join(f'{v:.4f}' for v in new)}) | "
+                      f"{statistics.mean(base):.4f} ({', '.join(f'{v:.4f}' for v in base)}) | {ratio:.3f} |")
 
 
 def _print_table(rows: list[Row]) -> None:

@@ -8,7 +8,6 @@ monotonic times they were read at (estimate/dating.py dates a reading).
 from __future__ import annotations
 
 import logging
-import math
 from collections import deque
 from dataclasses import dataclass
 
@@ -17,7 +16,7 @@ from lagwatch.estimate.lsnclock import Commits, LsnClock, WalDates
 from lagwatch.fastinit import fast_init
 from lagwatch.lsn import format_lsn
 from lagwatch.views.replication import WalSender
-from lagwatch.windows import HistogramCounts, LagHistogram, LagSamples, LagWindow, WindowStats
+from lagwatch.windows import HistogramCounts, LagHistogram, LagSamples, LagWindow, WindowStats, window_samples
 
 log = logging.getLogger("lagwatch.tracker")
 
@@ -77,7 +76,7 @@ class LagHistory:
         self.interval = interval
         self.window = window
         self.clock = LsnClock(CLOCK_MAX_POINTS)
-        self._window_samples = math.ceil(window / interval) * 2 + 16
+        self._window_samples = window_samples(window, interval)
         self._windows: dict[str, LagWindow] = {}
         self._histograms: dict[str, LagHistogram] = {}
         self._last_replay: dict[str, int] = {}

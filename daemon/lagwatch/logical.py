@@ -25,7 +25,6 @@ Pure: the tracker passes each cycle's slots, walsenders and dates in.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 
 from lagwatch.estimate.dating import Dated, date, gather
@@ -33,7 +32,7 @@ from lagwatch.estimate.lsnclock import LsnClock, WalDates
 from lagwatch.snapshot import LogicalConsumer
 from lagwatch.views.replication import LogicalSender, logical_key
 from lagwatch.views.slots import Slot
-from lagwatch.windows import LagWindow
+from lagwatch.windows import LagWindow, window_samples
 
 
 class LogicalConsumers:
@@ -42,7 +41,7 @@ class LogicalConsumers:
 
     def __init__(self, interval: float, window: float) -> None:
         self.window = window
-        self._samples = math.ceil(window / interval) * 2 + 16
+        self._samples = window_samples(window, interval)
         self._names: dict[str, str] = {}  # slot -> the last application_name seen streaming from it
         self._done: dict[str, int] = {}  # slot -> the furthest position its consumer was seen at
         self._windows: dict[str, LagWindow] = {}

@@ -44,6 +44,7 @@ from lagwatch.config import (
     ReplicaConfig,
 )
 from lagwatch.config.base import NODE_NAME_RULE, node_name_problem
+from lagwatch.config.options import ClusterOptions
 from lagwatch.escape import excerpt, shown_url
 
 # A member's host as Patroni gives it: a host name or an IPv4 or IPv6 address, nothing a
@@ -319,8 +320,8 @@ def cluster_config(cluster: PatroniClusterConfig, membership: Membership) -> Clu
                                    application_name=m.name, read_pool=not m.noloadbalance,
                                    password_file=password_file, password_env=password_env)
                      for m in members)
-    # Every option the two kinds of cluster share carries over, by name: a list written out
-    # here once left horizon_alert_xids behind.
-    shared = {name: getattr(cluster, name) for name in type(cluster).model_fields if name in ClusterConfig.model_fields}
+    # Every option the two kinds of cluster share (config/options.py) carries over, by name: a
+    # list written out here once left horizon_alert_xids behind.
+    shared = {name: getattr(cluster, name) for name in ClusterOptions.model_fields}
     fields = {**shared, "primary": primary, "replicas": replicas, "standby_cluster": standby is not None}
     return ClusterConfig.model_validate(fields, context={DISCOVERED: True})

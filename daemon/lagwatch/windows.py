@@ -115,6 +115,13 @@ class LagSamples(Sequence[tuple[float, float]]):
         return f"LagSamples({len(self)} samples)"
 
 
+def window_samples(window: float, interval: float) -> int:
+    """How many samples a window of ``window`` seconds keeps at most when polled every
+    ``interval``: twice the polls it spans (a late cycle's answers, a shortened interval
+    after a reload) and some to spare."""
+    return math.ceil(window / interval) * 2 + 16
+
+
 class LagWindow:
     """Samples of one replica's staleness over the last ``window`` seconds, bounded.
 

@@ -349,3 +349,12 @@ def test_samples_are_a_read_only_sequence_of_pairs() -> None:
 
 def _arrays(pairs: list[tuple[float, float]]) -> tuple[array[float], array[float]]:
     return array("d", (t for t, _ in pairs)), array("d", (v for _, v in pairs))
+
+
+
+def test_one_window_sizing() -> None:
+    """A window keeps twice the polls it spans and some to spare (windows.window_samples,
+    which the replicas' and the logical consumers' windows both use)."""
+    from lagwatch.windows import window_samples
+
+    assert [window_samples(w, i) for w, i in ((60, 1), (10, 0.1), (300, 0.25))] == [136, 216, 2416]

@@ -13,15 +13,12 @@ import psycopg.conninfo
 from pydantic import Field, field_validator, model_validator
 
 from lagwatch.config.base import (
-    LAG_FROM_WAL_MAX_BYTES,
-    HeartbeatConfig,
     NodeConfig,
     PositiveDuration,
-    Schemas,
-    SlaConfig,
     _Strict,
 )
-from lagwatch.config.poolers import HAProxyPoolerConfig, PgBouncerPoolerConfig, PoolerConfig
+from lagwatch.config.options import ClusterOptions
+from lagwatch.config.poolers import HAProxyPoolerConfig, PgBouncerPoolerConfig
 from lagwatch.escape import excerpt, shown_url
 
 _HOST_NAME = re.compile(r"\.?[A-Za-z0-9]([A-Za-z0-9-]{0,62}\.?)*")
@@ -108,31 +105,13 @@ class MemberTemplate(NodeConfig):
         return dsn
 
 
-class PatroniClusterConfig(_Strict):
-    """A cluster whose members Patroni names: the same keys as a static cluster, with
-    ``discovery`` and ``members`` instead of ``primary`` and ``replicas``."""
+class PatroniClusterConfig(ClusterOptions):
+    """A cluster whose members Patroni names: the same options as a static cluster
+    (config/options.py), with ``discovery`` and ``members`` instead of ``primary`` and
+    ``replicas``."""
 
-    name: str = Field(min_length=1)
     discovery: PatroniDiscoveryConfig
     members: MemberTemplate
-    walinspect: Literal["auto", "off"] = "auto"
-    walinspect_max_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
-    # Staleness dated from the commits in the primary's WAL (pg_walinspect's
-    # pg_get_wal_records_info), where installed and permitted: at most this much WAL read
-    # a cycle for each place a replica's replay stands (commitscan.py).
-    lag_from_wal: Literal["auto", "off"] = "auto"
-    lag_from_wal_max_bytes: int = Field(default=LAG_FROM_WAL_MAX_BYTES, gt=0)
-    heartbeat: HeartbeatConfig | None = None  # off unless configured: lagwatch's one write
-    # The schemas lagwatch's sessions search after pg_catalog (conninfo.search_path): where
-    # pg_walinspect and an unqualified heartbeat table are. Never the login's own schema.
-    schemas: Schemas = Field(default=("public",), max_length=8)
-    # Replication holding the vacuum horizon back by more transactions than this alerts
-    # (LagwatchReplicationHoldsHorizon; exported as lagwatch_horizon_alert_xids).
-    horizon_alert_xids: int = Field(default=50_000_000, gt=0)
-    sla: SlaConfig = SlaConfig()
-    pooler: PoolerConfig | None = None
-    dry_run: bool = False
-    leader_lock_key: str | None = Field(default=None, min_length=8)
 
     @model_validator(mode="after")
     def _pooler_fits_discovery(self) -> PatroniClusterConfig:
