@@ -124,7 +124,7 @@ def run_check(config: Config, *, warning: float, critical: float, out: TextIO) -
     from lagwatch.daemon import Daemon
 
     daemon = Daemon(measuring_only(config))
-    daemon.discover_every_cycle = False  # asked once below: a second ask would only delay the answer
+    daemon.sources.ask_every_cycle = False  # asked once below: a second ask would only delay the answer
 
     async def two_polls() -> Snapshot:
         try:

@@ -100,10 +100,9 @@ class CommitScanner:
         self._stretches: dict[str, _Stretch] = {}  # by application_name
         self.totals = WalDatingTotals()  # reads since start: bytes, cancelled, failed
         self.state: bool | None = None  # whether the last read worked (None: none yet)
-        self._speed = INITIAL_SPEED  # bytes a second the reads decode, as measured
+        self.speed = DecodeSpeed()  # what the reads decode a second, as measured
         self._last_lsn: int | None = None  # the primary's position the cycle before
         self._plain_cycles = 0  # cycles left reading without counting first (after a located read failed)
-        self._read_times: deque[float] = deque(maxlen=READS_REMEMBERED)  # seconds each read took
         # The primary's clock as each read since the last dates() read it (clock_epoch, answered):
         # estimate/clock.PrimaryClock takes them with every poll's.
         self._clock: list[tuple[float, float]] = []
@@ -191,7 +190,7 @@ class CommitScanner:
             return {}
         written = current_lsn - self._last_lsn if self._last_lsn is not None else 0
         self._last_lsn = current_lsn
-        ranges = self.plan(replays, current_lsn, int(self._speed * budget * BUDGET_SHARE), written > 0)
+        ranges = self.plan(replays, current_lsn, int(self.speed.bytes_per_second * budget * BUDGET_SHARE), written > 0)
         if not ranges or not may_read:
             return self.dates()
         located = self._located(ranges, current_lsn + max(0, written))
@@ -203,7 +202,9 @@ class CommitScanner:
             # Slower than the budget (a busy primary, WAL heavy with full-page images): ask
             # for less next time. The session is as it was; the dates are last cycle's.
             asked_bytes = sum((r.end - r.start) // COUNT_FACTOR if located else r.direct_end - r.start for r in ranges)
-            self._slower(asked_bytes, min(time.monotonic() - asked, budget))  # the server's time: the budget
+            # The server's time: the budget.
+            self.speed.cancelled(asked_bytes, min(time.monotonic() - asked, budget))
+            self.totals = replace(self.totals, cancelled=self.totals.cancelled + 1)
             return self.dates()
         except psycopg.OperationalError:
             raise
@@ -221,7 +222,7 @@ class CommitScanner:
         self.state = True
         # Timed by the server where it says (a starved lagwatch takes the answer late: its
         # own clock would make the reads seem slow, and the next ones shrink for nothing).
-        self._measured(sum(r.described_bytes + r.counted_bytes // COUNT_FACTOR for r in read.reads),
+        self.speed.measured(sum(r.described_bytes + r.counted_bytes // COUNT_FACTOR for r in read.reads),
                        read.took if read.took is not None else read_at - asked)
         self.absorb(read, read_at)
         return self.dates()
@@ -270,17 +271,6 @@ class CommitScanner:
                 if not ranges:
                     return CommitReads(None, tuple(answered))
 
-    def _measured(self, nbytes: int, seconds: float) -> None:
-        if seconds <= 0:
-            return
-        self._read_times.append(seconds)
-        if nbytes >= SPEED_READ_BYTES:
-            decoding = max(seconds - min(self._read_times), seconds / 2)
-            self._speed = max(MIN_SPEED, 0.7 * self._speed + 0.3 * nbytes / decoding)
-
-    def _slower(self, asked_bytes: int, seconds: float) -> None:
-        self._speed = max(MIN_SPEED, min(self._speed, asked_bytes / max(seconds, 1e-3)) / 2)
-        self.totals = replace(self.totals, cancelled=self.totals.cancelled + 1)
 
 
 def _moved_on(old: _Stretch | None, replay: int, current_lsn: int) -> _Stretch:
@@ -302,3 +292,25 @@ def replay_positions(senders: Sequence[WalSender], own: Mapping[str, int]) -> di
     the primary has no walsender: its own position alone dates it."""
     heard = {s.application_name: s.replay_lsn for s in senders if s.replay_lsn is not None}
     return {**heard, **own}
+
+
+class DecodeSpeed:
+    """What the primary's pg_get_wal_records_info decodes a second, as lagwatch's reads
+    measure it (the rule above READS_REMEMBERED): what a read is planned by. Pure."""
+
+    def __init__(self) -> None:
+        self.bytes_per_second = INITIAL_SPEED
+        self._read_times: deque[float] = deque(maxlen=READS_REMEMBERED)  # seconds each read took
+
+    def measured(self, nbytes: int, seconds: float) -> None:
+        """A read of ``nbytes`` that took ``seconds``: its time less the fixed part, if big enough."""
+        if seconds <= 0:
+            return
+        self._read_times.append(seconds)
+        if nbytes >= SPEED_READ_BYTES:
+            decoding = max(seconds - min(self._read_times), seconds / 2)
+            self.bytes_per_second = max(MIN_SPEED, 0.7 * self.bytes_per_second + 0.3 * nbytes / decoding)
+
+    def cancelled(self, asked_bytes: int, seconds: float) -> None:
+        """A read the server cancelled at its budget: half what it managed, at most."""
+        self.bytes_per_second = max(MIN_SPEED, min(self.bytes_per_second, asked_bytes / max(seconds, 1e-3)) / 2)

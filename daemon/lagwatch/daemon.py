@@ -28,11 +28,9 @@ from apscheduler.events import EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED, JobEve
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from lagwatch import runtime as runtime_module
-from lagwatch.clusterdir import ClusterDir
 from lagwatch.config import Config, load_config
 from lagwatch.cyclelog import log_cycle, status_line
 from lagwatch.cyclestats import CycleStats, watchdog_budget
-from lagwatch.discovery import Discovery, room_for
 from lagwatch.durations import format_duration
 from lagwatch.errors import ConfigError
 from lagwatch.evidence import Evidence
@@ -43,10 +41,10 @@ from lagwatch.runtime import ReloadHook, Runtime
 from lagwatch.sdnotify import Notifier
 from lagwatch.session import SessionContext
 from lagwatch.snapshot import ClusterSnapshot, Snapshot, SnapshotHolder
+from lagwatch.sources import ClusterSources
 
 log = logging.getLogger("lagwatch.daemon")
 
-CLUSTER_DIR_SCAN_SECONDS = 1.0  # how often clusters_dir is looked at (every cycle, at most once a second)
 class Daemon:
     def __init__(self, config: Config, config_path: Path | None = None,
                  holder: SnapshotHolder | None = None, notifier: Notifier | None = None,
@@ -61,28 +59,20 @@ class Daemon:
         self.sessions = SessionContext()
         self.leadership = Leadership(self.sessions, config.effective_connect_timeout,
                                      config.effective_query_timeout)
-        # The config file as loaded; the source is that plus its clusters_dir's clusters;
-        # what runs is the source plus the members discovery found.
-        self._file_config = config
-        self._dir = ClusterDir(config.clusters_dir) if config.clusters_dir is not None else None
-        if self._dir is not None:
-            self._dir.scan(_names(config))
-        self._dir_scanned_at = time.monotonic()
-        self._source = self._with_dir(config, self._dir)
-        self.discovery = Discovery()
-        # One-shot commands ask once (discover_now) and must not wait on a second ask at exit.
-        self.discover_every_cycle = True
+        # The config file, its clusters_dir's clusters and the members discovery found
+        # (sources.py): what runs is what they make.
+        self.sources = ClusterSources(config, time.monotonic())
         self._runtime = Runtime.empty(config)
-        self._commit(self._build(self._effective(self._source)))
+        self._commit(self._build(self.sources.effective()))
         self._stats = CycleStats(config.interval)
         self._reload_ok = True
         self._reload_success_at = time.time()  # the config loaded at start counts, as in Prometheus
         self._background_errors = 0
-        self._lock = asyncio.Lock()
+        # Held by a cycle, by a reload while it puts its runtime in force, and by a change of
+        # the sources being put in force: one at a time, each built on the last.
+        self.lock = asyncio.Lock()
         self._stopped = asyncio.Event()
         self._scheduler: AsyncIOScheduler | None = None
-        self._discovering: asyncio.Future[bool] | None = None
-        self._members_pending = False  # members that could not be put in force yet
         self._evidence = Evidence()
         self._cycle_task: asyncio.Task[Any] | None = None  # the cycle under way (a stop waits for it)
 
@@ -91,17 +81,10 @@ class Daemon:
         """The config in force: the file's, discovered clusters as their members make them."""
         return self._runtime.config
 
-    @staticmethod
-    def _with_dir(config: Config, cluster_dir: ClusterDir | None) -> Config:
-        """The file's clusters and the cluster directory's (their names are unique: the
-        directory keeps out a file whose name is taken)."""
-        if cluster_dir is None:
-            return config
-        return config.model_copy(update={"clusters": (*config.clusters, *cluster_dir.clusters)})
-
-    def _effective(self, source: Config) -> Config:
-        clusters = (*source.clusters_with_nodes, *self.discovery.cluster_configs(source.patroni_clusters))
-        return source.model_copy(update={"clusters": clusters})
+    @property
+    def runtime(self) -> Runtime:
+        """What runs now (runtime.py): its pollers, trackers, controllers."""
+        return self._runtime
 
     def _build(self, config: Config, *, reloading: bool = True) -> Runtime:
         """The runtime for ``config``, built beside the one running (runtime.build). A
@@ -121,7 +104,7 @@ class Daemon:
     # -- one cycle ------------------------------------------------------------------------
 
     async def cycle(self) -> Snapshot:
-        async with self._lock:
+        async with self.lock:
             started = time.monotonic()
             runtime = self._runtime
             clusters = runtime.config.clusters_with_nodes
@@ -129,9 +112,7 @@ class Daemon:
             # Members are asked for while the nodes are polled, and never waited for: an
             # answer (or a change) is taken by the first cycle that ends after it, and
             # applies from the next one.
-            if self._discovering is None and self._source.patroni_clusters and self.discover_every_cycle:
-                self._discovering = asyncio.ensure_future(
-                    self.discovery.refresh(self._source.patroni_clusters, budget, room_for(self._source)))
+            self.sources.ask(budget)
             for writer in runtime.heartbeats.values():
                 writer.ensure_started()  # beats on its own schedule, between and beside the cycles
             # Leadership's round trips (one per primary server) run beside the polls.
@@ -147,8 +128,8 @@ class Daemon:
             published = [self._evidence.track(runtime.trackers[cluster.name], observations, now, connecting)
                          for cluster, observations in zip(clusters, results, strict=True)]
             snapshots = await self._control(runtime, [c for c in published if c is not None], now)
-            await self._take_discovery()
-            await self._take_cluster_files()
+            if self.sources.take_changes(time.monotonic()):
+                await self.put_sources_in_force()
             duration = time.monotonic() - started
             loop_lag = self.sessions.loop_lag.take_worst(time.monotonic())
             stats = self._stats
@@ -179,9 +160,9 @@ class Daemon:
         stats, shard = self._stats, self.config.shard
         return Snapshot(taken_at=time.time(), cycle_duration=duration, cycles_total=stats.cycles,
                         overruns_total=stats.overruns, clusters=clusters, reload_successful=self._reload_ok,
-                        reload_success_at=self._reload_success_at, background_errors_total=self._background_errors,
-                        discovery=self.discovery.statuses(self._source.patroni_clusters),
-                        cluster_files=self._cluster_files(),
+                        reload_success_at=self._reload_success_at,
+                        background_errors_total=self._background_errors + self.sources.errors,
+                        discovery=self.sources.statuses(), cluster_files=self.sources.cluster_files(),
                         shard=(shard.index, shard.count) if shard is not None else None,
                         cycle_quantiles=stats.quantiles(), first_cycle_duration=stats.first_cycle,
                         cycle_histogram=stats.histogram(), interval=self.config.interval,
@@ -191,57 +172,29 @@ class Daemon:
     async def discover_now(self, timeout: float = 2.0) -> None:
         """Ask for every discovered cluster's members and put them in force before the
         next cycle (for one-shot commands, which cannot wait for cycles to pass)."""
-        async with self._lock:
-            if await self.discovery.refresh(self._source.patroni_clusters, timeout, room_for(self._source)):
-                await self._members_changed()
+        async with self.lock:
+            if await self.sources.ask_now(timeout):
+                await self.put_sources_in_force()
 
-    async def _take_discovery(self) -> None:
-        task = self._discovering
-        if task is None or not task.done():
-            return
-        self._discovering = None
+    async def take_changes(self, now: float) -> None:
+        """What a cycle does at its end: the sources' changes since the last look (as of
+        ``now``) put in force, for the next cycle."""
+        async with self.lock:
+            if self.sources.take_changes(now):
+                await self.put_sources_in_force()
+
+    async def put_sources_in_force(self) -> None:
+        """Put what the sources make now in force as a reload would (called holding the
+        lock): the changed clusters' new nodes are polled from the next cycle, every node
+        that stays keeps its connection, lag history and pool state. If it cannot be put in
+        force, the previous one stays and every later cycle tries again."""
         try:
-            changed = task.result()
-        except Exception:  # refresh turns every expected failure into a status
-            self._background_errors += 1
-            log.exception("member discovery failed unexpectedly; the members in force stay")
-            return
-        if changed or self._members_pending:
-            await self._members_changed()
-
-    async def _take_cluster_files(self) -> None:
-        """Cluster files added, changed, broken or removed since the last look (at most one
-        look a second): the clusters they make are polled from the next cycle, and every
-        other cluster keeps its connections, history and pool state."""
-        if self._dir is None or time.monotonic() - self._dir_scanned_at < CLUSTER_DIR_SCAN_SECONDS:
-            return
-        self._dir_scanned_at = time.monotonic()
-        if self._dir.scan(_names(self._file_config)):
-            self._source = self._with_dir(self._file_config, self._dir)
-            await self._members_changed()
-        elif self._members_pending and self._discovering is None:
-            await self._members_changed()  # what could not be put in force yet: tried again
-
-    def _cluster_files(self) -> tuple[tuple[str, str | None], ...]:
-        return tuple((f.path, f.error) for f in self._dir.files) if self._dir is not None else ()
-
-    async def _members_changed(self) -> None:
-        """Put the new memberships in force as a reload would (called holding the lock):
-        the changed clusters' new nodes are polled from the next cycle, every node that
-        stays keeps its connection, lag history and pool state. If they cannot be put in
-        force, the previous ones stay and every later cycle tries again."""
-        try:
-            runtime = self._build(self._effective(self._source), reloading=False)
+            runtime = self._build(self.sources.effective(), reloading=False)
         except Exception:  # e.g. a pooler that cannot be built for the new members
             self._background_errors += 1
-            if not self._members_pending:
-                log.exception("the new members could not be put in force; keeping the previous ones "
-                              "and trying again every cycle")
-            self._members_pending = True
+            self.sources.failed()
             return
-        if self._members_pending:
-            log.info("the new members are in force")
-        self._members_pending = False
+        self.sources.in_force()
         await self._close_replaced(self._commit(runtime))
 
     async def _scheduled_cycle(self) -> None:
@@ -277,13 +230,14 @@ class Daemon:
         scheduler.start()
         shard = self.config.shard
         log.info("polling %d cluster(s) every %s, window %s%s",
-                 len(self._source.clusters_with_nodes) + len(self._source.patroni_clusters),
+                 len(self.sources.source.clusters_with_nodes) + len(self.sources.source.patroni_clusters),
                  format_duration(self.config.interval), format_duration(self.config.window),
-                 f"; shard {shard.index} of 0..{shard.count - 1}: {len(self._source.clusters)} cluster(s) configured"
+                 f"; shard {shard.index} of 0..{shard.count - 1}: {len(self.sources.source.clusters)} cluster(s) "
+                 "configured"
                  if shard is not None else "")
-        if self._dir is not None:
-            log.info("clusters_dir %s: %d cluster file(s) in force, %d with errors", self._dir.path,
-                     len(self._dir.clusters), sum(1 for f in self._dir.files if f.error is not None))
+        described = self.sources.describe()
+        if described is not None:
+            log.info("%s", described)
         self.notifier.ensure_watchdog(watchdog_budget(self.config.interval, self.config.effective_query_timeout))
         try:
             await self._stopped.wait()
@@ -330,8 +284,7 @@ class Daemon:
         self._stopped.set()
 
     async def close(self) -> None:
-        if self._discovering is not None:
-            self._discovering.cancel()  # its worker thread ends by its own deadline
+        self.sources.close()
         runtime = self._runtime
         self.sessions.loop_lag.stop()
         await asyncio.gather(*(p.close() for pollers in runtime.pollers.values() for p in pollers),
@@ -349,20 +302,13 @@ class Daemon:
             new = load_config(self.config_path, self.web_config_file)
         except ConfigError as exc:
             return self._rejected(str(exc))
-        # The cluster directory is rescanned on a copy: a rejected reload must leave the
-        # running one's record of what it read as it was.
-        cluster_dir = None
-        if new.clusters_dir is not None:
-            same = self._dir is not None and self._dir.path == new.clusters_dir
-            cluster_dir = self._dir.copy() if same and self._dir is not None else ClusterDir(new.clusters_dir)
-        if cluster_dir is not None:
-            cluster_dir.scan(_names(new))
-        source = self._with_dir(new, cluster_dir)
+        # Its sources read beside the running ones: a rejected reload leaves them as they were.
+        reloaded = self.sources.reloaded(new)
         # Built and put in force under the lock: a membership change committed by a cycle
         # meanwhile is then built upon, never undone by a runtime built before it.
-        async with self._lock:
+        async with self.lock:
             try:
-                runtime = self._build(self._effective(source))
+                runtime = self._build(self.sources.effective(reloaded.source))
             except ConfigError as exc:
                 return self._rejected(str(exc))
             except Exception as exc:  # a rule the schema missed: still nothing changes
@@ -371,8 +317,7 @@ class Daemon:
             if new.listen != self.config.listen:
                 log.warning("listen changed to %s: takes effect on restart", new.listen)
             old = self._commit(runtime)
-            self._file_config, self._dir, self._source = new, cluster_dir, source
-            self._dir_scanned_at = time.monotonic()
+            self.sources.adopt(reloaded, time.monotonic())
             if new.interval != old.config.interval:
                 self._stats.new_interval(new.interval)
                 if self._scheduler is not None:
@@ -392,6 +337,3 @@ class Daemon:
         self.notifier.ready("reload rejected, running the previous config")
         return False
 
-
-def _names(config: Config) -> set[str]:
-    return {c.name for c in config.clusters}

@@ -75,13 +75,13 @@ class ExtraReads:
                     deadline: float) -> dict[str, WalCommits]:
         """Each walsender's and logical consumer's commit dates (commitscan.py), read from
         where the replicas said they are this cycle, as far as they have said by then."""
-        own = await self._replicas_own(cluster, board, senders.physical, deadline)
+        own = await self.replicas_own(cluster, board, senders.physical, deadline)
         consumers = {logical_key(s.slot_name): s.position for s in senders.logical if s.position is not None}
         budget = self.budget(deadline)
         return await self.scanner.scan(conn, senders.physical, position.current_lsn, cluster.name, budget,
                                        note_failure, own, consumers, may_read=budget >= MIN_EXTRA)
 
-    async def _replicas_own(self, cluster: ClusterConfig, board: ReplayBoard | None, walsenders: Sequence[WalSender],
+    async def replicas_own(self, cluster: ClusterConfig, board: ReplayBoard | None, walsenders: Sequence[WalSender],
                             deadline: float) -> dict[str, int]:
         """Where the configured replicas say they have replayed up to, this cycle, each
         waited for no longer than an extra read's budget. Those the primary does not stream

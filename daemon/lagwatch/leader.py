@@ -113,8 +113,8 @@ class _LockSession:
         self.held: dict[str, tuple[int, int]] = {}  # cluster -> the key this session holds for it
         self.holders: dict[str, LockHolder] = {}  # clusters whose lock another session holds: who
         self.known = False  # whether this cycle's round trip answered
-        self._releases: list[tuple[int, int]] = []  # keys to let go of
-        self._me: LockHolder | None = None
+        self.releases: list[tuple[int, int]] = []  # keys to let go of with the next round trip
+        self.me: LockHolder | None = None  # this session as the server knows it (once connected)
         self._holders_in = 0  # cycles until the holders are looked up again
         self._trip: Outlasting[None] = Outlasting()  # the round trip under way
 
@@ -131,13 +131,13 @@ class _LockSession:
         self.holders.pop(cluster, None)
         key = self.held.pop(cluster, None)
         if key is not None and self.session.open:
-            self._releases.append(key)
+            self.releases.append(key)
 
     def standing(self, cluster: str) -> Standing:
         if not self.known:
             return UNKNOWN
         if cluster in self.held:
-            return Standing(True, self._me)
+            return Standing(True, self.me)
         return Standing(False, self.holders.get(cluster))
 
     # -- one round trip a cycle ------------------------------------------------------------
@@ -188,16 +188,16 @@ class _LockSession:
         options += " -c tcp_keepalives_idle=10 -c tcp_keepalives_interval=5 -c tcp_keepalives_count=3"
         conninfo = psycopg.conninfo.make_conninfo(conninfo, application_name=LEADER_APPLICATION_NAME,
                                                   options=options.strip())
-        self.held, self.holders, self._releases, self._holders_in = {}, {}, [], 0
+        self.held, self.holders, self.releases, self._holders_in = {}, {}, [], 0
         conn = await self.session.connect(conninfo, self.connect_timeout, autocommit=True)
         cursor = await self.session.ask(conn.execute(ME_SQL), self.query_timeout)
         row = await cursor.fetchone()
         assert row is not None
-        self._me = LockHolder(int(row[0]), LEADER_APPLICATION_NAME, str(row[1]), str(row[2]), True)
+        self.me = LockHolder(int(row[0]), LEADER_APPLICATION_NAME, str(row[1]), str(row[2]), True)
         return conn
 
     async def _ask(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        releases, self._releases = self._releases, []
+        releases, self.releases = self.releases, []
         for key in releases:  # a cluster that left this session (rare): one statement each
             await conn.execute("SELECT pg_advisory_unlock(%s, %s)", key)
         wanted = [(cluster, key) for cluster, key in self.keys.items() if cluster not in self.held]
@@ -218,7 +218,7 @@ class _LockSession:
     async def _look_up_holders(self, conn: psycopg.AsyncConnection[Any],
                                others: list[tuple[str, tuple[int, int]]]) -> None:
         cursor = await conn.execute(HOLDERS_SQL, ([k[0] for _, k in others], [k[1] for _, k in others]))
-        ours = self._me.user if self._me is not None else None
+        ours = self.me.user if self.me is not None else None
         by_key = {(int(r[0]), int(r[1])): LockHolder(int(r[2]), str(r[3]), str(r[4]), str(r[5]), False,
                                                      lagwatch_role=str(r[4]) == ours)
                   for r in await cursor.fetchall()}
@@ -228,7 +228,7 @@ class _LockSession:
     def _lost(self, why: str) -> None:
         """The session failed: its locks are gone (the server let them go with it)."""
         log.debug("leader lock session on %s lost (%s)", _where(self.primary), why)
-        self.held, self.holders, self._releases = {}, {}, []
+        self.held, self.holders, self.releases = {}, {}, []
         self.session.drop()
 
     async def close(self) -> None:
@@ -252,15 +252,15 @@ class Leadership:
     def __init__(self, context: SessionContext, connect_timeout: float, query_timeout: float) -> None:
         self.context = context
         self.connect_timeout, self.query_timeout = connect_timeout, query_timeout
-        self._sessions: list[_LockSession] = []
-        self._of: dict[str, _LockSession] = {}  # cluster -> its session
+        self.sessions: list[_LockSession] = []  # one per primary server (read them, never change them)
+        self.by_cluster: dict[str, _LockSession] = {}  # cluster -> its session (read it, never change it)
         self._said: dict[str, tuple[bool | None, tuple[int, str, str] | None]] = {}
         self._wanted: Mapping[str, Claim] | None = None
 
     def retime(self, connect_timeout: float, query_timeout: float) -> None:
         """A reload's timeouts (the open sessions stay open)."""
         self.connect_timeout, self.query_timeout = connect_timeout, query_timeout
-        for s in self._sessions:
+        for s in self.sessions:
             s.connect_timeout, s.query_timeout = connect_timeout, query_timeout
 
     async def want(self, claims: Mapping[str, Claim]) -> None:
@@ -272,46 +272,46 @@ class Leadership:
         if claims is self._wanted:
             return
         self._wanted = claims
-        for cluster in [c for c in self._of if c not in claims]:
-            self._of.pop(cluster).unassign(cluster)
+        for cluster in [c for c in self.by_cluster if c not in claims]:
+            self.by_cluster.pop(cluster).unassign(cluster)
             self._said.pop(cluster, None)
         for cluster, claim in claims.items():
-            session = self._of.get(cluster)
+            session = self.by_cluster.get(cluster)
             if session is not None and not ((session.session.open and session.serves(claim.primary))
                                              or session.primary == claim.primary):
                 session.unassign(cluster)
                 session = None
             if session is None:
-                session = next((s for s in self._sessions if s.primary == claim.primary), None)
+                session = next((s for s in self.sessions if s.primary == claim.primary), None)
                 if session is None:
                     session = _LockSession(claim.primary, self.context, self.connect_timeout, self.query_timeout)
-                    self._sessions.append(session)
-                self._of[cluster] = session
+                    self.sessions.append(session)
+                self.by_cluster[cluster] = session
             # Kept on a session that serves its new host list: that list is the one to
             # reconnect with (after a failover to a member that joined meanwhile).
             session.primary = claim.primary
             session.assign(cluster, claim.key)
-        idle = [s for s in self._sessions if not s.keys]
-        self._sessions = [s for s in self._sessions if s.keys]
+        idle = [s for s in self.sessions if not s.keys]
+        self.sessions = [s for s in self.sessions if s.keys]
         await asyncio.gather(*(s.close() for s in idle))
 
     def start(self) -> list[asyncio.Future[None]]:
-        return [s.start() for s in self._sessions]
+        return [s.start() for s in self.sessions]
 
     def settle(self, now: float) -> None:
-        for s in self._sessions:
+        for s in self.sessions:
             s.settle(now)
-        self._say()
+        self.say_changes()
 
     def standing(self, cluster: str) -> Standing:
-        session = self._of.get(cluster)
+        session = self.by_cluster.get(cluster)
         return session.standing(cluster) if session is not None else Standing(False, None)
 
-    def _say(self) -> None:
+    def say_changes(self) -> None:
         """What changed since the last cycle, in few lines: which clusters this instance
         now leads or no longer leads, and who holds the locks it cannot take."""
         became, ceased = [], []
-        for cluster in self._of:
+        for cluster in self.by_cluster:
             standing = self.standing(cluster)
             if standing.leads is None:
                 continue
@@ -344,7 +344,7 @@ class Leadership:
             log.info("%s: this instance is no longer the leader", _names(ceased))
 
     async def close(self) -> None:
-        sessions, self._sessions, self._of = self._sessions, [], {}
+        sessions, self.sessions, self.by_cluster = self.sessions, [], {}
         await asyncio.gather(*(s.close() for s in sessions))
 
 

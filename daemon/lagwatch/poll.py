@@ -107,11 +107,11 @@ class NodePoller:
         self._poll: Outlasting[NodeObservation] = Outlasting()  # the poll under way (poll_all)
 
     @property
-    def _conn(self) -> psycopg.AsyncConnection[dict[str, Any]] | None:
+    def connection(self) -> psycopg.AsyncConnection[dict[str, Any]] | None:  # the node's session, if any
         return self._session.conn
 
     def connected_address(self) -> tuple[str, int] | None:
-        return connected_address(self._conn)
+        return connected_address(self.connection)
 
     def start(self, board: ReplayBoard | None = None) -> asyncio.Future[NodeObservation]:
         """This cycle's poll: one still running from an earlier cycle, one that finished
@@ -236,9 +236,9 @@ class NodePoller:
         return answer, asked_at
 
     async def _connection(self) -> psycopg.AsyncConnection[dict[str, Any]]:
-        if self._conn is not None and not self._conn.closed and self._caps is not None:
-            return self._conn
-        if self._conn is None or self._conn.closed:
+        if self.connection is not None and not self.connection.closed and self._caps is not None:
+            return self.connection
+        if self.connection is None or self.connection.closed:
             if time.monotonic() < self._next_attempt:
                 raise NodeError("connect", f"waiting to reconnect after: {self._last_error}", backing_off=True)
             try:
@@ -256,9 +256,9 @@ class NodePoller:
             except psycopg.Error as exc:
                 raise NodeError("connect", flat_message(exc)) from None
             self._reader.new_connection(conn.info.user)
-        assert self._conn is not None
+        assert self.connection is not None
         try:
-            caps = await self._session.ask(self._probe(self._conn), self.query_timeout)
+            caps = await self._session.ask(self._probe(self.connection), self.query_timeout)
         except (TimeoutError, psycopg.Error) as exc:
             await self._disconnect()
             raise NodeError("connect", f"probe failed: {flat_message(exc) or 'timeout'}") from None
@@ -267,12 +267,12 @@ class NodePoller:
             raise NodeError("connect", f"PostgreSQL {caps.version_num} is not supported (13 or later)")
         self._caps = caps
         if caps.in_recovery:
-            await self._set_conflict_queries(self._conn)
+            await self._set_conflict_queries(self.connection)
         # A new session, or the server's role changed: its WAL may not be the one read
         # before (a failover forks it), so the commits listed are forgotten.
         self._extras.scanner.forget()
-        self._say_skipped(caps)
-        return self._conn
+        self.say_skipped(caps)
+        return self.connection
 
     async def _set_conflict_queries(self, conn: psycopg.AsyncConnection[dict[str, Any]]) -> None:
         """Set, for this session, whether the view reads the query text of the sessions
@@ -294,7 +294,7 @@ class NodePoller:
         cursor = await conn.execute(_PROBE_SQL)
         return probe.parse(await cursor.fetchall())
 
-    def _say_skipped(self, caps: Capabilities) -> None:
+    def say_skipped(self, caps: Capabilities) -> None:  # what it cannot read: said once per poller
         if self._said_skipped:
             return
         self._said_skipped = True

@@ -105,6 +105,12 @@ def warn_once(message: str, level: int = logging.WARNING) -> None:
     log.log(level, "%s", message)
 
 
+def forget_warnings() -> None:
+    """Every message may be said once more (a test's fresh start)."""
+    with _warned_lock:
+        _warned.clear()
+
+
 MAX_BCRYPT_COST = 16
 
 

@@ -23,7 +23,7 @@ _CYCLE = re.compile(r" INFO lagwatch\.daemon: (?P<cluster>[^:\s]+): (?P<body>.*)
 _REPLICA = re.compile(r"(?P<name>[\w.-]+)=(?P<lag>\S+) \(p95 [^)]*\)(?: (?P<flag>[A-Z-]+))?")
 _CHANGE = re.compile(r"pool change[^:]*: cluster=(?P<cluster>\S+) replica=(?P<member>\S+) action=(?P<action>\S+) "
                      r"reason=(?P<reason>.*) staleness=")
-# Flags that make a cycle a bad one whatever the staleness (policy._problem).
+# Flags that make a cycle a bad one whatever the staleness (policy.py's _problem).
 _PROBLEMS = {"DOWN", "NOT-STREAMING", "LAG-UNKNOWN"}
 
 # A verdict on one cycle's reading: True, False, or None when the logged figure is too
@@ -148,7 +148,7 @@ class CycleLog:
 
 
 def above(threshold: float) -> Callable[[Reading], Verdict]:
-    """A member's bad cycle (policy._judge_member): staleness over ``threshold`` (max_lag),
+    """A member's bad cycle (policy.py's _judge_member): staleness over ``threshold`` (max_lag),
     unknown, or the node down or not streaming."""
     def judge(r: Reading) -> Verdict:
         if r.flag in _PROBLEMS or r.staleness is None:
@@ -160,7 +160,7 @@ def above(threshold: float) -> Callable[[Reading], Verdict]:
 
 
 def below(threshold: float) -> Callable[[Reading], Verdict]:
-    """An outsider's good cycle (policy._judge_outsider): reachable, streaming, staleness
+    """An outsider's good cycle (policy.py's _judge_outsider): reachable, streaming, staleness
     known and under ``threshold`` (readmit_below)."""
     def judge(r: Reading) -> Verdict:
         if r.flag in _PROBLEMS or r.staleness is None:

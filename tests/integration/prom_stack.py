@@ -160,8 +160,7 @@ class WebhookReceiver:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-                with receiver._lock:
-                    receiver.received.append((self.path, json.loads(body)))
+                receiver.add(self.path, json.loads(body))
                 self.send_response(200)
                 self.end_headers()
 
@@ -174,6 +173,10 @@ class WebhookReceiver:
 
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.port}{path}"
+
+    def add(self, path: str, body: dict[str, Any]) -> None:
+        with self._lock:
+            self.received.append((path, body))
 
     def notifications(self, path: str | None = None) -> list[dict[str, Any]]:
         with self._lock:

@@ -93,13 +93,13 @@ def test_the_poller_prepares_its_statement_again_when_the_session_lost_it(server
         poller = primary_poller(server)
         try:
             answers = [(await poller.poll()).ok]
-            conn = poller._conn
+            conn = poller.connection
             assert conn is not None
             names_before = [r["name"] for r in await (await conn.execute(
                 "SELECT name FROM pg_prepared_statements WHERE name LIKE 'lagwatch%'")).fetchall()]
             await conn.execute("DEALLOCATE ALL")
             answers += [(await poller.poll()).ok, (await poller.poll()).ok]
-            assert poller._conn is conn  # the same session throughout
+            assert poller.connection is conn  # the same session throughout
             names_after = [r["name"] for r in await (await conn.execute(
                 "SELECT name FROM pg_prepared_statements WHERE name LIKE 'lagwatch%'")).fetchall()]
             return names_before, answers, names_after
@@ -128,12 +128,12 @@ def test_a_lost_statement_is_prepared_again_beside_one_the_session_kept(server: 
             answers = [(await poller.poll()).ok]
             poller._reader.resting["wal_dir"] = time.monotonic() + 60  # the next statement leaves it out
             answers.append((await poller.poll()).ok)
-            conn = poller._conn
+            conn = poller.connection
             assert conn is not None
             two = await names(conn)
             await conn.execute("DEALLOCATE lagwatch_cycle_1")
             answers += [(await poller.poll()).ok for _ in range(3)]
-            assert poller._conn is conn
+            assert poller.connection is conn
             return two, answers, await names(conn)
         finally:
             await poller.close()

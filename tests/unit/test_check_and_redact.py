@@ -80,7 +80,7 @@ def test_check_never_controls_the_pool() -> None:
     checked = measuring_only(config)
     assert [c.pooler for c in checked.clusters] == [None]
     assert checked.clusters[0].replicas == config.clusters[0].replicas
-    assert Daemon(checked)._runtime.controllers == {}
+    assert Daemon(checked).runtime.controllers == {}
 
 
 def test_the_check_names_the_cause_and_a_bad_row_says_why() -> None:

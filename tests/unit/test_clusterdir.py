@@ -120,9 +120,10 @@ def test_the_daemon_runs_the_directory_s_clusters_from_the_start_and_follows_it(
     """No server needed: which clusters the daemon's runtime holds (it would poll) as files
     come and go; a broken one changes nothing in force."""
     import asyncio
+    import time
 
-    from lagwatch import daemon as daemon_module
     from lagwatch.daemon import Daemon
+    from lagwatch.sources import CLUSTER_DIR_SCAN_SECONDS
 
     folder = tmp_path / "clusters.d"
     folder.mkdir()
@@ -134,18 +135,22 @@ def test_the_daemon_runs_the_directory_s_clusters_from_the_start_and_follows_it(
         d = Daemon(config)
         in_force = lambda: sorted(c.name for c in d.config.clusters_with_nodes)  # noqa: E731
         assert in_force() == ["east", "main"]  # the directory's cluster from the start
+        now = time.monotonic()
         write(folder / "west.yaml", cluster_yaml(host="w"))
-        d._dir_scanned_at -= daemon_module.CLUSTER_DIR_SCAN_SECONDS  # a second has passed
-        await d._take_cluster_files()
-        assert in_force() == ["east", "main", "west"] and sorted(d._runtime.pollers) == ["east", "main", "west"]
+        await d.take_changes(now)  # less than a second since the last look: not looked at
+        assert in_force() == ["east", "main"]
+        now += CLUSTER_DIR_SCAN_SECONDS  # a second has passed
+        await d.take_changes(now)
+        assert in_force() == ["east", "main", "west"] and sorted(d.runtime.pollers) == ["east", "main", "west"]
         write(folder / "west.yaml", "primary: [\n")
-        d._dir_scanned_at -= daemon_module.CLUSTER_DIR_SCAN_SECONDS
-        await d._take_cluster_files()
+        now += CLUSTER_DIR_SCAN_SECONDS
+        await d.take_changes(now)
         assert in_force() == ["east", "main", "west"]  # its last good version
         (folder / "east.yaml").unlink()
-        d._dir_scanned_at -= daemon_module.CLUSTER_DIR_SCAN_SECONDS
-        await d._take_cluster_files()
+        now += CLUSTER_DIR_SCAN_SECONDS
+        await d.take_changes(now)
         assert in_force() == ["main", "west"]
+        assert [path.rsplit("/", 1)[1] for path, _ in d.sources.cluster_files()] == ["west.yaml"]
         await d.close()
 
     asyncio.run(run())

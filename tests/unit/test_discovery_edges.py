@@ -222,13 +222,13 @@ def test_members_that_stay_keep_their_pollers_and_the_writer_keeps_its_session(
 
     async def scenario() -> None:
         await daemon.discover_now()
-        before = {p.node: p for p in daemon._runtime.pollers["m"]}
+        before = {p.node: p for p in daemon.runtime.pollers["m"]}
         assert set(before) == {"primary", "a", "b", "c"}
         # The writer's session is on a (the leader); c leaves, d joins.
         monkeypatch.setattr(before["primary"], "connected_address", lambda: ("10.0.0.1", 5432))
         answers[0] = [*MEMBERS[:2], {"name": "d", "role": "replica", "host": "10.0.0.4", "port": 5432}]
         await daemon.discover_now()
-        after = {p.node: p for p in daemon._runtime.pollers["m"]}
+        after = {p.node: p for p in daemon.runtime.pollers["m"]}
         assert set(after) == {"primary", "a", "b", "d"}
         assert after["a"] is before["a"] and after["b"] is before["b"]
         assert after["primary"] is before["primary"]  # kept, and pointed at the new list
@@ -256,9 +256,7 @@ def test_a_rebuild_that_fails_is_tried_again_next_cycle(monkeypatch: pytest.Monk
     async def scenario() -> None:
         await daemon.discover_now()  # the members are stored, but not put in force
         assert daemon.config.clusters_with_nodes == ()
-        daemon._discovering = asyncio.get_running_loop().create_future()
-        daemon._discovering.set_result(False)  # the next answer: no change since
-        await daemon._take_discovery()
+        await daemon.discover_now()  # the next answer: no change since, and what failed is tried again
         assert [r.name for r in daemon.config.clusters_with_nodes[0].replicas] == ["a", "b", "c"]
         await daemon.close()
 
@@ -272,12 +270,12 @@ def test_a_reload_during_a_membership_change_keeps_the_new_members(
 
     async def scenario() -> None:
         await daemon.discover_now()
-        async with daemon._lock:  # a cycle is running: it will take a membership change
+        async with daemon.lock:  # a cycle is running: it will take a membership change
             reload = asyncio.ensure_future(daemon.reload())
             await asyncio.sleep(0.05)  # the reload has read the file and waits for the cycle
             answers[0] = MEMBERS[:2]
-            assert await daemon.discovery.refresh(daemon._source.patroni_clusters, 1.0)
-            await daemon._members_changed()
+            assert await daemon.sources.ask_now(1.0)
+            await daemon.put_sources_in_force()
         assert await reload
         assert [r.name for r in daemon.config.clusters_with_nodes[0].replicas] == ["a", "b"]
         await daemon.close()

@@ -28,15 +28,15 @@ def test_one_session_per_primary_server_holds_every_clusters_lock() -> None:
         leadership = Leadership(SessionContext(), 1.0, 1.0)
         fleet = [f"c{i:03d}" for i in range(300)]
         await leadership.want({**claims(fleet, "host=10.0.0.1"), **claims(["other"], "host=10.0.0.2")})
-        assert len(leadership._sessions) == 2
-        assert len(leadership._of["c000"].keys) == 300
+        assert len(leadership.sessions) == 2
+        assert len(leadership.by_cluster["c000"].keys) == 300
         # A cluster no longer wanted (removed, or in dry run) lets its lock go with its session's next round trip.
-        session = leadership._of["c001"]
+        session = leadership.by_cluster["c001"]
         session.held["c001"] = lock_key("c001")
         session.session.conn = SimpleNamespace(closed=False)  # type: ignore[assignment]  # open: the release is queued
         await leadership.want(claims([n for n in fleet if n != "c001"], "host=10.0.0.1"))
-        assert session._releases == [lock_key("c001")] and "c001" not in session.held
-        assert len(leadership._sessions) == 1  # "other"'s session is closed with its last cluster
+        assert session.releases == [lock_key("c001")] and "c001" not in session.held
+        assert len(leadership.sessions) == 1  # "other"'s session is closed with its last cluster
         session.session.conn = None
         await leadership.close()
 
@@ -47,13 +47,13 @@ def test_leadership_changes_are_said_in_one_line_for_many_clusters(caplog: pytes
     async def scenario() -> None:
         leadership = Leadership(SessionContext(), 1.0, 1.0)
         await leadership.want(claims([f"c{i:03d}" for i in range(300)], "host=10.0.0.1"))
-        session = leadership._of["c000"]
-        session._me = LockHolder(9, "lagwatch-leader", "lagwatch", "", True)
+        session = leadership.by_cluster["c000"]
+        session.me = LockHolder(9, "lagwatch-leader", "lagwatch", "", True)
         session.held = dict(session.keys)
         session.known = True
         caplog.set_level(logging.INFO, logger="lagwatch")
-        leadership._say()
-        leadership._say()  # nothing new: nothing said
+        leadership.say_changes()
+        leadership.say_changes()  # nothing new: nothing said
         await leadership.close()
 
     asyncio.run(scenario())
@@ -91,10 +91,10 @@ def test_a_session_kept_through_a_membership_change_reconnects_to_the_new_host_l
         old = "host=10.0.0.1,10.0.0.2 port=5432,5432 target_session_attrs=read-write"
         new = "host=10.0.0.1,10.0.0.2,10.0.0.4 port=5432,5432,5432 target_session_attrs=read-write"
         await leadership.want(claims(["main"], old))
-        session = leadership._of["main"]
+        session = leadership.by_cluster["main"]
         session.session.conn = SimpleNamespace(closed=False, info=SimpleNamespace(host="10.0.0.2", port=5432))  # type: ignore[assignment]
         await leadership.want(claims(["main"], new))
-        assert leadership._of["main"] is session and session.primary == NodeConfig(dsn=new)
+        assert leadership.by_cluster["main"] is session and session.primary == NodeConfig(dsn=new)
         session.session.conn = None
         await leadership.close()
 

@@ -90,8 +90,8 @@ def test_what_compression_savings_need_is_said_once_where_it_is_missing(caplog: 
     def said(caps: Capabilities) -> list[tuple[int, str]]:
         caplog.clear()
         poller = NodePoller(CONFIG.clusters[0], "primary", "primary", CONFIG.clusters[0].primary, CONFIG)
-        poller._say_skipped(caps)
-        poller._say_skipped(caps)  # once per connection, however often asked
+        poller.say_skipped(caps)
+        poller.say_skipped(caps)  # once per connection, however often asked
         return [(r.levelno, r.getMessage()) for r in caplog.records if "compression" in r.getMessage().lower()]
 
     base = dict(in_recovery=False, can_ls_waldir=True, has_walinspect=True, can_walinspect=True,

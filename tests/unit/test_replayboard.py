@@ -104,7 +104,7 @@ def test_a_replica_the_primary_does_not_stream_to_is_waited_for_as_one_it_does()
         board.expect("r1")
         board.expect("cut")
         read = asyncio.ensure_future(
-            extras._replicas_own(CLUSTER, board, [_sender("r1", 900)], time.monotonic() + 3600))
+            extras.replicas_own(CLUSTER, board, [_sender("r1", 900)], time.monotonic() + 3600))
         board.post("r1", 1000)
         for _ in range(50):  # every turn of the loop the read could want to return in
             await asyncio.sleep(0)
@@ -137,13 +137,13 @@ def test_a_cut_off_replica_late_for_the_read_is_read_past_from_where_it_said_it_
         first.expect("r1")
         first.expect("cut")
         first.post("r1", 5000)
-        own_first = await extras._replicas_own(CLUSTER, first, [_sender("r1", 4000)], time.monotonic())
+        own_first = await extras.replicas_own(CLUSTER, first, [_sender("r1", 4000)], time.monotonic())
         first.post("cut", 2000)  # after the read
         second = ReplayBoard()
         second.expect("r1")
         second.expect("cut")
         second.post("r1", 6000)
-        own_second = await extras._replicas_own(CLUSTER, second, [_sender("r1", 5000)], time.monotonic())
+        own_second = await extras.replicas_own(CLUSTER, second, [_sender("r1", 5000)], time.monotonic())
         second.post("cut", 2000)
         return own_first, own_second
 
@@ -171,7 +171,7 @@ def test_only_last_cycles_answer_stands_in_and_only_for_a_replica_with_no_walsen
             board = ReplayBoard()
             board.expect("r1")
             board.expect("cut")
-            out.append(await extras._replicas_own(CLUSTER, board, [_sender("r1", 5500)], time.monotonic()))
+            out.append(await extras.replicas_own(CLUSTER, board, [_sender("r1", 5500)], time.monotonic()))
             for name, lsn in posts.items():  # after the read
                 board.post(name, lsn)
         return out

@@ -10,7 +10,7 @@ import re
 import psycopg
 import pytest
 from lagwatch.beats import BeatLog, Beats
-from lagwatch.commitscan import ABSENT_CYCLES, COUNT_FACTOR, CommitScanner
+from lagwatch.commitscan import ABSENT_CYCLES, COUNT_FACTOR, CommitScanner, DecodeSpeed
 from lagwatch.estimate.clock import PrimaryClock
 from lagwatch.estimate.lsnclock import Commits, Staleness, WalDates, date_from_wal
 from lagwatch.history import LagHistory, ReplayPosition
@@ -195,21 +195,21 @@ def test_the_reads_go_as_far_as_the_budget_decodes() -> None:
                                                                      520_480)]
     assert scanner.plan({"r1": 0}, current_lsn=10**9, budget_bytes=10**9) == [LocatedRange(0, 1 << 20, 1 << 20)]
     # A read the server cancelled at its budget halves the speed it is planned with.
-    before = scanner._speed
-    scanner._slower(1_000_000, 0.05)
-    assert scanner._speed == pytest.approx(min(before, 20e6) / 2) and scanner.totals.cancelled == 1
+    speed = DecodeSpeed()
+    before = speed.bytes_per_second
+    speed.cancelled(1_000_000, 0.05)
+    assert speed.bytes_per_second == pytest.approx(min(before, 20e6) / 2)
     # A small read (a replica keeping up) says what a read costs whatever its size, not
     # the decoding speed: that stays.
-    halved = scanner._speed
-    scanner._measured(4_000, 0.002)
-    assert scanner._speed == halved
+    halved = speed.bytes_per_second
+    speed.measured(4_000, 0.002)
+    assert speed.bytes_per_second == halved
     # A big read's time, less that fixed part, is its decoding: the speed follows it.
-    scanner._measured(10_000_000, 0.102)
-    assert scanner._speed == pytest.approx(0.7 * halved + 0.3 * 100e6)
+    speed.measured(10_000_000, 0.102)
+    assert speed.bytes_per_second == pytest.approx(0.7 * halved + 0.3 * 100e6)
     # Never more than twice what its whole time says.
-    scanner._measured(100_000, 0.003)
-    assert scanner._speed == pytest.approx(0.7 * (0.7 * halved + 0.3 * 100e6) + 0.3 * 100_000 / 0.0015)
-
+    speed.measured(100_000, 0.003)
+    assert speed.bytes_per_second == pytest.approx(0.7 * (0.7 * halved + 0.3 * 100e6) + 0.3 * 100_000 / 0.0015)
 
 def test_a_stretch_keeps_at_most_max_commits_and_reads_on_only_once_the_replica_is_past_them() -> None:
     scanner = CommitScanner(max_bytes=10_000, max_commits=2, locate=False)

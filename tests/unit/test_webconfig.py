@@ -63,9 +63,9 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 
 @pytest.fixture(autouse=True)
 def _fresh_warnings() -> Iterator[None]:
-    webconfig._warned.clear()
+    webconfig.forget_warnings()
     yield
-    webconfig._warned.clear()
+    webconfig.forget_warnings()
 
 
 def hashed(password: str, rounds: int = 4) -> str:
