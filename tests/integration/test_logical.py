@@ -445,8 +445,11 @@ def test_a_failover_slot_is_synced_to_the_standby_and_alerts_when_its_sync_stops
     try:
         def consumed_and_synced() -> bool:
             # A new copy stays temporary until the primary's slot moves past where the standby
-            # reserved it: consume it, as a CDC client would.
+            # reserved it: consume it, as a CDC client would. Its restart_lsn moves only at a
+            # running-transactions record, which the primary logs every 15 s by itself: one
+            # logged now (16+) lets it move at once.
             primary.execute(f"INSERT INTO {TABLE} VALUES (nextval('lw_fo_seq'))")
+            primary.execute("SELECT pg_log_standby_snapshot()")
             primary.execute("SELECT count(*) FROM pg_logical_slot_get_changes(%s, NULL, NULL)", (slot,))
             return lw.value("lagwatch_slot_synced", slot=slot, **labels) == 1
 
