@@ -108,10 +108,10 @@ def test_a_slow_command_shows_its_queue_and_the_oldest_wait(pg_cluster: ChaosClu
     lw = lagwatch
     start = archiving(lw)
     assert start is not None
-    (pg_cluster.archive_flags / "delay").write_text("1.5")
+    (pg_cluster.archive_flags / "delay").write_text("1.0")
     _, ready_at = close_segment(pg_cluster)
     close_segment(pg_cluster)
-    # Both wait while the first takes its 1.5 s: the oldest's wait is the first's, on the test's clock.
+    # Both wait while the first takes its 1 s: the oldest's wait is the first's, on the test's clock.
     lw.wait_for("the queue seen", lambda: (archiving(lw) or {})["waiting_segments"] == 2, timeout=10)
     queued = archiving(lw)
     assert queued is not None and queued["failing"] is False
