@@ -1,9 +1,9 @@
-"""Benchmark: lagwatch.exposition against prometheus_client, on the same series.
+"""Benchmark: lagwatch.render.exposition against prometheus_client, on the same series.
 
 Builds a fleet's worth of series (300 clusters by default, each with a primary and two
 replicas: 52,800 series in lagwatch's shapes: per-node gauges, per-replica stage and
 state series, a window summary and a histogram per replica) twice, with the same
-constructor and ``add_metric`` calls: once with lagwatch.exposition's families and
+constructor and ``add_metric`` calls: once with lagwatch.render.exposition's families and
 ``render_text``, once with prometheus_client's ``*MetricFamily`` classes and
 ``generate_latest`` on a registry. Rounds alternate between the two, so that both see the
 same machine; it prints microseconds a series for each round and the ratio of the
@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "daemon"))
 
 import prometheus_client  # noqa: E402
-from lagwatch import exposition  # noqa: E402
+from lagwatch.render import exposition  # noqa: E402
 from prometheus_client.core import (  # noqa: E402
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -145,14 +145,14 @@ def main() -> None:
     theirs: list[float] = []
     series = 0
     for round_ in range(args.rounds):
-        for name, render, out in (("lagwatch.exposition", render_ours, ours),
+        for name, render, out in (("lagwatch.render.exposition", render_ours, ours),
                                   (f"prometheus_client {THEIRS_VERSION}", render_theirs, theirs)):
             seconds, size, series = timed(render, args.clusters)
             out.append(seconds / series * 1e6)
             print(f"round {round_ + 1}: {name:<28} {series:,} series, {size / 1e6:.1f} MB, "
                   f"{seconds * 1000:.0f} ms, {out[-1]:.2f} µs a series")
     ours_median, theirs_median = statistics.median(ours), statistics.median(theirs)
-    print(f"median: lagwatch.exposition {ours_median:.2f} µs a series ({min(ours):.2f}-{max(ours):.2f}), "
+    print(f"median: lagwatch.render.exposition {ours_median:.2f} µs a series ({min(ours):.2f}-{max(ours):.2f}), "
           f"prometheus_client {THEIRS_VERSION} {theirs_median:.2f} µs ({min(theirs):.2f}-{max(theirs):.2f}): "
           f"{theirs_median / ours_median:.1f}x")
 

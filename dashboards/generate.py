@@ -478,7 +478,7 @@ def _sync_row() -> list[Panel]:
     ]
 
 
-# The diagnosis' causes (lagwatch.diagnosis.CAUSES), each shown as an index in the state timeline.
+# The diagnosis' causes (lagwatch.estimate.diagnosis.CAUSES), each shown as an index in the state timeline.
 CAUSES = ("caught_up", "apply_delay", "replay_paused", "recovery_conflict", "replay_busy", "not_streaming",
           "network", "sender", "unknown")
 CAUSE_COLOURS = {"caught_up": "green", "apply_delay": "blue", "replay_paused": "orange",

@@ -243,6 +243,6 @@ def test_promtool_check_catches_a_bad_query(tmp_path: Path) -> None:
 
 def test_the_cause_timeline_knows_every_cause() -> None:
     """The state timeline's causes are the daemon's (generate.py imports nothing of lagwatch)."""
-    from lagwatch.diagnosis import CAUSES
+    from lagwatch.estimate.diagnosis import CAUSES
 
     assert generate.CAUSES == CAUSES

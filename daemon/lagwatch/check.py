@@ -14,7 +14,7 @@ from typing import TextIO
 from lagwatch.config import Config, ReplicaSla
 from lagwatch.durations import format_duration
 from lagwatch.escape import escape_controls
-from lagwatch.snapshot import CONDITION_TEXT, ReplicaState, Snapshot, replica_condition
+from lagwatch.estimate.snapshot import CONDITION_TEXT, ReplicaState, Snapshot, replica_condition
 
 OK, WARNING, CRITICAL, UNKNOWN = 0, 1, 2, 3
 STATE_NAMES = {OK: "OK", WARNING: "WARNING", CRITICAL: "CRITICAL", UNKNOWN: "UNKNOWN"}

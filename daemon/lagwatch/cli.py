@@ -23,7 +23,7 @@ from lagwatch.errors import ConfigError
 from lagwatch.escape import escape_controls
 
 if TYPE_CHECKING:
-    from lagwatch.holds import HoldStore
+    from lagwatch.act.holds import HoldStore
 
 EXIT_CONFIG = 2
 
@@ -79,9 +79,9 @@ def _load(path: str, web_config_file: str | None = None) -> Config | None:
 def _with_cluster_dir(config: Config) -> Config:
     """The one-shot commands' config: with its clusters_dir's valid clusters (each broken
     file said on stderr, as `run` would say it and skip it)."""
-    from lagwatch.clusterdir import with_cluster_dir
+    from lagwatch.sources.clusterdir import with_cluster_dir
 
-    with _said_here("lagwatch.clusterdir"):
+    with _said_here("lagwatch.sources.clusterdir"):
         merged, files = with_cluster_dir(config)
     for f in files:
         if f.error is not None:
@@ -106,9 +106,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     config = _load(args.config, args.web_config_file)
     if config is None:
         return EXIT_CONFIG
-    from lagwatch.clusterdir import with_cluster_dir
+    from lagwatch.sources.clusterdir import with_cluster_dir
 
-    with _said_here("lagwatch.clusterdir"):
+    with _said_here("lagwatch.sources.clusterdir"):
         merged, files = with_cluster_dir(config)
     broken = [f for f in files if f.error is not None]
     for f in broken:
@@ -158,7 +158,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_pool(args: argparse.Namespace) -> int:
-    from lagwatch.holds import HoldsError, HoldStore
+    from lagwatch.act.holds import HoldsError, HoldStore
 
     config = _load(args.config)
     if config is None:
@@ -196,7 +196,7 @@ def cmd_pool(args: argparse.Namespace) -> int:
 
 
 def _pool_show(store: HoldStore, clusters: list[ClusterConfig | PatroniClusterConfig]) -> int:
-    from lagwatch.holds import HoldsError
+    from lagwatch.act.holds import HoldsError
     from lagwatch.poolers import PoolerError, make_pooler
 
     code = 0

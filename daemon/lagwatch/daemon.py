@@ -28,20 +28,20 @@ from apscheduler.events import EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED, JobEve
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from lagwatch import runtime as runtime_module
+from lagwatch.act.leader import Leadership
+from lagwatch.act.poolcontrol import control_all
 from lagwatch.config import Config, load_config
-from lagwatch.cyclelog import log_cycle, status_line
-from lagwatch.cyclestats import CycleStats, watchdog_budget
 from lagwatch.durations import format_duration
 from lagwatch.errors import ConfigError
-from lagwatch.evidence import Evidence
-from lagwatch.leader import Leadership
-from lagwatch.poll import poll_all
-from lagwatch.poolcontrol import control_all
+from lagwatch.estimate.cyclestats import CycleStats, watchdog_budget
+from lagwatch.estimate.evidence import Evidence
+from lagwatch.estimate.snapshot import ClusterSnapshot, Snapshot, SnapshotHolder
+from lagwatch.read.poll import poll_all
+from lagwatch.read.session import SessionContext
 from lagwatch.runtime import ReloadHook, Runtime
-from lagwatch.sdnotify import Notifier
-from lagwatch.session import SessionContext
-from lagwatch.snapshot import ClusterSnapshot, Snapshot, SnapshotHolder
-from lagwatch.sources import ClusterSources
+from lagwatch.serve.cyclelog import log_cycle, status_line
+from lagwatch.serve.sdnotify import Notifier
+from lagwatch.sources.clusters import ClusterSources
 
 log = logging.getLogger("lagwatch.daemon")
 

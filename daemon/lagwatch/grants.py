@@ -26,11 +26,11 @@ import psycopg.rows
 
 from lagwatch import rooms
 from lagwatch.config import ClusterConfig, Config, NodeConfig, PasswordUnavailableError
-from lagwatch.conninfo import build_conninfo
-from lagwatch.discovery import with_members_now
 from lagwatch.escape import escape_controls
-from lagwatch.patroni import DiscoveryError
+from lagwatch.read.conninfo import build_conninfo
 from lagwatch.redact import redact_text
+from lagwatch.sources.discovery import with_members_now
+from lagwatch.sources.patroni import DiscoveryError
 from lagwatch.views import probe
 
 OK, WARNING, MISSING, UNREACHABLE = 0, 1, 2, 3

@@ -16,8 +16,8 @@ from pathlib import Path
 from lagwatch import __version__
 from lagwatch.config import Config
 from lagwatch.daemon import Daemon
-from lagwatch.sdnotify import Notifier
-from lagwatch.web import WebServer
+from lagwatch.serve.sdnotify import Notifier
+from lagwatch.serve.web import WebServer
 
 
 def run_daemon(config: Config, config_path: Path | None, web_config_file: Path | None = None) -> int:

@@ -12,15 +12,15 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from lagwatch.act.holds import HoldStore
+from lagwatch.act.leader import Claim, Leadership, lock_key
+from lagwatch.act.poolcontrol import PoolController, Reconfiguration
 from lagwatch.config import ClusterConfig, Config, NodeConfig
-from lagwatch.conninfo import serves_as
-from lagwatch.heartbeat import HeartbeatWriter
-from lagwatch.holds import HoldStore
-from lagwatch.leader import Claim, Leadership, lock_key
-from lagwatch.poll import NodePoller, pollers_for
-from lagwatch.poolcontrol import PoolController, Reconfiguration
-from lagwatch.session import SessionContext
-from lagwatch.tracker import ClusterTracker
+from lagwatch.estimate.tracker import ClusterTracker
+from lagwatch.read.conninfo import serves_as
+from lagwatch.read.heartbeat import HeartbeatWriter
+from lagwatch.read.poll import NodePoller, pollers_for
+from lagwatch.read.session import SessionContext
 
 # Prepares a reloaded config's part that lives outside the daemon (the web server's TLS
 # and auth): may raise to reject the reload; returns what makes it take effect, which must not.

@@ -28,9 +28,9 @@ import psycopg
 import pytest
 from chaoscluster import ChaosCluster
 from harness import Lagwatch, Reading, Readings, Writer, cluster_config, let_time_pass
-from lagwatch.commitscan import CommitScanner
 from lagwatch.estimate.lsnclock import Staleness, WalDates, date_from_wal
 from lagwatch.lsn import format_lsn, parse_lsn
+from lagwatch.read.commitscan import CommitScanner
 from oracle import LagOracle, OracleLog, nearest_rank, tolerance
 
 WINDOW = 10.0
@@ -533,7 +533,7 @@ def test_cascaded_replica_is_measured_end_to_end(pg_cluster: ChaosCluster, lagwa
             assert writer.first_write_at is not None
             for _ in range(6):
                 lagwatch.wait_cycles(1)
-                reading = _replica(lagwatch.status(), "replica2")
+                reading = _replica(lagwatch.serve.status(), "replica2")
                 got, at = reading["staleness_seconds"], reading["staleness_measured_at_monotonic"]
                 # It lacks every write: at its reading's own instant the truth is the time
                 # since the first one committed, which the writer knows to its statement's

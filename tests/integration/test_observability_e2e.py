@@ -274,7 +274,7 @@ def test_a_stranger_holding_the_leader_lock_is_named_and_alerted(stack: Stack) -
     expression holds on the real Prometheus, and decisions are logged as not applied. When
     the stranger lets go, lagwatch leads again."""
     import psycopg
-    from lagwatch.leader import lock_key
+    from lagwatch.act.leader import lock_key
 
     primary = stack.idle_cluster.primary
     lw = stack.lagwatch
@@ -320,7 +320,7 @@ def test_a_stranger_holding_the_leader_lock_is_named_and_alerted(stack: Stack) -
         assert f"leader lock held by pid {pid}" in page and "not lagwatch, no instance applies pool changes" in page
         # Said once (a decision meanwhile is logged by the pool as NOT APPLIED, naming it too).
         warnings = [line for line in lw.log_text().splitlines()
-                    if "WARNING lagwatch.leader:" in line and "held by a session that is not lagwatch" in line]
+                    if "WARNING lagwatch.act.leader:" in line and "held by a session that is not lagwatch" in line]
         assert len(warnings) == 1 and f"pid {pid}" in warnings[0] and "'mallory'" in warnings[0], warnings
     finally:
         stranger.close()

@@ -52,8 +52,8 @@ from harness import Lagwatch, Writer, let_time_pass
 from lagwatch.demo.binaries import find_binaries
 from lagwatch.demo.ports import free_port
 from lagwatch.durations import parse_duration
-from lagwatch.lateness import HEADROOM, MAX_STRETCH, PACE_CYCLES, PACE_STEP
-from lagwatch.session import CONNECTS_AT_ONCE
+from lagwatch.estimate.lateness import HEADROOM, MAX_STRETCH, PACE_CYCLES, PACE_STEP
+from lagwatch.read.session import CONNECTS_AT_ONCE
 
 pytestmark = pytest.mark.one_pg_version
 

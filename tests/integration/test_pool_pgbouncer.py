@@ -26,8 +26,8 @@ import psycopg
 import pytest
 from chaoscluster import ChaosCluster
 from harness import Lagwatch, Writer, cluster_config, run_cli
+from lagwatch.act.leader import LOCK_CLASS
 from lagwatch.demo.ports import free_port
-from lagwatch.leader import LOCK_CLASS
 from loads import PoolReads, create_read_table
 from oracle import LagOracle
 from pgbouncer_server import PgBouncerServer, read_pool_for, readable_by_servers

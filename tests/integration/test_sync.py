@@ -23,7 +23,7 @@ import pytest
 from chaoscluster import ChaosCluster
 from harness import Lagwatch, cluster_config
 from lagwatch.demo.ports import free_port
-from lagwatch.syncrep import StandbyNamesError, parse_standby_names
+from lagwatch.estimate.syncrep import StandbyNamesError, parse_standby_names
 from loads import Pgbench
 
 pytestmark = pytest.mark.one_pg_version

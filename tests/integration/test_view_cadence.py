@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 from chaoscluster import ChaosCluster
 from harness import Lagwatch, cluster_config
-from lagwatch.conninfo import poller_application_name
 from lagwatch.demo.ports import free_port
 from lagwatch.demo.servers import LocalServer
+from lagwatch.read.conninfo import poller_application_name
 from lagwatch.views import slotsync
 
 pytestmark = pytest.mark.newest_pg_version

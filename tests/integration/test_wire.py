@@ -1,4 +1,4 @@
-"""The cycle's statement over libpq directly (lagwatch/wire.py), against a real server:
+"""The cycle's statement over libpq directly (lagwatch/read/wire.py), against a real server:
 its value, the server's errors as psycopg raises them with the connection still usable,
 a value larger than a socket's buffer, a connection killed mid-statement, a prepared
 statement dropped from under the poller, and the walsenders' names read once each."""
@@ -12,11 +12,11 @@ from typing import Any
 
 import psycopg
 import pytest
-from lagwatch import wire
 from lagwatch.config import parse_config
 from lagwatch.demo.binaries import find_binaries
 from lagwatch.demo.cluster import LocalCluster
-from lagwatch.poll import NodePoller
+from lagwatch.read import wire
+from lagwatch.read.poll import NodePoller
 
 pytestmark = pytest.mark.one_pg_version  # the protocol's extended query is the same on every version
 

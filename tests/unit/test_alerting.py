@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from lagwatch.alerting import RULES, conditions
 from lagwatch.durations import parse_duration
-from lagwatch.snapshot import ClusterSnapshot, NodeHealth, PoolStatus, ReplicaState
-from lagwatch.syncrep import assess
+from lagwatch.estimate.snapshot import ClusterSnapshot, NodeHealth, PoolStatus, ReplicaState
+from lagwatch.estimate.syncrep import assess
+from lagwatch.estimate.windows import LagHistogram
+from lagwatch.serve.alerting import RULES, conditions
 from lagwatch.views.replication import WalSender
-from lagwatch.windows import LagHistogram
 
 RULES_FILE = Path(__file__).resolve().parents[2] / "alerts" / "lagwatch.rules.yml"
 

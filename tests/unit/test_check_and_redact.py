@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from lagwatch.check import CRITICAL, OK, UNKNOWN, WARNING, evaluate, measuring_only, render
 from lagwatch.config import parse_config
+from lagwatch.estimate.snapshot import ClusterSnapshot, NodeHealth, ReplicaState, Snapshot
+from lagwatch.estimate.windows import LagHistogram
 from lagwatch.grants import dating_arm
 from lagwatch.redact import redact_text
-from lagwatch.snapshot import ClusterSnapshot, NodeHealth, ReplicaState, Snapshot
 from lagwatch.views.probe import Capabilities
-from lagwatch.windows import LagHistogram
 
 
 def replica(name: str, staleness: float | None, *, up: bool | None = True, streaming: bool | None = True,
@@ -85,8 +85,8 @@ def test_check_never_controls_the_pool() -> None:
 
 def test_the_check_names_the_cause_and_a_bad_row_says_why() -> None:
     from lagwatch.check import _row, render
-    from lagwatch.diagnosis import Diagnosis
-    from lagwatch.windows import LagHistogram
+    from lagwatch.estimate.diagnosis import Diagnosis
+    from lagwatch.estimate.windows import LagHistogram
 
     why = Diagnosis("apply_delay", "recovery_min_apply_delay holds replay 5s behind", (0.0, 0.0, 0.0, 6.0),
                     (0, 0, 0, 10), (("apply_delay", 6.0),))

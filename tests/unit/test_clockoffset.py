@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
-from lagwatch.clockoffset import ClockOffset
+from lagwatch.estimate.clockoffset import ClockOffset
 
 answers = st.lists(st.tuples(st.floats(0.0, 4.0), st.floats(-5.0, 5.0)), max_size=60)
 

@@ -7,9 +7,9 @@ import os
 from pathlib import Path
 
 import pytest
-from lagwatch.clusterdir import ClusterDir, parse_cluster_file, with_cluster_dir
 from lagwatch.config import ClusterConfig, parse_config
 from lagwatch.errors import ConfigError
+from lagwatch.sources.clusterdir import ClusterDir, parse_cluster_file, with_cluster_dir
 
 
 def cluster_yaml(host: str = "p", replicas: int = 1, name: str | None = None) -> str:
@@ -123,7 +123,7 @@ def test_the_daemon_runs_the_directory_s_clusters_from_the_start_and_follows_it(
     import time
 
     from lagwatch.daemon import Daemon
-    from lagwatch.sources import CLUSTER_DIR_SCAN_SECONDS
+    from lagwatch.sources.clusters import CLUSTER_DIR_SCAN_SECONDS
 
     folder = tmp_path / "clusters.d"
     folder.mkdir()

@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 
 import pytest
-from lagwatch import clusterdir
-from lagwatch.clusterdir import ClusterDir
 from lagwatch.errors import ConfigError
+from lagwatch.sources import clusterdir
+from lagwatch.sources.clusterdir import ClusterDir
 from lagwatch.yamlfile import read_text
 
 # A file outside that reads as a cluster (so that being read would show as a cluster named
@@ -86,7 +86,7 @@ def test_a_link_swapped_in_right_after_the_check_is_not_read(tmp_path: Path, mon
 
     monkeypatch.setattr(clusterdir, "link_refusal", check_then_swap)
     d = ClusterDir(folder)
-    with caplog.at_level(logging.INFO, "lagwatch.clusterdir"):
+    with caplog.at_level(logging.INFO, "lagwatch.sources.clusterdir"):
         d.scan()
     assert [c.name for c in d.clusters] == []
     (standing,) = d.files
@@ -112,7 +112,7 @@ def test_racing_a_file_against_a_link_out_never_reads_outside(tmp_path: Path,
     d = ClusterDir(folder)
     names: set[str] = set()
     scans = 0
-    with caplog.at_level(logging.INFO, "lagwatch.clusterdir"):
+    with caplog.at_level(logging.INFO, "lagwatch.sources.clusterdir"):
         try:
             end = time.monotonic() + seconds  # the race's length is the point: the clock bounds it
             while time.monotonic() < end:

@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 from lagwatch.check import CRITICAL, OK, UNKNOWN, WARNING, evaluate
 from lagwatch.config import ReplicaSla
-from lagwatch.cyclelog import cycle_line
-from lagwatch.snapshot import (
+from lagwatch.estimate.snapshot import (
     CONDITION_TEXT,
     ClusterSnapshot,
     NodeHealth,
@@ -15,9 +14,10 @@ from lagwatch.snapshot import (
     Snapshot,
     replica_condition,
 )
-from lagwatch.status import snapshot_status
-from lagwatch.status_page import render
-from lagwatch.windows import LagHistogram
+from lagwatch.estimate.windows import LagHistogram
+from lagwatch.serve.cyclelog import cycle_line
+from lagwatch.serve.status import snapshot_status
+from lagwatch.serve.status_page import render
 
 SLA = ReplicaSla(max_lag=2.0, p95=None, eject_after=2, readmit_below=1.0, readmit_after=3)
 

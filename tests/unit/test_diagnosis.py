@@ -13,9 +13,9 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 from lagwatch.config import load_config
-from lagwatch.diagnosis import STAGES, Positions, Signals, diagnose, split
 from lagwatch.errors import ConfigError
-from lagwatch.replayload import ReplayLoadTracker
+from lagwatch.estimate.diagnosis import STAGES, Positions, Signals, diagnose, split
+from lagwatch.estimate.replayload import ReplayLoadTracker
 from lagwatch.views.recovery import Holder, Recovery, without_query_text
 from lagwatch.views.recovery import parse as parse_recovery
 
@@ -180,9 +180,9 @@ def test_recovery_view_parses_holders_and_conflicts() -> None:
 
 def test_query_text_shows_only_where_read() -> None:
     from lagwatch.config import Config
-    from lagwatch.snapshot import ReplicaState
-    from lagwatch.status import why
-    from lagwatch.windows import HistogramCounts
+    from lagwatch.estimate.snapshot import ReplicaState
+    from lagwatch.estimate.windows import HistogramCounts
+    from lagwatch.serve.status import why
 
     cluster = {"name": "main", "primary": {"dsn": "host=p"}, "replicas": [{"name": "r1", "dsn": "host=r"}]}
     assert Config.model_validate({"clusters": [cluster]}).conflict_query_text is False
@@ -224,7 +224,7 @@ def test_a_conflict_in_archive_recovery_names_the_archive_delay() -> None:
 
 
 def test_conflict_counters_never_go_back() -> None:
-    from lagwatch.replayload import ConflictTotals
+    from lagwatch.estimate.replayload import ConflictTotals
 
     totals = ConflictTotals()
     assert totals.note("r1", {"lock": 3, "snapshot": 1}) == {"lock": 3, "snapshot": 1}

@@ -17,14 +17,14 @@ from typing import Any
 
 import pytest
 import yaml
-from lagwatch import discovery as discovery_module
 from lagwatch import runtime as runtime_module
 from lagwatch.config import NodeConfig, PatroniDiscoveryConfig, parse_config
-from lagwatch.conninfo import serves_as
 from lagwatch.daemon import Daemon
 from lagwatch.errors import ConfigError
-from lagwatch.patroni import DiscoveryError, Membership, cluster_config, fetch_membership, parse_cluster
-from lagwatch.poll import NodePoller
+from lagwatch.read.conninfo import serves_as
+from lagwatch.read.poll import NodePoller
+from lagwatch.sources import discovery as discovery_module
+from lagwatch.sources.patroni import DiscoveryError, Membership, cluster_config, fetch_membership, parse_cluster
 
 MEMBERS = [{"name": n, "role": "leader" if n == "a" else "replica", "state": "running",
             "host": f"10.0.0.{i}", "port": 5432} for i, n in enumerate(("a", "b", "c"), 1)]

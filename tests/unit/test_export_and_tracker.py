@@ -6,14 +6,14 @@ from dataclasses import replace
 
 import pytest
 from lagwatch.config import parse_config
-from lagwatch.export import SnapshotCollector
-from lagwatch.snapshot import NodeObservation, Snapshot
-from lagwatch.tracker import ClusterTracker
+from lagwatch.estimate.snapshot import NodeObservation, Snapshot
+from lagwatch.estimate.tracker import ClusterTracker
+from lagwatch.estimate.windows import CYCLE_BUCKETS, LagHistogram
+from lagwatch.serve.export import SnapshotCollector
 from lagwatch.views.replication import WalSender
 from lagwatch.views.server import ServerPosition
 from lagwatch.views.slots import Slot
 from lagwatch.views.wal_receiver import WalReceiver
-from lagwatch.windows import CYCLE_BUCKETS, LagHistogram
 from prometheus_client import CollectorRegistry, generate_latest
 
 CONFIG = parse_config({"interval": "1s", "window": "1m", "clusters": [{
@@ -250,7 +250,7 @@ def test_the_commit_interval_follows_a_stream_that_starts_after_an_idle_spell() 
     second, counted in pg_stat_database in one-second lumps: within 3 s of the stream the
     interval is that of the stream, not the 30-s mean (which would be ~14 ms and, taken off
     the commit estimate, read a 20 ms lag as 6 ms)."""
-    from lagwatch.history import LagHistory
+    from lagwatch.estimate.history import LagHistory
 
     history = LagHistory("main", 0.1, 10.0)
     t, total = 0.0, 0.0
@@ -286,12 +286,12 @@ def test_a_slot_without_a_limit_shows_its_share_of_pg_wal_and_one_with_a_limit_i
 
 
 def test_the_text_exposition_reads_back_as_written_with_hostile_label_values() -> None:
-    """lagwatch.exposition writes the text format itself: prometheus_client's parser reads
+    """lagwatch.render.exposition writes the text format itself: prometheus_client's parser reads
     back every name, label (quotes, backslashes, newlines escaped), value (+Inf, NaN) and
     help text, and a family made again under the same name while collecting is the one."""
     import math
 
-    from lagwatch.exposition import Counter, Gauge, Histogram, Info, collecting, render_text
+    from lagwatch.render.exposition import Counter, Gauge, Histogram, Info, collecting, render_text
     from prometheus_client.parser import text_string_to_metric_families
 
     nasty = 'a "quoted"\\back\nslash'

@@ -1,17 +1,17 @@
 """Every family lagwatch can export is declared on every scrape and documented: the catalogue
-(lagwatch.families), the exposition of a bare snapshot, and docs/metrics.md agree."""
+(lagwatch.render.families), the exposition of a bare snapshot, and docs/metrics.md agree."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-from lagwatch import families
 from lagwatch.config import parse_config
-from lagwatch.export import families as exported
-from lagwatch.exposition import render_text
-from lagwatch.snapshot import NodeObservation, Snapshot
-from lagwatch.tracker import ClusterTracker
+from lagwatch.estimate.snapshot import NodeObservation, Snapshot
+from lagwatch.estimate.tracker import ClusterTracker
+from lagwatch.render import families
+from lagwatch.render.exposition import render_text
+from lagwatch.serve.export import families as exported
 from lagwatch.views.server import ServerPosition
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,6 +60,7 @@ def test_docs_metrics_is_the_catalogue() -> None:
     """docs/metrics.md is generated from the catalogue: a family added without
     documentation (or documentation left for a family gone) fails here."""
     documented = (ROOT / "docs" / "metrics.md").read_text()
-    assert documented == families.markdown(), "run: PYTHONPATH=daemon python3 -m lagwatch.export > docs/metrics.md"
+    assert documented == families.markdown(), \
+        "run: PYTHONPATH=daemon python3 -m lagwatch.serve.export > docs/metrics.md"
     names = set(re.findall(r"^\| `(lagwatch_\w+)` \|", documented, re.M))
     assert names == {spec.series for spec in families.CATALOGUE.values()}

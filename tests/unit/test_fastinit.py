@@ -11,8 +11,8 @@ from typing import Any
 
 import lagwatch
 import pytest
+from lagwatch.estimate.snapshot import NodeObservation
 from lagwatch.fastinit import fast_init
-from lagwatch.snapshot import NodeObservation
 
 
 @fast_init

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from lagwatch.heartbeattable import shape_problems
+from lagwatch.read.heartbeattable import shape_problems
 
 AS_SHIPPED: dict[str, Any] = {
     "relkind": "r", "row_security": False, "schema": "lagwatch", "table_owner": "postgres", "table_trusted": True,
@@ -49,7 +49,7 @@ def test_an_internal_error_is_said_with_its_traceback_once_an_outage(monkeypatch
     a day at the 30 s retry)."""
     import asyncio
 
-    import lagwatch.heartbeat as heartbeat
+    import lagwatch.read.heartbeat as heartbeat
     from lagwatch.config import parse_config
 
     config = parse_config({"clusters": [{"name": "main", "primary": {"dsn": "host=127.0.0.1 port=1"},

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import lagwatch
 import pytest
-from lagwatch.holds import HoldsError, HoldStore
+from lagwatch.act.holds import HoldsError, HoldStore
 
 REPLICAS = [f"r{i}" for i in range(10)]
 

@@ -96,10 +96,10 @@ def test_member_churn_is_said_in_bounded_lines(monkeypatch: pytest.MonkeyPatch,
     import asyncio
     import logging
 
-    from lagwatch import discovery as discovery_module
     from lagwatch.config import parse_config
-    from lagwatch.discovery import CHANGE_LINES_BURST, CHANGE_LINES_EVERY, NAMES_SHOWN, Discovery
-    from lagwatch.patroni import Membership, parse_cluster
+    from lagwatch.sources import discovery as discovery_module
+    from lagwatch.sources.discovery import CHANGE_LINES_BURST, CHANGE_LINES_EVERY, NAMES_SHOWN, Discovery
+    from lagwatch.sources.patroni import Membership, parse_cluster
 
     answer = [0]
 
@@ -115,7 +115,7 @@ def test_member_churn_is_said_in_bounded_lines(monkeypatch: pytest.MonkeyPatch,
     clusters = parse_config({"clusters": [{"name": "m", "discovery": {"kind": "patroni", "urls": ["http://x:1"]},
                                            "members": {"dsn": "user=x"}}]}).patroni_clusters
     discovery = Discovery()
-    with caplog.at_level(logging.INFO, "lagwatch.discovery"):
+    with caplog.at_level(logging.INFO, "lagwatch.sources.discovery"):
         for _ in range(120):  # an answer a second for two minutes
             assert asyncio.run(discovery.refresh(clusters, 1.0))
             clock[0] += 1.0
@@ -128,7 +128,7 @@ def test_member_churn_is_said_in_bounded_lines(monkeypatch: pytest.MonkeyPatch,
     # Once the churn stops, an occasional change is said again, with what went unsaid.
     clock[0] += 10 * CHANGE_LINES_EVERY
     caplog.clear()
-    with caplog.at_level(logging.INFO, "lagwatch.discovery"):
+    with caplog.at_level(logging.INFO, "lagwatch.sources.discovery"):
         asyncio.run(discovery.refresh(clusters, 1.0))
     (line,) = [r.getMessage() for r in caplog.records if "members from" in r.getMessage()]
     assert "change(s) since the last such line not said one by one" in line, line
@@ -153,7 +153,7 @@ def test_a_member_is_reached_only_where_discovery_allows(urls: list[str], allowe
     domain) refuses the answer: its connection would carry the members' password (before,
     a fake server on 127.0.0.5 got it in clear 8 times in 5 s)."""
     from lagwatch.config import PatroniDiscoveryConfig
-    from lagwatch.patroni import DiscoveryError, member_hosts, parse_cluster
+    from lagwatch.sources.patroni import DiscoveryError, member_hosts, parse_cluster
 
     config = PatroniDiscoveryConfig(kind="patroni", urls=tuple(urls),
                                     allowed_hosts=tuple(allowed) if allowed else None)
@@ -263,8 +263,8 @@ def test_a_host_patroni_names_is_not_sent_the_password_in_clear(template: str, s
     before sending it (before: the members' password went to it 8 times in 5 s)."""
     import psycopg
     from lagwatch.config import parse_config
-    from lagwatch.conninfo import build_conninfo
-    from lagwatch.patroni import cluster_config, parse_cluster
+    from lagwatch.read.conninfo import build_conninfo
+    from lagwatch.sources.patroni import cluster_config, parse_cluster
 
     if psycopg.pq.version() < 160000:
         pytest.skip("require_auth needs libpq 16+")  # said in docs/roles-and-failover.md

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 from lagwatch.cli import main
-from lagwatch.clusterdir import ClusterDir
 from lagwatch.errors import key_path, validation_problems
 from lagwatch.escape import escape_controls, excerpt, shown_url
-from lagwatch.patroni import DiscoveryError, parse_cluster
+from lagwatch.sources.clusterdir import ClusterDir
+from lagwatch.sources.patroni import DiscoveryError, parse_cluster
 
 SHADOW = "root:$6$SecretSalt$secrethash:19000:0:99999:7:::\nlagwatch:!secret:19000:0:99999:7:::\n"
 
@@ -86,7 +86,7 @@ def test_a_link_out_of_clusters_dir_is_refused_by_its_name_and_its_target_never_
     (folder / "gone.yaml").symlink_to(tmp_path / "nothing-here")
     (folder / "inside.yaml").symlink_to(folder / "good.yaml")  # a ConfigMap's ..data/ link: followed
     d = ClusterDir(folder)
-    with caplog.at_level(logging.INFO, "lagwatch.clusterdir"):
+    with caplog.at_level(logging.INFO, "lagwatch.sources.clusterdir"):
         d.scan()
         d.scan()  # said once, not every scan
     standing = {Path(f.path).name: f.error for f in d.files}
@@ -179,7 +179,7 @@ def test_fuzzed_patroni_answers_are_taken_or_refused_never_a_traceback(tmp_path:
     import threading
 
     from lagwatch.config import parse_config
-    from lagwatch.patroni import cluster_config, fetch_membership
+    from lagwatch.sources.patroni import cluster_config, fetch_membership
     from pydantic import ValidationError
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -258,7 +258,7 @@ def test_fuzzed_cluster_files_get_one_printable_line_each_never_a_traceback(
 
 
 def test_a_session_calling_itself_lagwatch_leader_is_lagwatch_only_as_lagwatchs_role() -> None:
-    from lagwatch.snapshot import LockHolder
+    from lagwatch.estimate.snapshot import LockHolder
 
     assert LockHolder(1, "lagwatch-leader", "lagwatch", "", False, lagwatch_role=True).is_lagwatch
     assert not LockHolder(2, "lagwatch-leader", "mallory", "", False, lagwatch_role=False).is_lagwatch

@@ -18,9 +18,9 @@ import pytest
 import yaml
 from lagwatch.cli import JsonFormatter
 from lagwatch.config import parse_config
-from lagwatch.snapshot import SnapshotHolder
-from lagwatch.web import WebServer
-from lagwatch.webconfig import load_web_config
+from lagwatch.config.web import load_web_config
+from lagwatch.estimate.snapshot import SnapshotHolder
+from lagwatch.serve.web import WebServer
 
 PASSWORD_HASH = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
 HEADERS = {"X-Frame-Options": "deny", "Strict-Transport-Security": "max-age=60"}
@@ -236,7 +236,7 @@ def pki_cert(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 def test_the_scrape_rhythm_says_when_the_next_scrape_is_due() -> None:
-    from lagwatch.web import ScrapeRhythm
+    from lagwatch.serve.web import ScrapeRhythm
 
     rhythm = ScrapeRhythm()
     for at in (100.0, 115.0):
@@ -254,8 +254,8 @@ def test_a_large_answer_on_a_closing_connection_arrives_whole_to_a_slow_reader()
     still buffered when the last write's wait returned (up to the low-water mark) was dropped
     by closing with abort(); a fleet bench's scrape arrived 31,933 bytes short of 3.9 MB.
     A small send buffer (as on a loaded machine or a slow link) makes it happen every time."""
-    from lagwatch.httpmessages import Response
-    from lagwatch.httpserver import HttpServer
+    from lagwatch.serve.httpmessages import Response
+    from lagwatch.serve.httpserver import HttpServer
 
     body = bytes(range(256)) * (1024 * 1024 // 256)
     server = HttpServer("127.0.0.1", 0, lambda request: Response(200, body))

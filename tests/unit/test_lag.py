@@ -8,7 +8,7 @@ from array import array
 import pytest
 from lagwatch.estimate.dating import Dated, date, gather
 from lagwatch.estimate.lsnclock import Commits, LsnClock, Staleness
-from lagwatch.windows import LAG_BUCKETS, LagHistogram, LagSamples, LagWindow, nearest_rank
+from lagwatch.estimate.windows import LAG_BUCKETS, LagHistogram, LagSamples, LagWindow, nearest_rank
 
 
 def estimate(clock: LsnClock, replay_lsn: int, now: float, commits: Commits | None = None) -> Staleness | None:
@@ -211,7 +211,7 @@ def test_clock_full_stuck_replica_keeps_growing() -> None:
 
 
 def test_a_week_at_one_second_fits_the_trackers_bound_and_reads_within_a_64th() -> None:
-    from lagwatch.history import CLOCK_MAX_POINTS as _CLOCK_MAX_POINTS
+    from lagwatch.estimate.history import CLOCK_MAX_POINTS as _CLOCK_MAX_POINTS
 
     clock = LsnClock(_CLOCK_MAX_POINTS)
     week = 7 * 86_400
@@ -229,7 +229,7 @@ def test_a_week_at_one_second_fits_the_trackers_bound_and_reads_within_a_64th() 
 def test_clock_thins_as_it_goes_instead_of_filling_its_bound_first() -> None:
     """A fleet's memory: the clock holds what 1/64 of age needs (a few hundred points in
     the first hour at 1 s), not its whole bound from the 1,536th poll on."""
-    from lagwatch.history import CLOCK_MAX_POINTS as _CLOCK_MAX_POINTS
+    from lagwatch.estimate.history import CLOCK_MAX_POINTS as _CLOCK_MAX_POINTS
 
     clock = LsnClock(_CLOCK_MAX_POINTS)
     sizes = []
@@ -355,6 +355,6 @@ def _arrays(pairs: list[tuple[float, float]]) -> tuple[array[float], array[float
 def test_one_window_sizing() -> None:
     """A window keeps twice the polls it spans and some to spare (windows.window_samples,
     which the replicas' and the logical consumers' windows both use)."""
-    from lagwatch.windows import window_samples
+    from lagwatch.estimate.windows import window_samples
 
     assert [window_samples(w, i) for w, i in ((60, 1), (10, 0.1), (300, 0.25))] == [136, 216, 2416]

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 from lagwatch import daemon as daemon_module
+from lagwatch.act.leader import Standing
 from lagwatch.config import parse_config
 from lagwatch.daemon import Daemon
-from lagwatch.leader import Standing
-from lagwatch.snapshot import LockHolder, NodeObservation, Snapshot
+from lagwatch.estimate.snapshot import LockHolder, NodeObservation, Snapshot
 from lagwatch.views.replication import WalSender
 from lagwatch.views.server import ServerPosition
 from lagwatch.views.wal_receiver import WalReceiver

@@ -13,11 +13,11 @@ from typing import Any
 import psycopg.errors
 import pytest
 from lagwatch.config import parse_config
-from lagwatch.lateness import MAX_STRETCH, LoopLag, Pacer, judge_unanswered
-from lagwatch.poll import NodePoller, poll_all
-from lagwatch.session import SessionContext
-from lagwatch.snapshot import NodeObservation
-from lagwatch.viewreader import ViewsRead
+from lagwatch.estimate.lateness import MAX_STRETCH, LoopLag, Pacer, judge_unanswered
+from lagwatch.estimate.snapshot import NodeObservation
+from lagwatch.read.poll import NodePoller, poll_all
+from lagwatch.read.session import SessionContext
+from lagwatch.read.viewreader import ViewsRead
 from lagwatch.views.probe import Capabilities
 from lagwatch.views.server import ServerPosition
 

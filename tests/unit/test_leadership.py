@@ -12,11 +12,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from lagwatch.act.holds import HoldStore
+from lagwatch.act.leader import Claim, Leadership, lock_key
 from lagwatch.config import NodeConfig
-from lagwatch.holds import HoldStore
-from lagwatch.leader import Claim, Leadership, lock_key
-from lagwatch.session import SessionContext
-from lagwatch.snapshot import LockHolder
+from lagwatch.estimate.snapshot import LockHolder
+from lagwatch.read.session import SessionContext
 
 
 def claims(names: list[str], dsn: str) -> dict[str, Claim]:

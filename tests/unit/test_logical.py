@@ -1,8 +1,8 @@
 """Logical consumers (logical.py, views/replication.parse_all): kept apart from the
 replicas, positioned by what they applied or confirmed, dated like a replica."""
 
+from lagwatch.estimate.logical import LogicalConsumers
 from lagwatch.estimate.lsnclock import LsnClock, WalDates
-from lagwatch.logical import LogicalConsumers
 from lagwatch.views import replication
 from lagwatch.views.replication import LogicalSender, logical_key
 from lagwatch.views.slots import Slot
@@ -80,11 +80,11 @@ def test_a_stopped_consumer_keeps_its_name_and_its_furthest_position_and_grows_s
 
 
 def test_status_and_the_page_list_consumers_under_their_cluster_apart_from_replicas() -> None:
-    from lagwatch.export import families
-    from lagwatch.exposition import render_text
-    from lagwatch.snapshot import ClusterSnapshot, LogicalConsumer, Snapshot
-    from lagwatch.status import snapshot_status
-    from lagwatch.status_page import render
+    from lagwatch.estimate.snapshot import ClusterSnapshot, LogicalConsumer, Snapshot
+    from lagwatch.render.exposition import render_text
+    from lagwatch.serve.export import families
+    from lagwatch.serve.status import snapshot_status
+    from lagwatch.serve.status_page import render
 
     consumers = (LogicalConsumer("lw_sub", "lw_sub", True, "streaming", "app", "pgoutput", 0x3000000, 4096, 0.012,
                                  "wal_commit", 5.0, None),
@@ -125,11 +125,11 @@ def test_subscriptions_parse_one_poll_in_ten() -> None:
 
 
 def test_a_standbys_failover_slot_copies_read_and_exported_per_primary_failover_slot() -> None:
-    from lagwatch.export import families
-    from lagwatch.exposition import render_text
-    from lagwatch.snapshot import ClusterSnapshot, ReplicaState, Snapshot
+    from lagwatch.estimate.snapshot import ClusterSnapshot, ReplicaState, Snapshot
+    from lagwatch.estimate.windows import LagHistogram
+    from lagwatch.render.exposition import render_text
+    from lagwatch.serve.export import families
     from lagwatch.views import slotsync
-    from lagwatch.windows import LagHistogram
 
     assert slotsync.parse([{"enabled": None, "worker": None, "synced": []}]) is None  # before 17
     assert "slotsync worker" in (slotsync.VIEW.sql_for(170000) or "")

@@ -10,12 +10,12 @@ from typing import Any
 
 import psycopg.conninfo
 import pytest
-from lagwatch import discovery as discovery_module
+from lagwatch.act.policy import PolicyState, PoolRules, ReplicaHealth, decide
 from lagwatch.config import ClusterConfig, PatroniClusterConfig, ReplicaSla, parse_config
-from lagwatch.discovery import Discovery
 from lagwatch.errors import ConfigError
-from lagwatch.patroni import DiscoveryError, Membership, cluster_config, parse_cluster
-from lagwatch.policy import PolicyState, PoolRules, ReplicaHealth, decide
+from lagwatch.sources import discovery as discovery_module
+from lagwatch.sources.discovery import Discovery
+from lagwatch.sources.patroni import DiscoveryError, Membership, cluster_config, parse_cluster
 
 # What Patroni 4 answers on GET /cluster (trimmed to the keys lagwatch reads and a few more).
 ANSWER: dict[str, Any] = {

@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
-from lagwatch.config import ReplicaSla
-from lagwatch.policy import (
+from lagwatch.act.policy import (
     MIN_P95_SAMPLES,
     PRIMARY,
     Decision,
@@ -16,6 +15,7 @@ from lagwatch.policy import (
     ReplicaHealth,
     decide,
 )
+from lagwatch.config import ReplicaSla
 
 SLA = ReplicaSla(max_lag=2.0, p95=None, eject_after=2, readmit_below=1.0, readmit_after=3)
 NAMES = ("r1", "r2")

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from lagwatch.act.policy import PRIMARY, Decision, Hold, PolicyState, PoolRules, ReplicaHealth, decide
 from lagwatch.config import ReplicaSla
-from lagwatch.policy import PRIMARY, Decision, Hold, PolicyState, PoolRules, ReplicaHealth, decide
 
 NAMES = ("r1", "r2", "r3")
 

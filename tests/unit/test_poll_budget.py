@@ -8,8 +8,8 @@ import logging
 
 import pytest
 from lagwatch.config import parse_config
-from lagwatch.poll import NodePoller, poll_all
-from lagwatch.snapshot import NodeObservation
+from lagwatch.estimate.snapshot import NodeObservation
+from lagwatch.read.poll import NodePoller, poll_all
 
 CONFIG = parse_config({"interval": "100ms", "clusters": [{
     "name": "main", "primary": {"dsn": "host=p"}, "replicas": [{"name": "replica1", "dsn": "host=r1"}]}]})
@@ -71,7 +71,7 @@ def test_a_slow_node_costs_the_others_nothing_and_is_taken_later() -> None:
 
 
 def test_reconnects_back_off_with_jitter_so_a_fleet_does_not_come_back_in_step() -> None:
-    from lagwatch.poll import reconnect_delay
+    from lagwatch.read.poll import reconnect_delay
 
     assert reconnect_delay(1, 1.0, 5.0) == 0.0  # the first retry is at once
     # Then 1, 2, 4, 5 (the cap) intervals, each drawn between half and all of that.
@@ -111,7 +111,7 @@ def test_the_primarys_extra_reads_take_at_most_the_time_left_in_the_cycle() -> N
     for the poll; with under MIN_EXTRA left it is not made."""
     import time
 
-    from lagwatch.extrareads import MIN_EXTRA, ExtraReads
+    from lagwatch.read.extrareads import MIN_EXTRA, ExtraReads
 
     extras = ExtraReads(CONFIG.clusters[0].lag_from_wal_max_bytes, CONFIG.interval, CONFIG.effective_query_timeout)
     now = time.monotonic()

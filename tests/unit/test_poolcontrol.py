@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from lagwatch.act.holds import HoldsError, HoldStore
+from lagwatch.act.leader import Standing
+from lagwatch.act.poolcontrol import PoolController
 from lagwatch.config import ClusterConfig, parse_config
-from lagwatch.holds import HoldsError, HoldStore
-from lagwatch.leader import Standing
-from lagwatch.poolcontrol import PoolController
+from lagwatch.estimate.snapshot import ClusterSnapshot, LockHolder, NodeObservation
+from lagwatch.estimate.tracker import ClusterTracker
 from lagwatch.poolers.base import PoolerError
-from lagwatch.snapshot import ClusterSnapshot, LockHolder, NodeObservation
-from lagwatch.tracker import ClusterTracker
 from lagwatch.views.replication import WalSender
 from lagwatch.views.server import ServerPosition
 from lagwatch.views.wal_receiver import WalReceiver
@@ -197,8 +197,8 @@ def test_dry_run_never_leads_nor_applies(tmp_path: Path, dry_run: bool) -> None:
 
 def test_a_decision_a_stranger_keeps_from_being_applied_is_logged_as_not_applied(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    from lagwatch.export import SnapshotCollector
-    from lagwatch.snapshot import Snapshot
+    from lagwatch.estimate.snapshot import Snapshot
+    from lagwatch.serve.export import SnapshotCollector
 
     h = Harness(tmp_path, {"replica1", "replica2"})
     h.leader.holder = LockHolder(4242, "psql", "mallory", "127.0.0.9", False)
@@ -218,8 +218,8 @@ def test_a_decision_a_stranger_keeps_from_being_applied_is_logged_as_not_applied
 
 
 def test_removed_fallback_primary_reads_zero_not_absent(tmp_path: Path) -> None:
-    from lagwatch.export import SnapshotCollector
-    from lagwatch.snapshot import Snapshot
+    from lagwatch.estimate.snapshot import Snapshot
+    from lagwatch.serve.export import SnapshotCollector
     from prometheus_client import CollectorRegistry
 
     h = Harness(tmp_path, {"replica1", "replica2"})
@@ -272,8 +272,8 @@ def test_a_discovered_clusters_fallback_routes_to_the_leader_member(tmp_path: Pa
     """With discovery the writer DSN lists every member (no one address): the fallback
     routes to the member on the server that accepts writes now, m2 here; with no member
     known to be that server, it routes nowhere rather than to the multi-host DSN."""
-    from lagwatch.patroni import cluster_config as discovered
-    from lagwatch.patroni import parse_cluster
+    from lagwatch.sources.patroni import cluster_config as discovered
+    from lagwatch.sources.patroni import parse_cluster
 
     (patroni,) = parse_config({"interval": "1s", "clusters": [{
         "name": "main", "discovery": {"kind": "patroni", "urls": ["http://x:8008"]},

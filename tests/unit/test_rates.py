@@ -1,11 +1,11 @@
-"""Rates and forecasts from byte positions (lagwatch.rates), the clock passed in."""
+"""Rates and forecasts from byte positions (lagwatch.estimate.rates), the clock passed in."""
 
 from __future__ import annotations
 
 import math
 
 import pytest
-from lagwatch.rates import CAUGHT_UP_BYTES, Progress, catch_up, describe, runway
+from lagwatch.estimate.rates import CAUGHT_UP_BYTES, Progress, catch_up, describe, runway
 
 
 def test_the_rate_is_over_the_horizon_and_forgets_what_went_back() -> None:
@@ -53,9 +53,9 @@ def test_the_tracker_forecasts_a_slot_runway_and_a_replicas_catch_up() -> None:
     1 MB/s from 64 MB), a replica replaying 3 MB/s from 20 MB behind. After 7 s: 57 MB of
     safe size is 57 s of runway, 6 MB behind gaining 2 MB/s is 3 s to catch up."""
     from lagwatch.config import parse_config
-    from lagwatch.export import SnapshotCollector
-    from lagwatch.snapshot import NodeObservation, Snapshot
-    from lagwatch.tracker import ClusterTracker
+    from lagwatch.estimate.snapshot import NodeObservation, Snapshot
+    from lagwatch.estimate.tracker import ClusterTracker
+    from lagwatch.serve.export import SnapshotCollector
     from lagwatch.views.server import ServerPosition
     from lagwatch.views.slots import Slot
     from lagwatch.views.wal_receiver import WalReceiver
@@ -115,7 +115,7 @@ def _rate_since_stall_by_walking(samples: list[tuple[float, float]]) -> float | 
 def test_rates_kept_incrementally_are_the_walked_definition() -> None:
     from hypothesis import given, settings
     from hypothesis import strategies as st
-    from lagwatch.rates import Progress
+    from lagwatch.estimate.rates import Progress
 
     steps = st.lists(st.tuples(st.floats(0.05, 3.0), st.sampled_from([0, 0, 5, 100, 1000, -1, -10_000])),
                      min_size=1, max_size=120)
@@ -148,8 +148,8 @@ def test_a_cycle_the_primary_misses_keeps_the_slots_rate_history() -> None:
     about its slots: the next answer's runway is still over the whole horizon, not missing
     until two new samples make a rate (nor over one interval only)."""
     from lagwatch.config import parse_config
-    from lagwatch.snapshot import NodeObservation
-    from lagwatch.tracker import ClusterTracker
+    from lagwatch.estimate.snapshot import NodeObservation
+    from lagwatch.estimate.tracker import ClusterTracker
     from lagwatch.views.server import ServerPosition
     from lagwatch.views.slots import Slot
 

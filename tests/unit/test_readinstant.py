@@ -3,8 +3,8 @@ as the quickest recent answer allows, within [asked, observed]."""
 
 import random
 
-from lagwatch.clockoffset import WINDOW as OFFSET_WINDOW
-from lagwatch.readinstant import ReadInstants
+from lagwatch.estimate.clockoffset import WINDOW as OFFSET_WINDOW
+from lagwatch.estimate.readinstant import ReadInstants
 
 OFFSET = 1_700_000_000.0 - 5_000.0  # the replica's clock less ours
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import time
 
 import pytest
-from lagwatch import web as web_module
 from lagwatch.config import parse_config
-from lagwatch.snapshot import Snapshot, SnapshotHolder
-from lagwatch.web import WebServer
+from lagwatch.estimate.snapshot import Snapshot, SnapshotHolder
+from lagwatch.serve import web as web_module
+from lagwatch.serve.web import WebServer
 
 CONFIG = parse_config({"clusters": [{"name": "m", "primary": {"dsn": "host=a"}}]})
 

@@ -9,12 +9,12 @@ import asyncio
 import time
 
 import pytest
-from lagwatch.commitscan import replay_positions
 from lagwatch.config import ClusterConfig, parse_config
 from lagwatch.estimate.clock import PrimaryClock
 from lagwatch.estimate.lsnclock import Staleness, date_from_wal
-from lagwatch.extrareads import ExtraReads
-from lagwatch.replayboard import ReplayBoard
+from lagwatch.read.commitscan import replay_positions
+from lagwatch.read.extrareads import ExtraReads
+from lagwatch.read.replayboard import ReplayBoard
 from lagwatch.views.replication import WalSender
 from lagwatch.views.walcommits import CommitRead, CommitReads
 

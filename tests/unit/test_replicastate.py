@@ -7,14 +7,14 @@ import dataclasses
 from typing import Any
 
 import pytest
-from lagwatch.history import LagReading
-from lagwatch.replicastate import ReplaySide, follows_primary, replica_state, replica_streaming
-from lagwatch.roles import RoleView
-from lagwatch.snapshot import NodeObservation
+from lagwatch.estimate.history import LagReading
+from lagwatch.estimate.replicastate import ReplaySide, follows_primary, replica_state, replica_streaming
+from lagwatch.estimate.roles import RoleView
+from lagwatch.estimate.snapshot import NodeObservation
+from lagwatch.estimate.windows import HistogramCounts, LagSamples
 from lagwatch.views.replication import WalSender
 from lagwatch.views.server import ServerPosition
 from lagwatch.views.wal_receiver import WalReceiver
-from lagwatch.windows import HistogramCounts, LagSamples
 
 
 def sender(state: str | None = "streaming") -> WalSender:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import logging
 
 import pytest
-from lagwatch.alerting import conditions
+from lagwatch.act.policy import PolicyState, PoolRules, ReplicaHealth, decide
 from lagwatch.config import ReplicaSla, parse_config
 from lagwatch.estimate.lsnclock import LsnClock
-from lagwatch.policy import PolicyState, PoolRules, ReplicaHealth, decide
-from lagwatch.snapshot import ClusterSnapshot, NodeObservation
-from lagwatch.tracker import ClusterTracker
+from lagwatch.estimate.snapshot import ClusterSnapshot, NodeObservation
+from lagwatch.estimate.tracker import ClusterTracker
+from lagwatch.serve.alerting import conditions
 from lagwatch.views.replication import WalSender
 from lagwatch.views.server import ServerPosition
 from lagwatch.views.wal_receiver import WalReceiver
@@ -201,7 +201,7 @@ def test_a_replica_with_the_promoted_ones_server_id_is_not_named_with_it_nor_dat
                         follower("replica2", "B", t, lsn, 1)], now=t)
     tracker.update([down("primary", 5), follower("replica1", "B", 5, 1200, None),
                     follower("replica2", "B", 5, 1400, None)], now=5)
-    with caplog.at_level(logging.INFO, logger="lagwatch.roles"):
+    with caplog.at_level(logging.INFO, logger="lagwatch.estimate.roles"):
         snap = tracker.update([writer("primary", "B", 6, 1300, 2), writer("replica1", "B", 6, 1300, 2),
                                follower("replica2", "B", 6, 1400, None)], now=6)
     assert "the primary is now another server (primary = replica1), on timeline 2" in caplog.text

@@ -7,13 +7,13 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from lagwatch.export import families
-from lagwatch.exposition import render_text
+from lagwatch.estimate.snapshot import ClusterSnapshot, Snapshot
+from lagwatch.render.exposition import render_text
 from lagwatch.rooms import archiver
 from lagwatch.rooms.archiver import ArchiverKeeper, ArchiverReading, NodeArchiving
-from lagwatch.snapshot import ClusterSnapshot, Snapshot
-from lagwatch.status import cluster_status
-from lagwatch.status_page import render
+from lagwatch.serve.export import families
+from lagwatch.serve.status import cluster_status
+from lagwatch.serve.status_page import render
 from lagwatch.views.probe import Capabilities
 
 

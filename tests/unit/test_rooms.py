@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import lagwatch.export  # noqa: F401  (the catalogue with the rooms' families)
-from lagwatch import families
+import lagwatch.serve.export  # noqa: F401  (the catalogue with the rooms' families)
+from lagwatch.render import families
 from lagwatch.rooms import ROOMS, VIEWS, probe_columns
 from lagwatch.views import CYCLE_VIEWS
 from lagwatch.views.probe import SQL, parse, sql

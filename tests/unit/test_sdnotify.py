@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from lagwatch.sdnotify import Notifier
+from lagwatch.serve.sdnotify import Notifier
 
 
 @pytest.fixture
@@ -38,7 +38,7 @@ def notifier(s: socket.socket, **env: str) -> Notifier:
 def test_budget_raised_once_then_back_down(sock: socket.socket, caplog: pytest.LogCaptureFixture) -> None:
     n = notifier(sock, WATCHDOG_USEC="2000000")
     assert n.watchdog_seconds == 2.0
-    with caplog.at_level(logging.INFO, logger="lagwatch.sdnotify"):
+    with caplog.at_level(logging.INFO, logger="lagwatch.serve.sdnotify"):
         assert n.ensure_watchdog(3 * 3 + 2.4) == pytest.approx(11.4)
         assert n.ensure_watchdog(3 * 3 + 2.4) == pytest.approx(11.4)  # nothing new to say
     assert received(sock) == [{"WATCHDOG_USEC": "11400000"}]
@@ -71,6 +71,6 @@ def test_no_watchdog_no_extension(sock: socket.socket) -> None:
 
 def test_unreachable_socket_warns(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     n = Notifier({"NOTIFY_SOCKET": str(tmp_path / "gone.sock"), "WATCHDOG_USEC": "2000000"})
-    with caplog.at_level(logging.WARNING, logger="lagwatch.sdnotify"):
+    with caplog.at_level(logging.WARNING, logger="lagwatch.serve.sdnotify"):
         assert n.ensure_watchdog(11.4) == 2.0
     assert "could not be told" in caplog.text

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from lagwatch.config import parse_config
-from lagwatch.sources import CLUSTER_DIR_SCAN_SECONDS, ClusterSources
+from lagwatch.sources.clusters import CLUSTER_DIR_SCAN_SECONDS, ClusterSources
 
 
 def cluster_yaml(host: str = "p") -> str:

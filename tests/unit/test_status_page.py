@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 
 from lagwatch.config import ReplicaSla
-from lagwatch.snapshot import ClusterSnapshot, NodeHealth, PoolEvent, PoolStatus, ReplicaState, Snapshot
-from lagwatch.status_page import render, sparkline
-from lagwatch.windows import LagHistogram
+from lagwatch.estimate.snapshot import ClusterSnapshot, NodeHealth, PoolEvent, PoolStatus, ReplicaState, Snapshot
+from lagwatch.estimate.windows import LagHistogram
+from lagwatch.serve.status_page import render, sparkline
 
 SLA = ReplicaSla(max_lag=2.0, p95=None, eject_after=2, readmit_below=1.0, readmit_after=3)
 
@@ -72,7 +72,7 @@ def test_before_first_poll() -> None:
 def test_p95_sla_breach_shows_and_every_cell_is_labelled_for_phones() -> None:
     from dataclasses import replace
 
-    from lagwatch.windows import WindowStats
+    from lagwatch.estimate.windows import WindowStats
 
     snap = snapshot()
     cluster = snap.clusters[0]
@@ -89,7 +89,7 @@ def test_p95_sla_breach_shows_and_every_cell_is_labelled_for_phones() -> None:
 
 
 def test_a_high_p95_beside_within_sla_says_the_verdict_is_on_current_staleness() -> None:
-    from lagwatch.status_page import sla_verdict
+    from lagwatch.serve.status_page import sla_verdict
 
     loose = ReplicaSla(max_lag=10.0, p95=None, eject_after=2, readmit_below=5.0, readmit_after=3)
     assert sla_verdict(loose, 0.0004, 12.0) == ("within SLA", "ok", "now 0.4ms ≤ max_lag 10s; no p95 rule")
@@ -102,7 +102,7 @@ def test_a_high_p95_beside_within_sla_says_the_verdict_is_on_current_staleness()
 def test_the_quorum_who_is_sync_and_whether_commits_stall() -> None:
     from dataclasses import replace
 
-    from lagwatch.syncrep import assess
+    from lagwatch.estimate.syncrep import assess
     from lagwatch.views.replication import WalSender
 
     def sender(name: str, state: str) -> WalSender:
@@ -144,7 +144,7 @@ def test_alert_conditions_and_the_last_role_change_show_with_when_they_fire() ->
 def test_a_fleet_gets_one_line_per_cluster_worst_first_and_a_page_per_cluster() -> None:
     from dataclasses import replace
 
-    from lagwatch.status_page import DETAILED_UP_TO
+    from lagwatch.serve.status_page import DETAILED_UP_TO
 
     base = snapshot()
     healthy = replace(base.clusters[0], pool=None,
@@ -170,7 +170,7 @@ def test_a_fleet_gets_one_line_per_cluster_worst_first_and_a_page_per_cluster() 
 def test_a_fleet_logs_one_line_per_cycle_naming_only_what_is_wrong() -> None:
     from dataclasses import replace
 
-    from lagwatch.cyclelog import FLEET_LINE_NAMES, fleet_line
+    from lagwatch.serve.cyclelog import FLEET_LINE_NAMES, fleet_line
 
     base = snapshot()
     healthy = replace(base.clusters[0], replicas=tuple(replace(r, replay_pause_state="not paused", staleness=0.0)
@@ -187,8 +187,8 @@ def test_a_fleet_logs_one_line_per_cycle_naming_only_what_is_wrong() -> None:
 
 
 def test_the_row_says_why_it_is_behind_escaped() -> None:
-    from lagwatch.diagnosis import Diagnosis
-    from lagwatch.replayload import ReplayLoad
+    from lagwatch.estimate.diagnosis import Diagnosis
+    from lagwatch.estimate.replayload import ReplayLoad
 
     why = Diagnosis("recovery_conflict", "replay waits on a lock conflict, held by pid 7 (<evil>, ...)",
                     (0.0, 0.0, 0.0, 9.0), (0, 0, 0, 100), (("recovery_conflict", 9.0),), "lock")

@@ -6,7 +6,7 @@ integration tests run the same settings on real servers."""
 from __future__ import annotations
 
 import pytest
-from lagwatch.syncrep import StandbyNames, StandbyNamesError, assess, parse_standby_names
+from lagwatch.estimate.syncrep import StandbyNames, StandbyNamesError, assess, parse_standby_names
 from lagwatch.views.replication import WalSender
 
 

@@ -3,7 +3,7 @@ vacuumhorizon.py): pure parsing and keeping. The real holders: tests/integration
 
 from __future__ import annotations
 
-from lagwatch.vacuumhorizon import HorizonHolders
+from lagwatch.estimate.vacuumhorizon import HorizonHolders
 from lagwatch.views import horizon, slots
 from lagwatch.views.horizon import Horizon
 
@@ -39,7 +39,7 @@ def test_the_others_are_read_one_poll_in_ten_beside_every_polls_slots() -> None:
 
 
 def test_a_slots_hold_is_dated_by_the_transaction_id_clock() -> None:
-    from lagwatch.vacuumhorizon import widen
+    from lagwatch.estimate.vacuumhorizon import widen
 
     # 32-bit IDs made 64 against the clock, across a wraparound of the low bits.
     assert widen(100, (5 << 32) + 200) == (5 << 32) + 100

@@ -9,12 +9,12 @@ import re
 
 import psycopg
 import pytest
-from lagwatch.beats import BeatLog, Beats
-from lagwatch.commitscan import ABSENT_CYCLES, COUNT_FACTOR, CommitScanner, DecodeSpeed
+from lagwatch.estimate.beats import BeatLog, Beats
 from lagwatch.estimate.clock import PrimaryClock
+from lagwatch.estimate.history import LagHistory, ReplayPosition
 from lagwatch.estimate.lsnclock import Commits, Staleness, WalDates, date_from_wal
-from lagwatch.history import LagHistory, ReplayPosition
 from lagwatch.lsn import format_lsn
+from lagwatch.read.commitscan import ABSENT_CYCLES, COUNT_FACTOR, CommitScanner, DecodeSpeed
 from lagwatch.views import walcommits
 from lagwatch.views.walcommits import CHUNK, GUARD, OVERLAP, STEP, CommitRead, CommitReads, LocatedRange, WalCommits
 
@@ -500,7 +500,7 @@ def test_the_reads_speed_is_the_servers_not_what_a_starved_lagwatch_waited() -> 
 def test_departed_replicas_are_kept_one_window_and_at_most_departed_kept() -> None:
     """A replica gone from the output keeps its history one window (it may come back), but
     only the DEPARTED_KEPT last gone do: a Patroni renaming 40 members at once leaves 32."""
-    from lagwatch.history import DEPARTED_KEPT
+    from lagwatch.estimate.history import DEPARTED_KEPT
 
     history = LagHistory("main", interval=1.0, window=10.0)
     names = [f"m{i:02d}" for i in range(40)]

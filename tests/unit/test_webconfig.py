@@ -17,10 +17,11 @@ from typing import Any
 import bcrypt
 import pytest
 import yaml
-from lagwatch import webauth, webconfig
+from lagwatch.config import web as webconfig
+from lagwatch.config.web import WebConfig, load_web_config, ssl_context
 from lagwatch.errors import ConfigError
-from lagwatch.webauth import BasicAuth
-from lagwatch.webconfig import WebConfig, load_web_config, ssl_context
+from lagwatch.serve import webauth
+from lagwatch.serve.webauth import BasicAuth
 
 
 def openssl(*args: str, cwd: Path) -> None:
@@ -151,7 +152,7 @@ def test_node_exporter_style_file_loads(pki: Pki) -> None:
 def test_client_auth_types(pki: Pki, mode: str, verify: ssl.VerifyMode, caplog: pytest.LogCaptureFixture) -> None:
     ca = {} if mode == "NoClientCert" else {"client_ca_file": str(pki.ca)}
     path = write_web(pki, yaml.safe_dump({"tls_server_config": base_tls(pki, client_auth_type=mode, **ca)}))
-    with caplog.at_level(logging.INFO, logger="lagwatch.webconfig"):
+    with caplog.at_level(logging.INFO, logger="lagwatch.config.web"):
         context = ssl_context(load_web_config(path))
     assert context is not None and context.verify_mode == verify
     if mode in ("RequestClientCert", "RequireAnyClientCert", "RequireClientCert"):
@@ -184,7 +185,7 @@ def test_what_cannot_be_done_is_said_once(pki: Pki, caplog: pytest.LogCaptureFix
     path = write_web(pki, yaml.safe_dump({
         "tls_server_config": base_tls(pki, curve_preferences=["X25519", "CurveP256", "CurveP384", "CurveP521"]),
         "http_server_config": {"http2": True}}))
-    with caplog.at_level(logging.INFO, logger="lagwatch.webconfig"):
+    with caplog.at_level(logging.INFO, logger="lagwatch.config.web"):
         for _ in range(3):  # loaded, then the server builds its context again
             ssl_context(load_web_config(path))
     curves = [r for r in caplog.records if "curve_preferences" in r.getMessage()]
@@ -285,8 +286,8 @@ def test_long_password_does_not_crash() -> None:
 @pytest.fixture
 def server(pki: Pki) -> Iterator[int]:
     from lagwatch.config import parse_config
-    from lagwatch.snapshot import SnapshotHolder
-    from lagwatch.web import WebServer
+    from lagwatch.estimate.snapshot import SnapshotHolder
+    from lagwatch.serve.web import WebServer
 
     config = parse_config({"clusters": [{"name": "m", "primary": {"dsn": "host=a"}}]},
                           web=load_web_config(write_web(pki, node_exporter_style(pki))))

@@ -52,9 +52,9 @@ from lagwatch.config.poolers import (
     check_template,
 )
 from lagwatch.config.process import HttpConfig, ShardConfig
+from lagwatch.config.web import WebConfig, load_web_config
 from lagwatch.errors import ConfigError, validation_problems
 from lagwatch.escape import excerpt
-from lagwatch.webconfig import WebConfig, load_web_config
 from lagwatch.yamlfile import load_yaml
 
 __all__ = ["CLUSTER_KINDS", "DISCOVERED", "POOLED_HOST", "POOLER_KINDS", "AnyClusterConfig", "ClusterConfig",
@@ -205,7 +205,7 @@ class Config(_Strict):
     web_config_file: Path | None = None  # TLS and basic auth, Prometheus exporters' web config format
     http: HttpConfig = HttpConfig()
     shard: ShardConfig | None = None  # this instance's part of a fleet (unset: every cluster)
-    # One YAML file per cluster (lagwatch.clusterdir), beside or instead of ``clusters``.
+    # One YAML file per cluster (lagwatch.sources.clusterdir), beside or instead of ``clusters``.
     clusters_dir: Path | None = None
     clusters: tuple[AnyClusterConfig, ...] = Field(default=(), validate_default=True)
     # The web config file's contents: given to the validation by load_config (not a key of the file).

@@ -1,4 +1,4 @@
-"""The keys of a cluster whose members Patroni names (lagwatch.discovery asks its REST API)."""
+"""The keys of a cluster whose members Patroni names (lagwatch.sources.discovery asks its REST API)."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from lagwatch.clockoffset import ClockOffset
+from lagwatch.estimate.clockoffset import ClockOffset
 from lagwatch.estimate.lsnclock import WalDates
 from lagwatch.views.walcommits import WalCommits
 

@@ -29,10 +29,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from lagwatch import families as f
 from lagwatch.fastinit import fast_init
+from lagwatch.render import families as f
+from lagwatch.render.html import dur, esc
 from lagwatch.rooms.base import Grant, Room
-from lagwatch.status_html import dur, esc
 from lagwatch.views.base import Row, View, opt_float, opt_int
 from lagwatch.views.probe import Capabilities
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
-from lagwatch.families import Spec
+from lagwatch.render.families import Spec
 from lagwatch.views.base import View
 
 R = TypeVar("R")  # what the view reads on one node, as its parser types it

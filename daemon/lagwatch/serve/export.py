@@ -1,0 +1,372 @@
+"""Prometheus exposition of the last published snapshot: a custom collector, no I/O.
+
+A scrape renders whatever the last cycle published; a replica or slot that is gone from
+the snapshot is gone from the output (its family stays declared: every family in
+lagwatch.render.families is, on every scrape). No timestamps are set. The families are built as
+lagwatch.render.exposition's, which write their text as they are built: /metrics joins it
+(``families`` then ``exposition.render_text``), and ``SnapshotCollector`` hands the same
+text, read back, to a prometheus_client registry.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+from lagwatch.estimate.diagnosis import CAUSES
+from lagwatch.estimate.diagnosis import STAGES as DIAGNOSIS_STAGES
+from lagwatch.estimate.snapshot import OBSERVED_ROLES, ClusterSnapshot, Snapshot
+from lagwatch.render import families as f
+from lagwatch.render.exposition import Family, Gauge, collecting, to_prometheus
+from lagwatch.rooms import ROOMS
+from lagwatch.serve.logicalexport import logical_metrics
+from lagwatch.views.replication import STAGES
+
+if TYPE_CHECKING:
+    from prometheus_client.core import Metric
+
+ERROR_KINDS = ("connect", "timeout", "query")
+WAL_STATUSES = ("reserved", "extended", "unreserved", "lost")
+SYNC_STATES = ("async", "potential", "sync", "quorum")
+
+
+def families(snapshot: Snapshot | None, also: Callable[[], object] | None = None) -> list[Family]:
+    """Every family lagwatch exports, in the catalogue's order, with ``snapshot``'s samples:
+    the daemon's own, then the clusters', each cluster's samples in the one family of each
+    name (exposition.collecting); ``also`` adds samples of its own meanwhile (the HTTP
+    server's). Before the first poll, only what ``also`` adds."""
+    with collecting() as made:
+        if also is not None:
+            also()
+        if snapshot is None:
+            return list(made.values())
+        _daemon_metrics(snapshot)
+        for cluster in snapshot.clusters:
+            _cluster_metrics(cluster)
+        return [made.get(name) or spec.make() for name, spec in f.CATALOGUE.items()]
+
+
+class SnapshotCollector:
+    """The last snapshot's families for a prometheus_client registry, which takes any
+    object with ``collect``: not deriving from its ``Collector`` keeps prometheus_client's
+    modules (~1 MB resident) out of the daemon, which writes /metrics itself."""
+
+    def __init__(self, current: Callable[[], Snapshot | None]) -> None:
+        self._current = current
+
+    def describe(self) -> list[Metric]:
+        # Tell the registry nothing up front so that registering never calls collect().
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        yield from to_prometheus(families(self._current()))
+
+
+def _one(spec: f.Spec[Gauge], key: list[str], value: float) -> None:
+    """A family's one sample (a fleet adds each cluster's to the one family of its name)."""
+    spec.make().add_metric(key, value)
+
+
+def _daemon_metrics(snapshot: Snapshot) -> None:
+    _one(f.CYCLE_DURATION, [], snapshot.cycle_duration)
+    if snapshot.cycle_quantiles and snapshot.cycle_histogram is not None:
+        h = snapshot.cycle_histogram
+        f.CYCLE_WINDOW.make().add_metric([], ((_fmt_q(q), s) for q, s in snapshot.cycle_quantiles),
+                                         h.count, h.total)
+    if snapshot.cycle_histogram is not None:
+        h = snapshot.cycle_histogram
+        f.CYCLES_HISTOGRAM.make().add_metric([], list(zip(_les(h.bounds), h.cumulative, strict=True)),
+                                             sum_value=h.total)
+    if snapshot.first_cycle_duration is not None:
+        _one(f.FIRST_CYCLE, [], snapshot.first_cycle_duration)
+    _one(f.CYCLES, [], snapshot.cycles_total)
+    _one(f.OVERRUNS, [], snapshot.overruns_total)
+    _one(f.LAST_POLL, [], snapshot.taken_at)
+    _one(f.INTERVAL, [], snapshot.interval)
+    _one(f.EFFECTIVE_INTERVAL, [], snapshot.effective_interval)
+    _one(f.LOOP_LAG, [], snapshot.loop_lag)
+    _one(f.LATE_ANSWERS, [], snapshot.late_answers_total)
+    _one(f.CONNECTING, [], len(snapshot.connecting))
+    _one(f.RELOAD_OK, [], 1.0 if snapshot.reload_successful else 0.0)
+    _one(f.RELOAD_AT, [], snapshot.reload_success_at)
+    _one(f.BACKGROUND_ERRORS, [], snapshot.background_errors_total)
+    for d in snapshot.discovery:
+        member = f.PATRONI_MEMBER.make()
+        for name, role, state in d.patroni_members:
+            member.add_metric([d.cluster, name, role, state])
+        _one(f.DISCOVERY_UP, [d.cluster], 1.0 if d.up else 0.0)
+        _one(f.DISCOVERY_MEMBERS, [d.cluster], d.members)
+        _one(f.DISCOVERY_ERRORS, [d.cluster], d.errors_total)
+        if d.last_success_at is not None:
+            _one(f.DISCOVERY_SUCCESS, [d.cluster], d.last_success_at)
+    if snapshot.shard is not None:
+        _one(f.SHARD, [str(snapshot.shard[0]), str(snapshot.shard[1])], 1.0)
+    for path, error in snapshot.cluster_files:
+        _one(f.CLUSTER_FILE_ERRORS, [path], 0.0 if error is None else 1.0)
+
+
+def _cluster_metrics(c: ClusterSnapshot) -> None:
+    _node_metrics(c)
+    _role_metrics(c)
+    _replica_metrics(c)
+    _diagnosis_metrics(c)
+    _forecast_and_sla_metrics(c)
+    _slot_metrics(c)
+    logical_metrics(c)
+    _wal_metrics(c)
+    _pool_metrics(c)
+    _sync_metrics(c)
+    for room in ROOMS:
+        if room.name in c.rooms:
+            room.export(c.name, c.rooms[room.name])
+
+
+def _node_metrics(c: ClusterSnapshot) -> None:
+    up, duration, polls, connects = f.UP.make(), f.POLL_DURATION.make(), f.POLLS.make(), f.CONNECTS.make()
+    errors, view_up, view_errors, info = f.POLL_ERRORS.make(), f.VIEW_UP.make(), f.VIEW_ERRORS.make(), \
+        f.NODE_INFO.make()
+    for n in c.nodes:
+        key = [c.name, n.name]
+        up.add_metric(key, 1.0 if n.up else 0.0)
+        duration.add_metric(key, n.poll_duration)
+        polls.add_metric(key, n.polls_total)
+        connects.add_metric(key, n.connects_total)
+        errors.add_metrics(key, ((kind, n.errors_total.get(kind, 0)) for kind in ERROR_KINDS))
+        info.add_metric([c.name, n.name, n.observed_role, str(n.version_num or "")])
+        view_up.add_metrics(key, ((view, 1.0 if ok else 0.0) for view, ok in sorted(n.views.items())))
+        for view, count in sorted(n.view_errors_total.items()):
+            view_errors.add_metric([c.name, n.name, view], count)
+
+
+def _role_metrics(c: ClusterSnapshot) -> None:
+    role, timeline = f.NODE_ROLE.make(), f.NODE_TIMELINE.make()
+    for n in c.nodes:
+        role.add_metrics([c.name, n.name],
+                         ((name, 1.0 if n.observed_role == name else 0.0) for name in OBSERVED_ROLES))
+        if n.timeline is not None:
+            timeline.add_metric([c.name, n.name], n.timeline)
+    _one(f.PRIMARIES, [c.name], c.primaries)
+    _one(f.ROLE_CHANGES, [c.name], c.role_changes_total)
+
+
+def _replica_metrics(c: ClusterSnapshot) -> None:
+    if not c.replicas:
+        return
+    states = [f.CONFIGURED.make(), f.FOLLOWS.make(), f.STREAMING.make(), f.LAG.make(), f.PAUSED.make(),
+              f.RECEIVE_REPLAY.make(), f.REPLAY_TIMESTAMP_AGE.make()]
+    window, samples, hist = f.LAG_WINDOW.make(), f.LAG_WINDOW_SAMPLES.make(), f.LAG_HISTOGRAM.make()
+    lag_bytes, ws_lag, info = f.LAG_BYTES.make(), f.WALSENDER_LAG.make(), f.REPLICA_INFO.make()
+    for r in c.replicas:
+        key = [c.name, r.name]
+        # Each absent while unknown (streaming: while this role may not see it).
+        values = (float(r.configured), _flag(r.follows_primary), _flag(r.streaming), r.staleness,
+                  _flag(r.replay_paused), r.receive_replay_bytes, r.last_replay_age_seconds)
+        for family, value in zip(states, values, strict=True):
+            if value is not None:
+                family.add_metric(key, value)
+        h = r.histogram
+        if r.window is not None:
+            window.add_metric(key, ((_fmt_q(q), v) for q, v in r.window.quantiles), h.count, h.total)
+            samples.add_metric(key, r.window.count)
+        hist.add_metric(key, list(zip(_les(h.bounds), h.cumulative, strict=True)), sum_value=h.total)
+        ws = r.walsender
+        if ws is not None:
+            lag_bytes.add_metrics(key, _present((stage, ws.lag_bytes(stage)) for stage in STAGES))
+            ws_lag.add_metrics(key, _present((stage, ws.lag_seconds(stage)) for stage in STAGES[1:]))
+        info.add_metric(key + [ws.state or "" if ws else "", ws.sync_state or "" if ws else "",
+                               r.wal_receiver_status or "", r.staleness_source or "", r.staleness_evidence or ""])
+
+
+def _diagnosis_metrics(c: ClusterSnapshot) -> None:
+    """Why each replica lags (diagnosis.py), how busy its replay is, its conflicts."""
+    for r in c.replicas:
+        key = [c.name, r.name]
+        d = r.diagnosis
+        if d is not None:
+            f.LAG_CAUSE.make().add_metrics(key, ((cause, float(cause == d.cause)) for cause in CAUSES))
+            f.LAG_STAGE.make().add_metrics(key, zip(DIAGNOSIS_STAGES, d.stage_seconds, strict=True))
+            f.LAG_STAGE_BYTES.make().add_metrics(key, _present(zip(DIAGNOSIS_STAGES, d.stage_bytes, strict=True)))
+        load = r.replay_load
+        if load is not None and load.busy_ratio is not None:
+            _one(f.REPLAY_BUSY, key, load.busy_ratio)
+        if load is not None and load.startup_reads is not None:
+            f.STARTUP_READS.make().add_metric(key, load.startup_reads)
+        rec = r.recovery
+        if rec is None:
+            continue
+        f.CONFLICTS.make().add_metrics(key, sorted(r.conflicts_total.items()))
+        _one(f.CONFLICT_HOLDERS, key, len(rec.holders))
+        if rec.holders:  # oldest first (views/recovery.py)
+            h = rec.holders[0]
+            _one(f.CONFLICT_HOLDER, key + [str(h.pid), h.user or "", rec.conflict or ""], h.xact_age or 0.0)
+
+
+def _flag(value: bool | None) -> float | None:
+    return None if value is None else float(value)
+
+
+def _present(pairs: Iterator[tuple[str, float | None]]) -> Iterator[tuple[str, float]]:
+    return ((label, value) for label, value in pairs if value is not None)
+
+
+def _forecast_and_sla_metrics(c: ClusterSnapshot) -> None:
+    for r in c.replicas:
+        if r.catch_up is None:
+            continue
+        key = [c.name, r.name]
+        _one(f.BACKLOG, key, r.catch_up.backlog_bytes)
+        if r.catch_up.replay_rate is not None:
+            _one(f.REPLAY_RATE, key, r.catch_up.replay_rate)
+        if r.catch_up.eta_seconds is not None:
+            _one(f.ETA, key, r.catch_up.eta_seconds)
+    for name, sla in sorted(c.slas.items()):
+        _one(f.SLA_MAX_LAG, [c.name, name], sla.max_lag)
+        if sla.p95 is not None:
+            _one(f.SLA_P95, [c.name, name], sla.p95)
+    _one(f.MIN_REPLICAS, [c.name], c.min_replicas)
+
+
+def _slot_metrics(c: ClusterSnapshot) -> None:
+    if c.slots:
+        states = [f.SLOT_ACTIVE.make(), f.SLOT_RETAINED.make(), f.SLOT_SAFE.make(), f.SLOT_INACTIVE.make(),
+                  f.SLOT_LOGICAL_LAG.make()]
+        status, info = f.SLOT_STATUS.make(), f.SLOT_INFO.make()
+        for s in c.slots:
+            key = [c.name, s.name]
+            values = (float(s.active), s.retained_bytes, s.safe_wal_size, s.inactive_seconds,
+                      s.confirmed_flush_lag_bytes)
+            for family, value in zip(states, values, strict=True):
+                if value is not None:
+                    family.add_metric(key, value)
+            if s.wal_status is not None:
+                status.add_metrics(key, ((value, float(s.wal_status == value)) for value in WAL_STATUSES))
+            info.add_metric(key + [s.slot_type, s.database or "", s.plugin or "", str(s.temporary).lower(),
+                                   "" if s.conflicting is None else str(s.conflicting).lower(),
+                                   s.invalidation_reason or ""])
+    for name, seconds in sorted(c.slot_runways.items()):
+        _one(f.SLOT_RUNWAY, [c.name, name], seconds)
+    for s in c.slots:
+        if s.idle_timeout_left is not None:
+            _one(f.SLOT_IDLE_LEFT, [c.name, s.name], s.idle_timeout_left)
+    for holder, xids in sorted(c.horizon.items()):
+        _one(f.HORIZON_HELD, [c.name, holder], xids)
+    for holder, seconds in sorted(c.horizon_seconds.items()):
+        _one(f.HORIZON_SECONDS, [c.name, holder], seconds)
+    if c.horizon_alert_xids is not None:
+        _one(f.HORIZON_ALERT, [c.name], c.horizon_alert_xids)
+    _wal_dir_shares(c)
+
+
+def _wal_dir_shares(c: ClusterSnapshot) -> None:
+    """Slots with no max_slot_wal_keep_size limit: what they retain of pg_wal."""
+    if c.wal_dir is None or c.wal_dir.bytes <= 0:
+        return
+    for s in c.slots:
+        if s.safe_wal_size is None and s.retained_bytes is not None:
+            _one(f.SLOT_WAL_DIR_SHARE, [c.name, s.name], min(1.0, s.retained_bytes / c.wal_dir.bytes))
+
+
+def _wal_metrics(c: ClusterSnapshot) -> None:
+    key = [c.name]
+    if c.primary_lsn is not None:
+        _one(f.PRIMARY_LSN, key, c.primary_lsn)
+    if c.wal_rate_bytes_per_second is not None:
+        _one(f.WAL_RATE, key, c.wal_rate_bytes_per_second)
+    if c.wal_dir is not None:
+        _one(f.WAL_DIR_BYTES, key, c.wal_dir.bytes)
+        _one(f.WAL_DIR_FILES, key, c.wal_dir.files)
+    w = c.wal
+    if w is not None:
+        _one(f.WAL_COMPRESSION, [c.name, w.compression], 1.0)
+        if w.max_slot_wal_keep_bytes is not None:
+            _one(f.MAX_SLOT_WAL_KEEP, key, w.max_slot_wal_keep_bytes)
+        for spec, value in ((f.WAL_BYTES, w.bytes), (f.WAL_RECORDS, w.records), (f.WAL_FPI, w.fpi),
+                            (f.WAL_BUFFERS_FULL, w.buffers_full), (f.WAL_WRITES, w.writes), (f.WAL_SYNCS, w.syncs)):
+            if value is not None:
+                _one(spec, key, value)
+    if c.wal_dating is not None:
+        _one(f.WAL_DATING_READ, key, c.wal_dating.read_bytes)
+        _one(f.WAL_DATING_READS, key, c.wal_dating.reads)
+        _one(f.WAL_DATING_CANCELLED, key, c.wal_dating.cancelled)
+        _one(f.WAL_DATING_FAILED, key, c.wal_dating.failed)
+        _one(f.WAL_DATING_RETRIED, key, c.wal_dating.retried)
+    if c.heartbeat is not None:
+        _one(f.HEARTBEAT_BEATS, key, c.heartbeat[0])
+        _one(f.HEARTBEAT_ERRORS, key, c.heartbeat[1])
+    wi = c.walinspect
+    if wi is not None:
+        _one(f.WAL_INSPECTED, key, wi.inspected_bytes)
+        _one(f.WAL_INSPECTED_FPI, key, wi.fpi_bytes)
+        _one(f.WAL_INSPECT_SKIPPED, key, wi.skipped_bytes)
+        if wi.last_interval_bytes:
+            _one(f.WAL_FPI_SHARE, key, wi.last_interval_fpi_bytes / wi.last_interval_bytes)
+        for method, (count, stored_bytes, raw_bytes) in sorted(wi.compressed.items()):
+            _one(f.WAL_FPI_SAVED, [c.name, method], max(0, raw_bytes - stored_bytes))
+            _one(f.WAL_FPI_STORED, [c.name, method], stored_bytes)
+            _one(f.WAL_FPI_IMAGES, [c.name, method], count)
+
+
+def _pool_metrics(c: ClusterSnapshot) -> None:
+    pool = c.pool
+    if pool is None:
+        return
+    key = [c.name]
+    _one(f.LEADER, key, 1.0 if pool.leader else 0.0)
+    if pool.leader_holder is not None:
+        h = pool.leader_holder
+        _one(f.LEADER_HOLDER, [c.name, str(h.pid), h.application_name, h.user, "true" if h.is_lagwatch else "false"],
+             1.0)
+    _one(f.DRY_RUN, key, 1.0 if pool.dry_run else 0.0)
+    _one(f.APPLY_ERRORS, key, pool.apply_errors_total)
+    _one(f.READ_ERRORS, key, pool.read_errors_total)
+    # Every member ever changed stays (a removed fallback primary reads 0, not absent).
+    names = sorted({*pool.reasons, *(pool.members or ()), *(pool.pooler_members or ()),
+                    *(member for member, _ in pool.changes_total)})
+    for name in names:
+        if pool.members is not None:
+            _one(f.POOL_MEMBER, [c.name, name], 1.0 if name in pool.members else 0.0)
+        if pool.pooler_members is not None:
+            _one(f.POOLER_MEMBER, [c.name, name], 1.0 if name in pool.pooler_members else 0.0)
+    for (name, action), count in sorted(pool.changes_total.items()):
+        _one(f.POOL_CHANGES, [c.name, name, action], count)
+    for name, hold in sorted(pool.holds.items()):
+        _one(f.POOL_HELD, [c.name, name, hold], 1.0)
+
+
+def _sync_metrics(c: ClusterSnapshot) -> None:
+    """Whether commits can complete: absent while the primary does not answer."""
+    s = c.sync
+    if s is None:
+        return
+    key = [c.name]
+    _one(f.SYNC_REQUIRED, key, s.required)
+    _one(f.SYNC_HEALTHY, key, s.healthy)
+    _one(f.SYNC_WAITS, key, 1.0 if s.waits_on_standbys else 0.0)
+    _one(f.SYNC_AT_RISK, key, 1.0 if s.at_risk else 0.0)
+    if s.commit_wait_seconds is not None:
+        _one(f.SYNC_WAIT, key, s.commit_wait_seconds)
+    state = f.SYNC_STATE.make()
+    for r in c.replicas:
+        if r.walsender is not None:
+            current = r.walsender.sync_state or "async"
+            state.add_metrics([c.name, r.name],
+                              ((name, 1.0 if current == name else 0.0) for name in SYNC_STATES))
+    f.SYNC_INFO.make().add_metric([c.name, s.standby_names, s.synchronous_commit,
+                                   s.method or "", s.error or ""])
+
+
+def _fmt_q(q: float) -> str:
+    return "1" if q == 1.0 else repr(q)
+
+
+@functools.lru_cache(maxsize=8)
+def _les(bounds: tuple[float, ...]) -> tuple[str, ...]:
+    """The le label of each bucket bound (the bounds are the same for every replica)."""
+    return tuple("+Inf" if bound == float("inf") else repr(bound) for bound in bounds)
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.stdout.write(f.markdown())  # docs/metrics.md: this module's families and the rooms'
