@@ -190,9 +190,9 @@ class Daemon:
         force, the previous one stays and every later cycle tries again."""
         try:
             runtime = self._build(self.sources.effective(), reloading=False)
-        except Exception:  # e.g. a pooler that cannot be built for the new members
+        except Exception as exc:  # e.g. a pooler that cannot be built for the new members
             self._background_errors += 1
-            self.sources.failed()
+            self.sources.failed(exc)
             return
         self.sources.in_force()
         await self._close_replaced(self._commit(runtime))

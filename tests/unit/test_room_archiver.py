@@ -50,11 +50,19 @@ def test_it_applies_where_the_server_archives(mode: str | None, in_recovery: boo
     assert archiver.VIEW.applies(caps) is applies
 
 
-def test_every_version_reads_the_same_sql_and_the_statusdir_only_where_permitted() -> None:
-    sql = archiver.VIEW.sql_for(130000) or ""
-    assert sql == archiver.VIEW.sql_for(180000)
-    assert "CASE WHEN has_function_privilege('pg_ls_archive_statusdir()', 'EXECUTE')" in sql
-    assert "last_archived_time" in sql and "'%.ready'" in sql
+def test_every_version_reads_the_same_sql_and_the_statusdir_only_where_the_probe_found_the_grant() -> None:
+    def caps(version: int, granted: bool | None) -> Capabilities:
+        asked: dict[str, Any] = {"archive_mode": "on"} | ({} if granted is None else {"archive_status": granted})
+        return Capabilities(version, False, True, False, False, True, asked=asked)
+
+    sql = archiver.VIEW.sql(caps(130000, True)) or ""
+    assert sql == archiver.VIEW.sql(caps(180000, True))
+    assert "FROM pg_ls_archive_statusdir() WHERE name LIKE '%.ready'" in sql and "last_archived_time" in sql
+    # Asked once per connection by the probe, never again by the poll's SQL.
+    assert "has_function_privilege" not in sql
+    for denied in (caps(150000, False), caps(150000, None)):
+        without = archiver.VIEW.sql(denied) or ""
+        assert "pg_ls_archive_statusdir" not in without and "NULL::json AS waiting" in without
 
 
 def test_counts_carry_across_statistics_resets() -> None:
@@ -107,3 +115,36 @@ def test_exported_shown_and_said_as_failing_only_while_segments_wait() -> None:
     assert "nothing archives (no archive_command)" in render(snapshot_with((NodeArchiving("primary", unconfigured, 0,
                                                                                            0),)))
     assert cluster_status(replace(snapshot_with(()).clusters[0], rooms={}))["archiver"] is None
+
+
+@pytest.mark.parametrize(("asked", "said"), [
+    ({"archive_mode": "on", "archive_status": False}, True),
+    ({"archive_mode": "on", "archive_status": True}, False),
+    ({"archive_mode": "off", "archive_status": False}, False),  # nothing to read: nothing missing
+])
+def test_a_missing_grant_is_said_once_at_connect_with_the_statement_that_gives_it(
+        asked: dict[str, Any], said: bool, caplog: pytest.LogCaptureFixture) -> None:
+    from lagwatch.read.viewreader import ViewReader
+    caps = Capabilities(150000, False, True, False, False, True, asked=asked)
+    reader = ViewReader("main/primary")
+    reader.new_connection("watcher")
+    caplog.set_level("INFO", logger="lagwatch")
+    reader.say_skipped(caps, "off")
+    reader.say_skipped(caps, "off")  # once per reader, however often asked
+    lines = [r.getMessage() for r in caplog.records if "archiver" in r.getMessage()]
+    assert lines == (["main/primary: archiver: not reading the segments waiting to be archived "
+                      "(pg_wal/archive_status): GRANT EXECUTE ON FUNCTION pg_ls_archive_statusdir() TO watcher"]
+                     if said else [])
+
+
+def test_a_polls_one_statement_carries_the_sql_the_probe_chose() -> None:
+    """The combined statement (views/combined.py) is built per choice: a connection with the
+    grant and one without get different statements, each built once."""
+    from lagwatch.views.combined import combined_sql
+    granted = Capabilities(160000, False, True, False, False, True,
+                           asked={"archive_mode": "on", "archive_status": True})
+    denied = replace(granted, asked={"archive_mode": "on", "archive_status": False})
+    with_dir = combined_sql([archiver.VIEW], 160000, granted)
+    without = combined_sql([archiver.VIEW], 160000, denied)
+    assert b"pg_ls_archive_statusdir" in with_dir and b"pg_ls_archive_statusdir" not in without
+    assert combined_sql([archiver.VIEW], 160000, granted) is with_dir

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
 from lagwatch.config import parse_config
 from lagwatch.sources.clusters import CLUSTER_DIR_SCAN_SECONDS, ClusterSources
 
@@ -32,12 +33,12 @@ def test_the_directory_is_looked_at_once_a_second_of_the_clock_passed_in(tmp_pat
     sources = ClusterSources(parse_config({"clusters_dir": str(folder)}), now=100.0)
     assert names(sources.effective().clusters_with_nodes) == ["east"]
     write(folder / "west.yaml", cluster_yaml(host="w"))
-    # (now, a change seen, clusters in force after)
-    table = [(100.5, False, ["east"]), (101.0, True, ["east", "west"]), (101.5, False, ["east", "west"])]
-    for now, changed, clusters in table:
-        assert sources.take_changes(now) is changed, now
-        assert names(sources.effective().clusters_with_nodes) == clusters, now
-    assert CLUSTER_DIR_SCAN_SECONDS == 1.0
+    scan = CLUSTER_DIR_SCAN_SECONDS
+    # (seconds since the last look, a change seen, clusters in force after)
+    table = [(scan / 2, False, ["east"]), (scan, True, ["east", "west"]), (scan * 1.5, False, ["east", "west"])]
+    for since, changed, clusters in table:
+        assert sources.take_changes(100.0 + since) is changed, since
+        assert names(sources.effective().clusters_with_nodes) == clusters, since
 
 
 def test_a_reload_is_read_beside_the_running_sources_and_adopted_whole(tmp_path: Path) -> None:
@@ -57,16 +58,20 @@ def test_a_reload_is_read_beside_the_running_sources_and_adopted_whole(tmp_path:
     assert sources.take_changes(5.5) is False  # looked at on adoption: the next look a second on
 
 
-def test_a_change_that_could_not_be_put_in_force_is_offered_again(tmp_path: Path) -> None:
+def test_a_change_that_could_not_be_put_in_force_is_offered_again(tmp_path: Path,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
     folder = tmp_path / "clusters.d"
     folder.mkdir()
     sources = ClusterSources(parse_config({"clusters_dir": str(folder)}), now=0.0)
     write(folder / "east.yaml", cluster_yaml())
     assert sources.take_changes(1.0) is True
-    try:
-        raise RuntimeError("a pooler that cannot be built")
-    except RuntimeError:
-        sources.failed()
+    sources.failed(RuntimeError("a pooler that cannot be built"))
     assert sources.take_changes(2.0) is True  # nothing new in the folder: offered again
+    sources.failed(RuntimeError("still cannot"))
+    # Said once, with what went wrong, not on every retry.
+    errors = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and errors[0].exc_info is not None
+    assert "a pooler that cannot be built" in caplog.text and "still cannot" not in caplog.text
+    assert sources.take_changes(3.0) is True  # at the next look
     sources.in_force()
-    assert sources.take_changes(3.0) is False
+    assert sources.take_changes(4.0) is False

@@ -31,7 +31,7 @@ from lagwatch.read.conninfo import build_conninfo, connected_address, poller_app
 from lagwatch.read.extrareads import ExtraReads
 from lagwatch.read.replayboard import ReplayBoard
 from lagwatch.read.session import Outlasting, Session, SessionContext, reconnect_delay
-from lagwatch.read.viewreader import ViewReader, ViewsRead, for_role
+from lagwatch.read.viewreader import ViewReader, ViewsRead
 from lagwatch.redact import redact_text
 from lagwatch.views import (
     heartbeat,
@@ -103,7 +103,6 @@ class NodePoller:
         # The primary's, after its answer (they take the cluster config in force per read).
         self._extras = ExtraReads(cluster.lag_from_wal_max_bytes, config.interval, self.query_timeout)
         self._last_error = ""
-        self._said_skipped = False
         self._poll: Outlasting[NodeObservation] = Outlasting()  # the poll under way (poll_all)
 
     @property
@@ -295,18 +294,7 @@ class NodePoller:
         return probe.parse(await cursor.fetchall())
 
     def say_skipped(self, caps: Capabilities) -> None:  # what it cannot read: said once per poller
-        if self._said_skipped:
-            return
-        self._said_skipped = True
-        for view, why in caps.skipped.items():
-            log.warning("%s/%s: not reading %s: %s", self.cluster.name, self.node, view,
-                        for_role(why, self._reader.user))
-        if caps.has_walinspect is False and self.cluster.walinspect == "auto" and not caps.in_recovery:
-            log.info("%s/%s: pg_walinspect is not installed; FPI byte statistics are off",
-                     self.cluster.name, self.node)
-        elif caps.has_walinspect and caps.major < 16 and self.cluster.walinspect == "auto" and not caps.in_recovery:
-            log.info("%s/%s: PostgreSQL %d has no pg_get_wal_block_info (16+): WAL compression savings are not "
-                     "measured", self.cluster.name, self.node, caps.major)
+        self._reader.say_skipped(caps, self.cluster.walinspect)
 
     async def _query(self, conn: psycopg.AsyncConnection[dict[str, Any]], caps: Capabilities,
                      board: ReplayBoard | None, deadline: float) -> NodeObservation:

@@ -25,7 +25,7 @@ import pydantic_core
 from lagwatch.errors import flat_message
 from lagwatch.estimate.snapshot import Role
 from lagwatch.read import wire
-from lagwatch.rooms import ROOMS
+from lagwatch.rooms import ROOMS, missing_grants
 from lagwatch.rooms import VIEWS as ROOM_VIEWS
 from lagwatch.views import CYCLE_VIEWS
 from lagwatch.views.base import View
@@ -90,7 +90,25 @@ class ViewReader:
         self.resting: dict[str, float] = {}  # view -> monotonic time it is tried again
         self.view_errors: dict[str, int] = {}  # view -> failed reads since start
         self.user: str | None = None  # the role the connection logs in as, for grant hints
+        self._said_skipped = False
         self.new_connection(None)
+
+    def say_skipped(self, caps: Capabilities, walinspect: str) -> None:
+        """What the connection cannot read, and the grant that would let it: said once per
+        reader, from the probe (its own views') and the rooms (theirs, where they apply)."""
+        if self._said_skipped:
+            return
+        self._said_skipped = True
+        for view, why in caps.skipped.items():
+            log.warning("%s: not reading %s: %s", self.where, view, for_role(why, self.user))
+        for room, needed in missing_grants(caps):
+            log.warning("%s: %s: not reading %s: %s", self.where, room.name, needed.reads or "its view",
+                        for_role(needed.statement, self.user))
+        if caps.has_walinspect is False and walinspect == "auto" and not caps.in_recovery:
+            log.info("%s: pg_walinspect is not installed; FPI byte statistics are off", self.where)
+        elif caps.has_walinspect and caps.major < 16 and walinspect == "auto" and not caps.in_recovery:
+            log.info("%s: PostgreSQL %d has no pg_get_wal_block_info (16+): WAL compression savings are not "
+                     "measured", self.where, caps.major)
 
     def new_connection(self, user: str | None) -> None:
         """A new session: nothing is prepared on it, no walsender named yet."""
@@ -158,7 +176,7 @@ class ViewReader:
                           views: Sequence[View[Any]]) -> dict[str, Any]:
         # Prepared once per connection and set of views; run over libpq directly rather
         # than through a cursor, which cost more than the rest of the poll.
-        sql = combined_sql(views, caps.version_num)
+        sql = combined_sql(views, caps.version_num, caps)
         name = self._prepared.get(sql)
         try:
             if name is None:
@@ -192,7 +210,7 @@ class ViewReader:
                           views: Sequence[View[Any]]) -> tuple[dict[str, Any], dict[str, str]]:
         results, failed = {}, {}
         for view in views:
-            sql = view.sql_for(caps.version_num)
+            sql = view.sql(caps)
             assert sql is not None
             try:
                 cursor = await conn.execute(sql)

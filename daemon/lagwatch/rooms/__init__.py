@@ -12,6 +12,7 @@ from typing import Any
 from lagwatch.rooms import archiver
 from lagwatch.rooms.base import Grant, Room
 from lagwatch.views.base import View
+from lagwatch.views.probe import Capabilities
 
 ROOMS: tuple[Room[Any, Any], ...] = (
     archiver.ROOM,
@@ -33,4 +34,11 @@ def grants() -> tuple[tuple[Room[Any, Any], Grant], ...]:
     return tuple((room, grant) for room in ROOMS for grant in room.grants)
 
 
-__all__ = ["ROOMS", "VIEWS", "Grant", "Room", "grants", "probe_columns"]
+def missing_grants(caps: Capabilities) -> tuple[tuple[Room[Any, Any], Grant], ...]:
+    """The rooms' grants a connection lacks, where the room's view applies to its server
+    (said once at connect by the reader, and by ``check --grants``)."""
+    return tuple((room, grant) for room, grant in grants()
+                 if caps.asked.get(grant.name) is False and room.view.applies(caps))
+
+
+__all__ = ["ROOMS", "VIEWS", "Grant", "Room", "grants", "missing_grants", "probe_columns"]

@@ -40,21 +40,22 @@ _STATUSDIR = "pg_ls_archive_statusdir()"
 
 # The view's SQL, 13+ (pg_ls_archive_statusdir is 12+, archive_library 15+: pg_settings
 # simply has no such row before). The waiting segments are read where the role may list
-# them; where it may not, NULL (unknown), never a failed poll.
-QUERIES = {
-    130000: f"""SELECT current_setting('archive_mode') AS mode,
+# them (the probe asks once per connection: GRANTS), NULL (unknown) where it may not.
+_COUNTERS = """SELECT current_setting('archive_mode') AS mode,
     (SELECT bool_or(setting <> '') FROM pg_settings WHERE name IN ('archive_command', 'archive_library'))
         AS configured,
     a.archived_count AS archived, a.failed_count AS failed,
     a.last_archived_wal, extract(epoch FROM now() - a.last_archived_time)::float8 AS last_archived_age,
     a.last_failed_wal, extract(epoch FROM now() - a.last_failed_time)::float8 AS last_failed_age,
-    extract(epoch FROM a.stats_reset)::float8 AS stats_reset,
-    CASE WHEN has_function_privilege('{_STATUSDIR}', 'EXECUTE') THEN
-        (SELECT json_build_object('count', count(*),
-                                  'oldest_age', extract(epoch FROM now() - min(modification))::float8)
-         FROM {_STATUSDIR} WHERE name LIKE '%.ready') END AS waiting
-FROM pg_stat_archiver a""",
-}
+    extract(epoch FROM a.stats_reset)::float8 AS stats_reset"""
+QUERIES = {130000: f"""{_COUNTERS},
+    (SELECT json_build_object('count', count(*),
+                              'oldest_age', extract(epoch FROM now() - min(modification))::float8)
+     FROM {_STATUSDIR} WHERE name LIKE '%.ready') AS waiting
+FROM pg_stat_archiver a"""}
+WITHOUT_STATUSDIR = {130000: f"""{_COUNTERS},
+    NULL::json AS waiting
+FROM pg_stat_archiver a"""}
 
 
 @fast_init
@@ -98,10 +99,18 @@ def applies(caps: Capabilities) -> bool:
     return mode == "always" or (mode == "on" and not caps.in_recovery)
 
 
-VIEW = View("archiver", frozenset({"primary", "replica"}), QUERIES, parse, applies=applies)
-
 GRANTS = (Grant("archive_status", f"has_function_privilege('{_STATUSDIR}', 'EXECUTE')",
-                f"GRANT EXECUTE ON FUNCTION {_STATUSDIR} TO ROLE"),)
+                f"GRANT EXECUTE ON FUNCTION {_STATUSDIR} TO ROLE",
+                reads="the segments waiting to be archived (pg_wal/archive_status)"),)
+
+
+def queries_for(caps: Capabilities) -> dict[int, str]:
+    """The segments waiting are listed only where the probe found the grant."""
+    return QUERIES if caps.asked.get(GRANTS[0].name) else WITHOUT_STATUSDIR
+
+
+VIEW = View("archiver", frozenset({"primary", "replica"}), QUERIES, parse, applies=applies,
+            queries_for=queries_for)
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ class Grant:
     held: str  # an SQL boolean: the login role has it (asked once per connection)
     statement: str  # the statement that gives it, to ROLE
     optional: bool = False  # the room still reads without it (less)
+    reads: str = ""  # what it lets the room read (said when it is missing); "": the room's view
 
 
 @dataclass(frozen=True)

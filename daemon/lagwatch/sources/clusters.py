@@ -116,12 +116,12 @@ class ClusterSources:
             return False
         return changed or self._pending
 
-    def failed(self) -> None:
-        """The change taken could not be put in force: offered again next cycle (called
-        where the failure is caught: the first is logged with its trace)."""
+    def failed(self, error: BaseException) -> None:
+        """The change taken could not be put in force (``error`` says why): offered again
+        next cycle; the first failure is logged with its trace, not every retry."""
         if not self._pending:
-            log.exception("the new members could not be put in force; keeping the previous ones "
-                          "and trying again every cycle")
+            log.error("the new members could not be put in force; keeping the previous ones "
+                      "and trying again every cycle", exc_info=error)
         self._pending = True
 
     def in_force(self) -> None:

@@ -34,6 +34,10 @@ class View(Generic[T]):
     viewreader.py); ``keep``: between its reads the poll carries the value read last (a
     rate over samples wants None there instead: it needs the instant each was read). What
     is kept goes with the node's answer: a poll that fails, or a new connection, drops it.
+
+    ``queries_for``: where the SQL depends on what the probe learnt (a grant a room asked
+    once per connection), the queries for those capabilities; the SQL is then chosen once
+    per connection instead of the server asking the question again every poll.
     """
 
     name: str
@@ -43,14 +47,26 @@ class View(Generic[T]):
     applies: Callable[[Capabilities], bool] = always
     every: int = 1
     keep: bool = True
+    queries_for: Callable[[Capabilities], Mapping[int, str]] | None = None
 
     def sql_for(self, server_version_num: int) -> str | None:
-        usable = [v for v in self.queries if v <= server_version_num]
-        return self.queries[max(usable)] if usable else None
+        """The SQL for a server of this version (``queries``)."""
+        return _by_version(self.queries, server_version_num)
+
+    def sql(self, caps: Capabilities) -> str | None:
+        """The SQL for this connection: by its version, and by what its probe learnt."""
+        if self.queries_for is None:
+            return _by_version(self.queries, caps.version_num)
+        return _by_version(self.queries_for(caps), caps.version_num)
 
     def due(self, poll: int) -> bool:
         """Whether the connection's ``poll``-th poll (0: its first) reads this view."""
         return poll % self.every == 0
+
+
+def _by_version(queries: Mapping[int, str], server_version_num: int) -> str | None:
+    usable = [v for v in queries if v <= server_version_num]
+    return queries[max(usable)] if usable else None
 
 
 # How often the views that build a row per session, or change slowly, are read (views/

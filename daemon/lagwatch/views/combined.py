@@ -17,29 +17,36 @@ from typing import Any
 
 from lagwatch.views import heartbeat
 from lagwatch.views.base import View
+from lagwatch.views.probe import Capabilities
 
-# (view names, version) -> statement. Bytes, not str: psycopg would encode a str at every
-# execute, and each connection's prepared-statement cache keeps its key, so a fleet of 900
-# connections held 900 copies of the same few kilobytes; bytes pass through as they are.
+# (view names, version, the SQL of views whose SQL is not the version's alone) -> statement.
+# Bytes, not str: psycopg would encode a str at every execute, and each connection's
+# prepared-statement cache keeps its key, so a fleet of 900 connections held 900 copies of
+# the same few kilobytes; bytes pass through as they are.
 _CACHE: dict[tuple[tuple[str, ...], int, tuple[str | None, ...]], bytes] = {}
 
 
-def combined_sql(views: Sequence[View[Any]], version_num: int) -> bytes:
+def combined_sql(views: Sequence[View[Any]], version_num: int, caps: Capabilities | None = None) -> bytes:
     """The one statement that reads ``views`` on a server of ``version_num`` (built once per
-    set of views and version: every poll asks for it)."""
-    # A cluster's own views (the heartbeat's table and row) differ by their SQL, not their name.
+    set of views and version: every poll asks for it); with ``caps``, each view's SQL for
+    what the connection's probe learnt (View.queries_for)."""
+    def sql(view: View[Any]) -> str | None:
+        return view.sql(caps) if caps is not None else view.sql_for(version_num)
+
+    # A cluster's own views (the heartbeat's table and row) differ by their SQL, not their
+    # name; so do the views whose SQL the probe chooses.
     key = (tuple(v.name for v in views), version_num,
-           tuple(v.sql_for(version_num) for v in views if v.name == heartbeat.NAME))
-    sql = _CACHE.get(key)
-    if sql is None:
+           tuple(sql(v) for v in views if v.name == heartbeat.NAME or v.queries_for is not None))
+    statement = _CACHE.get(key)
+    if statement is None:
         pairs = []
         for view in views:
-            query = view.sql_for(version_num)
+            query = sql(view)
             assert query is not None
             # coalesce: a view with no rows is an empty list, never NULL.
             pairs.append(f"'{view.name}', (SELECT coalesce(json_agg(v), '[]'::json) FROM ({query}) v)")
-        sql = _CACHE[key] = ("SELECT json_build_object(" + ",\n".join(pairs) + ")").encode()
-    return sql
+        statement = _CACHE[key] = ("SELECT json_build_object(" + ",\n".join(pairs) + ")").encode()
+    return statement
 
 
 def parse_combined(views: Sequence[View[Any]], value: Mapping[str, Any]) -> dict[str, Any]:
