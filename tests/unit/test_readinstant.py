@@ -38,5 +38,5 @@ def test_without_a_clock_it_is_the_moment_asked_and_a_clock_stepped_forward_neve
     assert instants.instant("r1", later, later + 0.05, later + 0.02 + OFFSET + 1.0) == later
     instants.instant("r1", later + 0.1, later + 0.1002, later + 0.1001 + OFFSET + 1.0)
     assert abs(instants.instant("r1", later + 0.2, later + 0.26, later + 0.25 + OFFSET + 1.0) - (later + 0.2499)) < 1e-6
-    instants.forget(["r1"])
+    instants.forget("r1")
     assert instants.instant("r1", 50.0, 50.05, 50.04 + OFFSET) == 50.0

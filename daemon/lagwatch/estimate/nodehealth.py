@@ -55,10 +55,9 @@ class NodeHealthTracker:
             connects_total=counters.connects,
         )
 
-    def forget(self, nodes: list[str]) -> None:
-        """Drop what is counted of ``nodes`` (gone from the cluster: history.forget_vanished)."""
-        for node in nodes:
-            self._counters.pop(node, None)
+    def forget(self, node: str) -> None:
+        """Drop what is counted of ``node`` (gone from the cluster: history.forget_vanished)."""
+        self._counters.pop(node, None)
 
     def _say_state_change(self, obs: NodeObservation, counters: _Counters) -> None:
         if obs.ok == counters.up or (obs.ok and counters.up is None):

@@ -197,10 +197,11 @@ class Forecaster:
                 del self._slot_restart[name]  # a dropped slot
         return out
 
-    def forget_replica(self, replica: str) -> None:
+    def forget(self, replica: str) -> None:
+        """A replica gone from the cluster."""
         self._replayed.pop(replica, None)
 
-    def forget(self) -> None:
+    def reset(self) -> None:
         """Another server, or its WAL went back: rates over both would mean nothing."""
         self._generation.clear()
         self._replayed.clear()

@@ -35,6 +35,5 @@ class ReadInstants:
         offset = self._offsets.setdefault(replica, ClockOffset("at_least")).note(asked, asked - clock_epoch)
         return min(max(clock_epoch + offset, asked), observed)
 
-    def forget(self, replicas: list[str]) -> None:
-        for name in replicas:
-            self._offsets.pop(name, None)
+    def forget(self, replica: str) -> None:
+        self._offsets.pop(replica, None)

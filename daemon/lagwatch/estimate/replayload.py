@@ -60,9 +60,8 @@ class ReplayLoadTracker:
             rate = (counted[-1][1] - counted[0][1]) / (counted[-1][0] - counted[0][0])
         return ReplayLoad(busy / len(samples), len(samples), rate, counted[-1][1] if counted else None)
 
-    def forget(self, replicas: list[str]) -> None:
-        for name in replicas:
-            self._samples.pop(name, None)
+    def forget(self, replica: str) -> None:
+        self._samples.pop(replica, None)
 
 
 class ConflictTotals:
@@ -87,7 +86,6 @@ class ConflictTotals:
             seen[kind] = count
         return dict(totals)
 
-    def forget(self, replicas: list[str]) -> None:
-        for name in replicas:
-            self._seen.pop(name, None)
-            self._totals.pop(name, None)
+    def forget(self, replica: str) -> None:
+        self._seen.pop(replica, None)
+        self._totals.pop(replica, None)

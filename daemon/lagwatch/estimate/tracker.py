@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from lagwatch.config import ClusterConfig
 from lagwatch.estimate.beats import Beats
@@ -64,6 +64,13 @@ class _PrimaryView:
 _NO_PRIMARY: dict[str, WalSender] = {}
 
 
+class ForgetsNodes(Protocol):
+    """A part of the tracker that keeps something per node: a node gone from the cluster
+    is one call (rooms/base.py's keepers answer it too)."""
+
+    def forget(self, node: str) -> None: ...
+
+
 class ClusterTracker:
     def __init__(self, cluster: ClusterConfig, interval: float, window: float, horizon: float = 60.0) -> None:
         self.cluster = cluster
@@ -86,6 +93,9 @@ class ClusterTracker:
         self.beats: Callable[[], Beats] | None = None
         self._primary_clock = PrimaryClock()  # the primary's wall clock on lagwatch's (the one converter)
         self.rooms = {room.name: room.keeper() for room in ROOMS}  # each room's keeper (lagwatch.rooms)
+        # Everything kept per replica, each answering forget(name) when one is gone.
+        self._per_replica: tuple[ForgetsNodes, ...] = (
+            self.forecast, self.replay_load, self.conflicts, self.read_instants, *self.rooms.values())
 
     @property
     def clock(self) -> LsnClock:
@@ -146,7 +156,7 @@ class ClusterTracker:
         WAL generation rate, its transaction rate."""
         if roles.changed:  # another server: rates over both would mean nothing
             self.history.forget_xacts()
-            self.forecast.forget()
+            self.forecast.reset()
             self._primary_clock = PrimaryClock()
         primary = roles.primary
         standby = roles.standby_leader is not None  # the primary is the standby leader, in recovery
@@ -161,7 +171,7 @@ class ClusterTracker:
         if lsn is not None:
             if self.history.record_primary(lsn, read_at, primary.asked_at,
                                            roles.fork.lsn if roles.fork is not None else None):
-                self.forecast.forget()
+                self.forecast.reset()
             self.forecast.note_primary(read_at, lsn)
         if not standby:  # a standby's transactions are its readers', not the writes to replicate
             self.history.note_xacts(read_at, position.xacts_total)
@@ -194,14 +204,10 @@ class ClusterTracker:
             label = f"{name} (not configured)" if name in configured_labels else name
             replicas.append(self._unconfigured_replica(label, primary.senders[name], primary, now))
         for name in self.history.forget_vanished({r.name for r in replicas}, now):
-            self.forecast.forget_replica(name)
-            self.replay_load.forget([name])
-            self.conflicts.forget([name])
-            self.read_instants.forget([name])
-            for keeper in self.rooms.values():
-                keeper.forget(name)
+            for part in self._per_replica:
+                part.forget(name)
             if name not in configured_labels:  # still polled (a configured replica that now leads): still counted
-                self.nodes.forget([name])
+                self.nodes.forget(name)
         return replicas
 
     def _commits(self, by_node: dict[str, NodeObservation], primary: _PrimaryView) -> dict[str, Commits]:
