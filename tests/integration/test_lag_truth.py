@@ -325,8 +325,13 @@ def test_idle_primary_is_not_lag(pg_cluster: ChaosCluster, watchers: dict[str, L
         assert naive[replica] > 0.25 * SILENCE, f"the timestamp signal should have climbed: {naive}"
         assert lagwatch.value("lagwatch_replica_streaming", replica=replica) == 1
     # The walsender's time lags are NULL while caught up and idle: exported as 0, not missing.
-    # (The primary logs a running-xacts record 15 s after its last activity, and the lags it
-    # measures for that clear only at the standby's next reply, up to 10 s later: wait.)
+    # The walsender clears them at the second caught-up reply in a row, which the standby
+    # sends each wal_receiver_status_interval (10 s), and the primary logs a running-xacts
+    # record up to 15 s after its last write, whose lags clear the same way. Replies each
+    # second from here (the silence above was read with the default; heal resets it).
+    for replica in pg_cluster.replicas:
+        replica.alter_system("wal_receiver_status_interval", "1s")
+        replica.reload()
     lagwatch.wait_for("walsender lags NULL, exported as 0", lambda: all(
         lagwatch.value("lagwatch_replica_walsender_lag_seconds", replica=replica, stage=stage) == 0
         for replica in ("replica1", "replica2") for stage in ("write", "flush", "replay")), timeout=30)
