@@ -63,7 +63,7 @@ def main() -> int:
         idle = [psycopg.connect(primary.dsn(), autocommit=True) for _ in range(args.sessions)]
         conns = {arm: psycopg.connect(primary.dsn(), autocommit=True) for arm in ARMS}
         version = conns["with"].info.server_version
-        views = [v for v in CYCLE_VIEWS if "primary" in v.roles and v.name != "wal_dir"]
+        views = [v for v in CYCLE_VIEWS if "primary" in v.roles]
         assert horizon.VIEW in views and subscriptions.VIEW in views
         without = combined_sql([v for v in views if v.every == 1], version)
         with_slow = cadenced(views, version)

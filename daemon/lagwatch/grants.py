@@ -116,8 +116,6 @@ def missing_grants(caps: probe.Capabilities, user: str) -> tuple[dict[str, str],
     optional: dict[str, str] = {}
     if not caps.can_read_all_stats:
         missing["replication" if not caps.in_recovery else "wal_receiver"] = grant("replication")
-    if not caps.can_ls_waldir:
-        missing["wal_dir"] = grant("wal_dir")
     if caps.has_walinspect and not caps.can_walinspect and not caps.in_recovery:
         optional["walinspect"] = grant("walinspect")
     elif caps.has_walinspect and not caps.can_walinspect_blocks and not caps.in_recovery and caps.major >= 16:

@@ -97,7 +97,7 @@ def applicable(node: Any, role: str) -> list[str]:
     lagwatch asks it) and its role: each has SQL for it (test_views.py holds them to that)."""
     with psycopg.connect(node.dsn(), autocommit=True, row_factory=dict_row) as conn:
         caps = probe.parse(conn.execute(probe.sql(rooms.probe_columns())).fetchall())
-    return [v.name for v in (*CYCLE_VIEWS, *rooms.VIEWS) if role in v.roles and v.applies(caps)
+    return [v.name for v in (*CYCLE_VIEWS, *rooms.VIEWS) if role in v.roles and v.readable(caps)
             and v.sql_for(caps.version_num) is not None]
 
 

@@ -21,7 +21,7 @@ def replica(name: str, staleness: float | None, *, up: bool | None = True, strea
 
 def snapshot(*replicas: ReplicaState, primary_up: bool = True) -> Snapshot:
     nodes = (NodeHealth("primary", "primary", primary_up, 180000, 0.01, 1, {}, None, {}),)
-    cluster = ClusterSnapshot("main", 100, None, replicas, (), None, None, None, nodes)
+    cluster = ClusterSnapshot("main", 100, None, replicas, (), None, None, nodes)
     return Snapshot(0.0, 0.01, 1, 0, (cluster,))
 
 
@@ -99,7 +99,7 @@ def test_the_check_names_the_cause_and_a_bad_row_says_why() -> None:
 
 
 def _caps(major: int, *, installed: bool = True, granted: bool = True, replica: bool = False) -> Capabilities:
-    return Capabilities(version_num=major * 10000 + 1, in_recovery=replica, can_ls_waldir=True,
+    return Capabilities(version_num=major * 10000 + 1, in_recovery=replica,
                         has_walinspect=installed, can_walinspect=granted, can_read_all_stats=True,
                         can_walinspect_records=granted)
 

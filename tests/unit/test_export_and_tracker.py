@@ -268,7 +268,7 @@ def test_the_commit_interval_follows_a_stream_that_starts_after_an_idle_spell() 
 
 
 def test_a_slot_without_a_limit_shows_its_share_of_pg_wal_and_one_with_a_limit_its_runway() -> None:
-    from lagwatch.views.wal_dir import WalDir
+    from lagwatch.rooms.wal_dir import WalDir
 
     unlimited = Slot("archiver", "physical", None, None, False, False, "reserved", None, 48 << 20, None, None, None,
                      None)
@@ -276,7 +276,8 @@ def test_a_slot_without_a_limit_shows_its_share_of_pg_wal_and_one_with_a_limit_i
                    None)
     tracker = ClusterTracker(CONFIG.clusters[0], 1.0, 60.0)
     for t in range(3):
-        obs = replace(primary(float(t), 1000 + t * 1000, slots=(unlimited, limited)), wal_dir=WalDir(64 << 20, 4))
+        obs = replace(primary(float(t), 1000 + t * 1000, slots=(unlimited, limited)),
+                      rooms={"wal_dir": WalDir(64 << 20, 4)})
         snap = tracker.update([obs, replica("replica1", float(t), 1000), replica("replica2", float(t), 1000)], float(t))
     registry, _ = render(Snapshot(1.0, 0.001, 1, 0, (snap,)))
     share = registry.get_sample_value("lagwatch_slot_wal_dir_share", {"cluster": "main", "slot": "archiver"})

@@ -145,7 +145,7 @@ def test_the_pace_is_back_at_once_when_lagwatch_is_on_time_again() -> None:
 
 CONFIG = parse_config({"interval": "500ms", "query_timeout": "150ms", "clusters": [{
     "name": "main", "primary": {"dsn": "host=p"}, "replicas": [{"name": "replica1", "dsn": "host=r1"}]}]})
-CAPS = Capabilities(version_num=180001, in_recovery=True, can_ls_waldir=True, has_walinspect=False,
+CAPS = Capabilities(version_num=180001, in_recovery=True, has_walinspect=False,
                     can_walinspect=False, can_read_all_stats=True)
 
 

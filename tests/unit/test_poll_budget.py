@@ -94,7 +94,7 @@ def test_what_compression_savings_need_is_said_once_where_it_is_missing(caplog: 
         poller.say_skipped(caps)  # once per connection, however often asked
         return [(r.levelno, r.getMessage()) for r in caplog.records if "compression" in r.getMessage().lower()]
 
-    base = dict(in_recovery=False, can_ls_waldir=True, has_walinspect=True, can_walinspect=True,
+    base = dict(in_recovery=False, has_walinspect=True, can_walinspect=True,
                 can_read_all_stats=True)
     caplog.set_level(logging.INFO, logger="lagwatch")
     old = said(Capabilities(version_num=150004, can_walinspect_blocks=False, **base))

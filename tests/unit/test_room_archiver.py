@@ -45,7 +45,7 @@ def test_parse_a_row_and_a_role_that_may_not_list_the_waiting_segments() -> None
     ("on", True, False),  # a standby with archive_mode on does not archive: not read, never alerts
     ("always", True, True), (None, False, False)])
 def test_it_applies_where_the_server_archives(mode: str | None, in_recovery: bool, applies: bool) -> None:
-    caps = Capabilities(150000, in_recovery, True, False, False, True, asked={} if mode is None else
+    caps = Capabilities(150000, in_recovery, False, False, True, asked={} if mode is None else
                         {"archive_mode": mode})
     assert archiver.VIEW.applies(caps) is applies
 
@@ -53,7 +53,7 @@ def test_it_applies_where_the_server_archives(mode: str | None, in_recovery: boo
 def test_every_version_reads_the_same_sql_and_the_statusdir_only_where_the_probe_found_the_grant() -> None:
     def caps(version: int, granted: bool | None) -> Capabilities:
         asked: dict[str, Any] = {"archive_mode": "on"} | ({} if granted is None else {"archive_status": granted})
-        return Capabilities(version, False, True, False, False, True, asked=asked)
+        return Capabilities(version, False, False, False, True, asked=asked)
 
     sql = archiver.VIEW.sql(caps(130000, True)) or ""
     assert sql == archiver.VIEW.sql(caps(180000, True))
@@ -86,7 +86,7 @@ def test_counts_carry_across_statistics_resets() -> None:
 
 def snapshot_with(nodes: tuple[NodeArchiving, ...]) -> Snapshot:
     cluster = ClusterSnapshot(name="main", primary_lsn=None, wal_rate_bytes_per_second=None, replicas=(), slots=(),
-                              wal=None, wal_dir=None, walinspect=None, nodes=(), rooms={"archiver": nodes})
+                              wal=None, walinspect=None, nodes=(), rooms={"archiver": nodes})
     return Snapshot(1.0, 0.01, 1, 0, (cluster,), interval=1.0, effective_interval=1.0)
 
 
@@ -125,7 +125,7 @@ def test_exported_shown_and_said_as_failing_only_while_segments_wait() -> None:
 def test_a_missing_grant_is_said_once_at_connect_with_the_statement_that_gives_it(
         asked: dict[str, Any], said: bool, caplog: pytest.LogCaptureFixture) -> None:
     from lagwatch.read.viewreader import ViewReader
-    caps = Capabilities(150000, False, True, False, False, True, asked=asked)
+    caps = Capabilities(150000, False, False, False, True, asked=asked)
     reader = ViewReader("main/primary")
     reader.new_connection("watcher")
     caplog.set_level("INFO", logger="lagwatch")
@@ -141,7 +141,7 @@ def test_a_polls_one_statement_carries_the_sql_the_probe_chose() -> None:
     """The combined statement (views/combined.py) is built per choice: a connection with the
     grant and one without get different statements, each built once."""
     from lagwatch.views.combined import combined_sql
-    granted = Capabilities(160000, False, True, False, False, True,
+    granted = Capabilities(160000, False, False, False, True,
                            asked={"archive_mode": "on", "archive_status": True})
     denied = replace(granted, asked={"archive_mode": "on", "archive_status": False})
     with_dir = combined_sql([archiver.VIEW], 160000, granted)

@@ -36,6 +36,6 @@ def test_the_probe_asks_what_the_rooms_ask_and_keeps_their_answers_apart() -> No
     asked = probe_columns()
     text = sql(asked)
     assert text.startswith(SQL) and all(f"AS {column}" in text for column in asked)
-    row = {"version_num": 180000, "in_recovery": False, "can_ls_waldir": True, "has_walinspect": False,
+    row = {"version_num": 180000, "in_recovery": False, "has_walinspect": False,
            "can_walinspect": False, "can_read_all_stats": True, "startup_pid": None, "room_column": "x"}
     assert parse([row]).asked == {"room_column": "x"}

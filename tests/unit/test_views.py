@@ -2,7 +2,7 @@
 
 import pytest
 from lagwatch.lsn import format_lsn, parse_lsn
-from lagwatch.views import CYCLE_VIEWS, replication, server, slots, wal, wal_dir, wal_receiver, walinspect
+from lagwatch.views import CYCLE_VIEWS, replication, server, slots, wal, wal_receiver, walinspect
 from lagwatch.views.probe import Capabilities
 
 
@@ -19,7 +19,7 @@ def test_every_view_has_sql_for_13_to_18_wherever_it_applies(version: int) -> No
     """A view with no SQL for a version says it does not apply there (views/base.py), so a
     poll never asks for it; every other view has SQL for 13 to 18."""
     for in_recovery in (False, True):
-        caps = Capabilities(version, in_recovery, can_ls_waldir=True, has_walinspect=True, can_walinspect=True,
+        caps = Capabilities(version, in_recovery, has_walinspect=True, can_walinspect=True,
                             can_read_all_stats=True)
         for view in CYCLE_VIEWS:
             assert bool(view.sql_for(version)) or not view.applies(caps), (view.name, version)
@@ -140,8 +140,7 @@ def test_wal_stats_18_has_no_write_sync_and_unlimited_keep() -> None:
     assert stats.max_slot_wal_keep_bytes is None and stats.writes is None and stats.fpi == 2
 
 
-def test_wal_dir_and_walinspect() -> None:
-    assert wal_dir.parse([{"bytes": 33554432.0, "files": 2}]).bytes == 33554432
+def test_walinspect() -> None:
     inspection = walinspect.parse([{"start_lsn": "0/1000000", "end_lsn": "0/1800000", "flush_lsn": "0/2000000",
                                     "records": 10.0, "record_bytes": 100.0, "fpi_bytes": 8000.0}])
     assert inspection.inspected_bytes == 0x800000 and inspection.skipped_bytes == 0x800000

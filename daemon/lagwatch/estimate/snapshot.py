@@ -27,7 +27,6 @@ from lagwatch.views.slots import Slot
 from lagwatch.views.slotsync import SlotSync
 from lagwatch.views.subscriptions import Subscription
 from lagwatch.views.wal import WalStats
-from lagwatch.views.wal_dir import WalDir
 from lagwatch.views.wal_receiver import WalReceiver
 from lagwatch.views.walcommits import WalCommits, WalDatingTotals
 from lagwatch.views.walinspect import WalInspection, WalInspectTotals
@@ -70,7 +69,6 @@ class NodeObservation:
     receiver: WalReceiver | None = None
     slots: tuple[Slot, ...] = ()
     wal: WalStats | None = None
-    wal_dir: WalDir | None = None
     walinspect: WalInspection | None = None
     # The primary's: the commits in its WAL just past each walsender's replay position
     # (by application_name), where lagwatch may read them (commitscan.py), on its clock;
@@ -302,7 +300,6 @@ class ClusterSnapshot:
     replicas: tuple[ReplicaState, ...]
     slots: tuple[Slot, ...]
     wal: WalStats | None
-    wal_dir: WalDir | None
     walinspect: WalInspectTotals | None
     nodes: tuple[NodeHealth, ...]
     slas: dict[str, ReplicaSla] = field(default_factory=dict)  # configured replicas' SLAs

@@ -44,7 +44,6 @@ _ROLE_VIEWS: dict[Role, tuple[View[Any], ...]] = {
 # A view that failed (a grant missing, a function gone) is retried after this long.
 VIEW_RETRY_SECONDS = 300
 GRANT_HINTS = {
-    "wal_dir": ": pg_ls_waldir() needs GRANT EXECUTE ON FUNCTION pg_ls_waldir() TO ROLE",
     "slots": ": pg_replication_slots is readable by every role; is the role's search_path odd?",
     "replication": ": pg_stat_replication's LSNs need GRANT pg_read_all_stats TO ROLE",
     "walinspect": ": pg_walinspect needs GRANT EXECUTE ON FUNCTION pg_get_wal_stats(pg_lsn, pg_lsn, boolean) TO ROLE",
@@ -165,7 +164,7 @@ class ViewReader:
         if caps is not self._caps:
             self._caps = caps
             self._applying = tuple(v for v in self._role_views["replica" if caps.in_recovery else "primary"]
-                                   if v.applies(caps))
+                                   if v.readable(caps))
         views = self._cadence.choose(self._applying, self._polls)
         if not self.resting:
             return views  # every cycle but after a failure: the same tuple, nothing to filter

@@ -180,6 +180,11 @@ class Histogram(Family):
             add(f"{self.name}_sum{plain} {_value(sum_value)}\n")
 
 
+def quantile_label(q: float) -> str:
+    """A quantile as its label value: ``0.95``, and ``1`` for the maximum."""
+    return "1" if q == 1.0 else repr(q)
+
+
 class Summary(Family):
     """Quantiles over a window (``quantile`` samples), with ``_count`` and ``_sum`` over
     everything since start, as a summary's are (client libraries' sliding-window summaries

@@ -35,6 +35,11 @@ class Spec(Generic[F]):
     def make(self) -> F:
         return self.cls(self.name, self.help, labels=self.labels)
 
+    def add(self: Spec[Gauge], labels: list[str], value: float) -> None:
+        """A gauge's (or counter's) one sample in this collection (a fleet adds each
+        cluster's to the one family of its name)."""
+        self.make().add_metric(labels, value)
+
     @property
     def kind(self) -> str:
         return self.cls.kind
@@ -296,8 +301,6 @@ _section = "WAL"
 PRIMARY_LSN = gauge("lagwatch_primary_wal_lsn_bytes", "Primary's current WAL LSN as a byte position", C)
 WAL_RATE = gauge("lagwatch_wal_rate_bytes_per_second", "WAL generation rate over forecast_horizon (a minute by "
                  "default)", C)
-WAL_DIR_BYTES = gauge("lagwatch_wal_directory_bytes", "Size of the primary's pg_wal directory", C)
-WAL_DIR_FILES = gauge("lagwatch_wal_directory_files", "Files in the primary's pg_wal directory", C)
 WAL_COMPRESSION = gauge("lagwatch_wal_compression_info", "1 for the wal_compression method in use (off, pglz, lz4, "
                         "zstd)", C, "method")
 MAX_SLOT_WAL_KEEP = gauge("lagwatch_max_slot_wal_keep_size_bytes", "max_slot_wal_keep_size setting", C)

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from lagwatch.rooms import archiver
+from lagwatch.rooms import archiver, wal_dir
 from lagwatch.rooms.base import Grant, Room
 from lagwatch.views.base import View
 from lagwatch.views.probe import Capabilities
 
 ROOMS: tuple[Room[Any, Any], ...] = (
     archiver.ROOM,
+    wal_dir.ROOM,
 )
 
 VIEWS: tuple[View[Any], ...] = tuple(room.view for room in ROOMS)
@@ -35,10 +36,11 @@ def grants() -> tuple[tuple[Room[Any, Any], Grant], ...]:
 
 
 def missing_grants(caps: Capabilities) -> tuple[tuple[Room[Any, Any], Grant], ...]:
-    """The rooms' grants a connection lacks, where the room's view applies to its server
-    (said once at connect by the reader, and by ``check --grants``)."""
+    """The rooms' grants a connection lacks, where the room's view applies to its server and
+    role (said once at connect by the reader, and by ``check --grants``)."""
+    role = "replica" if caps.in_recovery else "primary"
     return tuple((room, grant) for room, grant in grants()
-                 if caps.asked.get(grant.name) is False and room.view.applies(caps))
+                 if caps.asked.get(grant.name) is False and role in room.view.roles and room.view.applies(caps))
 
 
 __all__ = ["ROOMS", "VIEWS", "Grant", "Room", "grants", "missing_grants", "probe_columns"]

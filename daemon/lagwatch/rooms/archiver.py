@@ -187,18 +187,18 @@ FAMILIES = (ARCHIVED, FAILED, WAITING, OLDEST, LAST_ARCHIVED_AGE, LAST_FAILED_AG
 def export(cluster: str, nodes: tuple[NodeArchiving, ...]) -> None:
     for n in nodes:
         key, r = [cluster, n.node], n.reading
-        ARCHIVED.make().add_metric(key, n.archived_total)
-        FAILED.make().add_metric(key, n.failed_total)
+        ARCHIVED.add(key, n.archived_total)
+        FAILED.add(key, n.failed_total)
         MODE.make().add_metric([*key, r.mode])
         if r.waiting is not None:
-            WAITING.make().add_metric(key, r.waiting)
-            OLDEST.make().add_metric(key, r.oldest_waiting_age or 0.0)
+            WAITING.add(key, r.waiting)
+            OLDEST.add(key, r.oldest_waiting_age or 0.0)
         if r.last_archived_age is not None:
-            LAST_ARCHIVED_AGE.make().add_metric(key, r.last_archived_age)
+            LAST_ARCHIVED_AGE.add(key, r.last_archived_age)
         if r.last_failed_age is not None:
-            LAST_FAILED_AGE.make().add_metric(key, r.last_failed_age)
+            LAST_FAILED_AGE.add(key, r.last_failed_age)
         if r.configured is not None:
-            UNCONFIGURED.make().add_metric(key, float(r.unconfigured))
+            UNCONFIGURED.add(key, float(r.unconfigured))
 
 
 # -- what it shows ----------------------------------------------------------------------------

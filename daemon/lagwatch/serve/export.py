@@ -18,8 +18,10 @@ from lagwatch.estimate.diagnosis import CAUSES
 from lagwatch.estimate.diagnosis import STAGES as DIAGNOSIS_STAGES
 from lagwatch.estimate.snapshot import OBSERVED_ROLES, ClusterSnapshot, Snapshot
 from lagwatch.render import families as f
-from lagwatch.render.exposition import Family, Gauge, collecting, to_prometheus
+from lagwatch.render.exposition import Family, collecting, quantile_label, to_prometheus
 from lagwatch.rooms import ROOMS
+from lagwatch.rooms import wal_dir as wal_dir_room
+from lagwatch.rooms.wal_dir import of_primary
 from lagwatch.serve.logicalexport import logical_metrics
 from lagwatch.views.replication import STAGES
 
@@ -63,47 +65,42 @@ class SnapshotCollector:
         yield from to_prometheus(families(self._current()))
 
 
-def _one(spec: f.Spec[Gauge], key: list[str], value: float) -> None:
-    """A family's one sample (a fleet adds each cluster's to the one family of its name)."""
-    spec.make().add_metric(key, value)
-
-
 def _daemon_metrics(snapshot: Snapshot) -> None:
-    _one(f.CYCLE_DURATION, [], snapshot.cycle_duration)
+    f.CYCLE_DURATION.add([], snapshot.cycle_duration)
     if snapshot.cycle_quantiles and snapshot.cycle_histogram is not None:
         h = snapshot.cycle_histogram
-        f.CYCLE_WINDOW.make().add_metric([], ((_fmt_q(q), s) for q, s in snapshot.cycle_quantiles),
+        f.CYCLE_WINDOW.make().add_metric([], ((quantile_label(q), s) for q, s in snapshot.cycle_quantiles),
                                          h.count, h.total)
     if snapshot.cycle_histogram is not None:
         h = snapshot.cycle_histogram
         f.CYCLES_HISTOGRAM.make().add_metric([], list(zip(_les(h.bounds), h.cumulative, strict=True)),
                                              sum_value=h.total)
     if snapshot.first_cycle_duration is not None:
-        _one(f.FIRST_CYCLE, [], snapshot.first_cycle_duration)
-    _one(f.CYCLES, [], snapshot.cycles_total)
-    _one(f.OVERRUNS, [], snapshot.overruns_total)
-    _one(f.LAST_POLL, [], snapshot.taken_at)
-    _one(f.INTERVAL, [], snapshot.interval)
-    _one(f.EFFECTIVE_INTERVAL, [], snapshot.effective_interval)
-    _one(f.LOOP_LAG, [], snapshot.loop_lag)
-    _one(f.LATE_ANSWERS, [], snapshot.late_answers_total)
-    _one(f.CONNECTING, [], len(snapshot.connecting))
-    _one(f.RELOAD_OK, [], 1.0 if snapshot.reload_successful else 0.0)
-    _one(f.RELOAD_AT, [], snapshot.reload_success_at)
-    _one(f.BACKGROUND_ERRORS, [], snapshot.background_errors_total)
+        f.FIRST_CYCLE.add([], snapshot.first_cycle_duration)
+    f.CYCLES.add([], snapshot.cycles_total)
+    f.OVERRUNS.add([], snapshot.overruns_total)
+    f.LAST_POLL.add([], snapshot.taken_at)
+    f.INTERVAL.add([], snapshot.interval)
+    f.EFFECTIVE_INTERVAL.add([], snapshot.effective_interval)
+    f.LOOP_LAG.add([], snapshot.loop_lag)
+    f.LATE_ANSWERS.add([], snapshot.late_answers_total)
+    f.CONNECTING.add([], len(snapshot.connecting))
+    f.RELOAD_OK.add([], 1.0 if snapshot.reload_successful else 0.0)
+    f.RELOAD_AT.add([], snapshot.reload_success_at)
+    f.BACKGROUND_ERRORS.add([], snapshot.background_errors_total)
     for d in snapshot.discovery:
         member = f.PATRONI_MEMBER.make()
         for name, role, state in d.patroni_members:
             member.add_metric([d.cluster, name, role, state])
-        _one(f.DISCOVERY_UP, [d.cluster], 1.0 if d.up else 0.0)
-        _one(f.DISCOVERY_MEMBERS, [d.cluster], d.members)
-        _one(f.DISCOVERY_ERRORS, [d.cluster], d.errors_total)
+        f.DISCOVERY_UP.add([d.cluster], 1.0 if d.up else 0.0)
+        f.DISCOVERY_MEMBERS.add([d.cluster], d.members)
+        f.DISCOVERY_ERRORS.add([d.cluster], d.errors_total)
         if d.last_success_at is not None:
-            _one(f.DISCOVERY_SUCCESS, [d.cluster], d.last_success_at)
+            f.DISCOVERY_SUCCESS.add([d.cluster], d.last_success_at)
     if snapshot.shard is not None:
-        _one(f.SHARD, [str(snapshot.shard[0]), str(snapshot.shard[1])], 1.0)
+        f.SHARD.add([str(snapshot.shard[0]), str(snapshot.shard[1])], 1.0)
     for path, error in snapshot.cluster_files:
-        _one(f.CLUSTER_FILE_ERRORS, [path], 0.0 if error is None else 1.0)
+        f.CLUSTER_FILE_ERRORS.add([path], 0.0 if error is None else 1.0)
 
 
 def _cluster_metrics(c: ClusterSnapshot) -> None:
@@ -146,8 +143,8 @@ def _role_metrics(c: ClusterSnapshot) -> None:
                          ((name, 1.0 if n.observed_role == name else 0.0) for name in OBSERVED_ROLES))
         if n.timeline is not None:
             timeline.add_metric([c.name, n.name], n.timeline)
-    _one(f.PRIMARIES, [c.name], c.primaries)
-    _one(f.ROLE_CHANGES, [c.name], c.role_changes_total)
+    f.PRIMARIES.add([c.name], c.primaries)
+    f.ROLE_CHANGES.add([c.name], c.role_changes_total)
 
 
 def _replica_metrics(c: ClusterSnapshot) -> None:
@@ -167,7 +164,7 @@ def _replica_metrics(c: ClusterSnapshot) -> None:
                 family.add_metric(key, value)
         h = r.histogram
         if r.window is not None:
-            window.add_metric(key, ((_fmt_q(q), v) for q, v in r.window.quantiles), h.count, h.total)
+            window.add_metric(key, ((quantile_label(q), v) for q, v in r.window.quantiles), h.count, h.total)
             samples.add_metric(key, r.window.count)
         hist.add_metric(key, list(zip(_les(h.bounds), h.cumulative, strict=True)), sum_value=h.total)
         ws = r.walsender
@@ -189,17 +186,17 @@ def _diagnosis_metrics(c: ClusterSnapshot) -> None:
             f.LAG_STAGE_BYTES.make().add_metrics(key, _present(zip(DIAGNOSIS_STAGES, d.stage_bytes, strict=True)))
         load = r.replay_load
         if load is not None and load.busy_ratio is not None:
-            _one(f.REPLAY_BUSY, key, load.busy_ratio)
+            f.REPLAY_BUSY.add(key, load.busy_ratio)
         if load is not None and load.startup_reads is not None:
             f.STARTUP_READS.make().add_metric(key, load.startup_reads)
         rec = r.recovery
         if rec is None:
             continue
         f.CONFLICTS.make().add_metrics(key, sorted(r.conflicts_total.items()))
-        _one(f.CONFLICT_HOLDERS, key, len(rec.holders))
+        f.CONFLICT_HOLDERS.add(key, len(rec.holders))
         if rec.holders:  # oldest first (views/recovery.py)
             h = rec.holders[0]
-            _one(f.CONFLICT_HOLDER, key + [str(h.pid), h.user or "", rec.conflict or ""], h.xact_age or 0.0)
+            f.CONFLICT_HOLDER.add(key + [str(h.pid), h.user or "", rec.conflict or ""], h.xact_age or 0.0)
 
 
 def _flag(value: bool | None) -> float | None:
@@ -215,16 +212,16 @@ def _forecast_and_sla_metrics(c: ClusterSnapshot) -> None:
         if r.catch_up is None:
             continue
         key = [c.name, r.name]
-        _one(f.BACKLOG, key, r.catch_up.backlog_bytes)
+        f.BACKLOG.add(key, r.catch_up.backlog_bytes)
         if r.catch_up.replay_rate is not None:
-            _one(f.REPLAY_RATE, key, r.catch_up.replay_rate)
+            f.REPLAY_RATE.add(key, r.catch_up.replay_rate)
         if r.catch_up.eta_seconds is not None:
-            _one(f.ETA, key, r.catch_up.eta_seconds)
+            f.ETA.add(key, r.catch_up.eta_seconds)
     for name, sla in sorted(c.slas.items()):
-        _one(f.SLA_MAX_LAG, [c.name, name], sla.max_lag)
+        f.SLA_MAX_LAG.add([c.name, name], sla.max_lag)
         if sla.p95 is not None:
-            _one(f.SLA_P95, [c.name, name], sla.p95)
-    _one(f.MIN_REPLICAS, [c.name], c.min_replicas)
+            f.SLA_P95.add([c.name, name], sla.p95)
+    f.MIN_REPLICAS.add([c.name], c.min_replicas)
 
 
 def _slot_metrics(c: ClusterSnapshot) -> None:
@@ -245,66 +242,65 @@ def _slot_metrics(c: ClusterSnapshot) -> None:
                                    "" if s.conflicting is None else str(s.conflicting).lower(),
                                    s.invalidation_reason or ""])
     for name, seconds in sorted(c.slot_runways.items()):
-        _one(f.SLOT_RUNWAY, [c.name, name], seconds)
+        f.SLOT_RUNWAY.add([c.name, name], seconds)
     for s in c.slots:
         if s.idle_timeout_left is not None:
-            _one(f.SLOT_IDLE_LEFT, [c.name, s.name], s.idle_timeout_left)
+            f.SLOT_IDLE_LEFT.add([c.name, s.name], s.idle_timeout_left)
     for holder, xids in sorted(c.horizon.items()):
-        _one(f.HORIZON_HELD, [c.name, holder], xids)
+        f.HORIZON_HELD.add([c.name, holder], xids)
     for holder, seconds in sorted(c.horizon_seconds.items()):
-        _one(f.HORIZON_SECONDS, [c.name, holder], seconds)
+        f.HORIZON_SECONDS.add([c.name, holder], seconds)
     if c.horizon_alert_xids is not None:
-        _one(f.HORIZON_ALERT, [c.name], c.horizon_alert_xids)
+        f.HORIZON_ALERT.add([c.name], c.horizon_alert_xids)
     _wal_dir_shares(c)
 
 
 def _wal_dir_shares(c: ClusterSnapshot) -> None:
-    """Slots with no max_slot_wal_keep_size limit: what they retain of pg_wal."""
-    if c.wal_dir is None or c.wal_dir.bytes <= 0:
+    """Slots with no max_slot_wal_keep_size limit: what they retain of the primary's pg_wal
+    (rooms/wal_dir.py)."""
+    wal_dir = of_primary(c.rooms.get(wal_dir_room.NAME), c.primary_node)
+    if wal_dir is None or wal_dir.bytes <= 0:
         return
     for s in c.slots:
         if s.safe_wal_size is None and s.retained_bytes is not None:
-            _one(f.SLOT_WAL_DIR_SHARE, [c.name, s.name], min(1.0, s.retained_bytes / c.wal_dir.bytes))
+            f.SLOT_WAL_DIR_SHARE.add([c.name, s.name], min(1.0, s.retained_bytes / wal_dir.bytes))
 
 
 def _wal_metrics(c: ClusterSnapshot) -> None:
     key = [c.name]
     if c.primary_lsn is not None:
-        _one(f.PRIMARY_LSN, key, c.primary_lsn)
+        f.PRIMARY_LSN.add(key, c.primary_lsn)
     if c.wal_rate_bytes_per_second is not None:
-        _one(f.WAL_RATE, key, c.wal_rate_bytes_per_second)
-    if c.wal_dir is not None:
-        _one(f.WAL_DIR_BYTES, key, c.wal_dir.bytes)
-        _one(f.WAL_DIR_FILES, key, c.wal_dir.files)
+        f.WAL_RATE.add(key, c.wal_rate_bytes_per_second)
     w = c.wal
     if w is not None:
-        _one(f.WAL_COMPRESSION, [c.name, w.compression], 1.0)
+        f.WAL_COMPRESSION.add([c.name, w.compression], 1.0)
         if w.max_slot_wal_keep_bytes is not None:
-            _one(f.MAX_SLOT_WAL_KEEP, key, w.max_slot_wal_keep_bytes)
+            f.MAX_SLOT_WAL_KEEP.add(key, w.max_slot_wal_keep_bytes)
         for spec, value in ((f.WAL_BYTES, w.bytes), (f.WAL_RECORDS, w.records), (f.WAL_FPI, w.fpi),
                             (f.WAL_BUFFERS_FULL, w.buffers_full), (f.WAL_WRITES, w.writes), (f.WAL_SYNCS, w.syncs)):
             if value is not None:
-                _one(spec, key, value)
+                spec.add(key, value)
     if c.wal_dating is not None:
-        _one(f.WAL_DATING_READ, key, c.wal_dating.read_bytes)
-        _one(f.WAL_DATING_READS, key, c.wal_dating.reads)
-        _one(f.WAL_DATING_CANCELLED, key, c.wal_dating.cancelled)
-        _one(f.WAL_DATING_FAILED, key, c.wal_dating.failed)
-        _one(f.WAL_DATING_RETRIED, key, c.wal_dating.retried)
+        f.WAL_DATING_READ.add(key, c.wal_dating.read_bytes)
+        f.WAL_DATING_READS.add(key, c.wal_dating.reads)
+        f.WAL_DATING_CANCELLED.add(key, c.wal_dating.cancelled)
+        f.WAL_DATING_FAILED.add(key, c.wal_dating.failed)
+        f.WAL_DATING_RETRIED.add(key, c.wal_dating.retried)
     if c.heartbeat is not None:
-        _one(f.HEARTBEAT_BEATS, key, c.heartbeat[0])
-        _one(f.HEARTBEAT_ERRORS, key, c.heartbeat[1])
+        f.HEARTBEAT_BEATS.add(key, c.heartbeat[0])
+        f.HEARTBEAT_ERRORS.add(key, c.heartbeat[1])
     wi = c.walinspect
     if wi is not None:
-        _one(f.WAL_INSPECTED, key, wi.inspected_bytes)
-        _one(f.WAL_INSPECTED_FPI, key, wi.fpi_bytes)
-        _one(f.WAL_INSPECT_SKIPPED, key, wi.skipped_bytes)
+        f.WAL_INSPECTED.add(key, wi.inspected_bytes)
+        f.WAL_INSPECTED_FPI.add(key, wi.fpi_bytes)
+        f.WAL_INSPECT_SKIPPED.add(key, wi.skipped_bytes)
         if wi.last_interval_bytes:
-            _one(f.WAL_FPI_SHARE, key, wi.last_interval_fpi_bytes / wi.last_interval_bytes)
+            f.WAL_FPI_SHARE.add(key, wi.last_interval_fpi_bytes / wi.last_interval_bytes)
         for method, (count, stored_bytes, raw_bytes) in sorted(wi.compressed.items()):
-            _one(f.WAL_FPI_SAVED, [c.name, method], max(0, raw_bytes - stored_bytes))
-            _one(f.WAL_FPI_STORED, [c.name, method], stored_bytes)
-            _one(f.WAL_FPI_IMAGES, [c.name, method], count)
+            f.WAL_FPI_SAVED.add([c.name, method], max(0, raw_bytes - stored_bytes))
+            f.WAL_FPI_STORED.add([c.name, method], stored_bytes)
+            f.WAL_FPI_IMAGES.add([c.name, method], count)
 
 
 def _pool_metrics(c: ClusterSnapshot) -> None:
@@ -312,26 +308,26 @@ def _pool_metrics(c: ClusterSnapshot) -> None:
     if pool is None:
         return
     key = [c.name]
-    _one(f.LEADER, key, 1.0 if pool.leader else 0.0)
+    f.LEADER.add(key, 1.0 if pool.leader else 0.0)
     if pool.leader_holder is not None:
         h = pool.leader_holder
-        _one(f.LEADER_HOLDER, [c.name, str(h.pid), h.application_name, h.user, "true" if h.is_lagwatch else "false"],
+        f.LEADER_HOLDER.add([c.name, str(h.pid), h.application_name, h.user, "true" if h.is_lagwatch else "false"],
              1.0)
-    _one(f.DRY_RUN, key, 1.0 if pool.dry_run else 0.0)
-    _one(f.APPLY_ERRORS, key, pool.apply_errors_total)
-    _one(f.READ_ERRORS, key, pool.read_errors_total)
+    f.DRY_RUN.add(key, 1.0 if pool.dry_run else 0.0)
+    f.APPLY_ERRORS.add(key, pool.apply_errors_total)
+    f.READ_ERRORS.add(key, pool.read_errors_total)
     # Every member ever changed stays (a removed fallback primary reads 0, not absent).
     names = sorted({*pool.reasons, *(pool.members or ()), *(pool.pooler_members or ()),
                     *(member for member, _ in pool.changes_total)})
     for name in names:
         if pool.members is not None:
-            _one(f.POOL_MEMBER, [c.name, name], 1.0 if name in pool.members else 0.0)
+            f.POOL_MEMBER.add([c.name, name], 1.0 if name in pool.members else 0.0)
         if pool.pooler_members is not None:
-            _one(f.POOLER_MEMBER, [c.name, name], 1.0 if name in pool.pooler_members else 0.0)
+            f.POOLER_MEMBER.add([c.name, name], 1.0 if name in pool.pooler_members else 0.0)
     for (name, action), count in sorted(pool.changes_total.items()):
-        _one(f.POOL_CHANGES, [c.name, name, action], count)
+        f.POOL_CHANGES.add([c.name, name, action], count)
     for name, hold in sorted(pool.holds.items()):
-        _one(f.POOL_HELD, [c.name, name, hold], 1.0)
+        f.POOL_HELD.add([c.name, name, hold], 1.0)
 
 
 def _sync_metrics(c: ClusterSnapshot) -> None:
@@ -340,12 +336,12 @@ def _sync_metrics(c: ClusterSnapshot) -> None:
     if s is None:
         return
     key = [c.name]
-    _one(f.SYNC_REQUIRED, key, s.required)
-    _one(f.SYNC_HEALTHY, key, s.healthy)
-    _one(f.SYNC_WAITS, key, 1.0 if s.waits_on_standbys else 0.0)
-    _one(f.SYNC_AT_RISK, key, 1.0 if s.at_risk else 0.0)
+    f.SYNC_REQUIRED.add(key, s.required)
+    f.SYNC_HEALTHY.add(key, s.healthy)
+    f.SYNC_WAITS.add(key, 1.0 if s.waits_on_standbys else 0.0)
+    f.SYNC_AT_RISK.add(key, 1.0 if s.at_risk else 0.0)
     if s.commit_wait_seconds is not None:
-        _one(f.SYNC_WAIT, key, s.commit_wait_seconds)
+        f.SYNC_WAIT.add(key, s.commit_wait_seconds)
     state = f.SYNC_STATE.make()
     for r in c.replicas:
         if r.walsender is not None:
@@ -356,8 +352,6 @@ def _sync_metrics(c: ClusterSnapshot) -> None:
                                    s.method or "", s.error or ""])
 
 
-def _fmt_q(q: float) -> str:
-    return "1" if q == 1.0 else repr(q)
 
 
 @functools.lru_cache(maxsize=8)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from lagwatch.estimate.snapshot import ClusterSnapshot
 from lagwatch.render import families as f
-from lagwatch.render.exposition import Gauge
+from lagwatch.render.exposition import quantile_label
 
 
 def logical_metrics(c: ClusterSnapshot) -> None:
@@ -15,22 +15,18 @@ def logical_metrics(c: ClusterSnapshot) -> None:
     _failover_slot_metrics(c)
 
 
-def _gauge(spec: f.Spec[Gauge], key: list[str], value: float) -> None:
-    spec.make().add_metric(key, value)
-
-
 def _logical_metrics(c: ClusterSnapshot) -> None:
     """The logical consumers (logical.py): their own families, apart from the replicas'."""
     for lc in c.logical:
         key = [c.name, lc.consumer, lc.slot]
-        _gauge(f.LOGICAL_ACTIVE, key, float(lc.active))
+        f.LOGICAL_ACTIVE.add(key, float(lc.active))
         if lc.staleness is not None:
-            _gauge(f.LOGICAL_STALENESS, key, lc.staleness)
+            f.LOGICAL_STALENESS.add(key, lc.staleness)
         if lc.window is not None:
-            quantiles = (("1" if q == 1.0 else repr(q), v) for q, v in lc.window.quantiles)
+            quantiles = ((quantile_label(q), v) for q, v in lc.window.quantiles)
             f.LOGICAL_WINDOW.make().add_metrics(key, quantiles)
         if lc.lag_bytes is not None:
-            _gauge(f.LOGICAL_BYTES, key, lc.lag_bytes)
+            f.LOGICAL_BYTES.add(key, lc.lag_bytes)
         f.LOGICAL_INFO.make().add_metric(key + [lc.state or "", lc.database or "", lc.plugin or "", lc.evidence or ""])
 
 
@@ -38,12 +34,12 @@ def _subscription_metrics(c: ClusterSnapshot) -> None:
     """The primary's own subscriptions (it is a subscriber)."""
     for sub in c.subscriptions:
         key = [c.name, sub.name]
-        _gauge(f.SUB_ENABLED, key, float(sub.enabled))
-        _gauge(f.SUB_WORKER, key, float(sub.worker))
+        f.SUB_ENABLED.add(key, float(sub.enabled))
+        f.SUB_WORKER.add(key, float(sub.worker))
         if sub.receipt_age is not None:
-            _gauge(f.SUB_RECEIPT_AGE, key, sub.receipt_age)
+            f.SUB_RECEIPT_AGE.add(key, sub.receipt_age)
         if sub.latest_end_age is not None:
-            _gauge(f.SUB_REPORTED_AGE, key, sub.latest_end_age)
+            f.SUB_REPORTED_AGE.add(key, sub.latest_end_age)
         if sub.apply_errors is not None:
             f.SUB_APPLY_ERRORS.make().add_metric(key, sub.apply_errors)
         if sub.sync_errors is not None:
@@ -59,6 +55,6 @@ def _failover_slot_metrics(c: ClusterSnapshot) -> None:
         sync = r.slot_sync
         if sync is None:
             continue
-        _gauge(f.SLOT_SYNC_RUNNING, [c.name, r.name], float(sync.syncing))
+        f.SLOT_SYNC_RUNNING.add([c.name, r.name], float(sync.syncing))
         for slot in failover:
-            _gauge(f.SLOT_SYNCED, [c.name, r.name, slot], float(sync.syncing and slot in sync.synced))
+            f.SLOT_SYNCED.add([c.name, r.name, slot], float(sync.syncing and slot in sync.synced))

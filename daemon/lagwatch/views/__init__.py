@@ -17,7 +17,6 @@ from lagwatch.views import (
     startup_io,
     subscriptions,
     wal,
-    wal_dir,
     wal_receiver,
 )
 from lagwatch.views.base import View
@@ -33,7 +32,6 @@ CYCLE_VIEWS: tuple[View[Any], ...] = (
     horizon.VIEW,
     subscriptions.VIEW,
     wal.VIEW,
-    wal_dir.VIEW,
 )
 
 __all__ = ["CYCLE_VIEWS", "View"]

@@ -35,6 +35,10 @@ class View(Generic[T]):
     rate over samples wants None there instead: it needs the instant each was read). What
     is kept goes with the node's answer: a poll that fails, or a new connection, drops it.
 
+    ``needs``: what the probe must have found true (a room's grants, by name) for the view
+    to be read at all, where without it the SQL would fail outright; a server it applies to
+    but that lacks one is said once, with the grant (rooms.missing_grants).
+
     ``queries_for``: where the SQL depends on what the probe learnt (a grant a room asked
     once per connection), the queries for those capabilities; the SQL is then chosen once
     per connection instead of the server asking the question again every poll.
@@ -48,6 +52,11 @@ class View(Generic[T]):
     every: int = 1
     keep: bool = True
     queries_for: Callable[[Capabilities], Mapping[int, str]] | None = None
+    needs: tuple[str, ...] = ()
+
+    def readable(self, caps: Capabilities) -> bool:
+        """Whether a connection reads it: it applies, and the probe found what it needs."""
+        return self.applies(caps) and all(caps.asked.get(name) is True for name in self.needs)
 
     def sql_for(self, server_version_num: int) -> str | None:
         """The SQL for a server of this version (``queries``)."""

@@ -18,7 +18,6 @@ _RECORDS_FN = "to_regprocedure('pg_get_wal_records_info(pg_lsn,pg_lsn)')"
 GRANTS = {
     "replication": "GRANT pg_read_all_stats TO ROLE",
     "wal_receiver": "GRANT pg_read_all_stats TO ROLE",
-    "wal_dir": "GRANT EXECUTE ON FUNCTION pg_ls_waldir() TO ROLE",
     "walinspect": "GRANT EXECUTE ON FUNCTION pg_get_wal_stats(pg_lsn, pg_lsn, boolean) TO ROLE (optional)",
     "walinspect_blocks": "GRANT EXECUTE ON FUNCTION pg_get_wal_block_info(pg_lsn, pg_lsn, boolean) TO ROLE "
                          "(optional)",
@@ -28,7 +27,6 @@ GRANTS = {
 
 SQL = f"""SELECT current_setting('server_version_num')::int AS version_num,
     pg_is_in_recovery() AS in_recovery,
-    has_function_privilege('pg_ls_waldir()', 'EXECUTE') AS can_ls_waldir,
     {_STATS_FN} IS NOT NULL AS has_walinspect,
     CASE WHEN {_STATS_FN} IS NOT NULL
          THEN has_function_privilege({_STATS_FN}, 'EXECUTE') END AS can_walinspect,
@@ -46,7 +44,6 @@ SQL = f"""SELECT current_setting('server_version_num')::int AS version_num,
 class Capabilities:
     version_num: int
     in_recovery: bool
-    can_ls_waldir: bool
     has_walinspect: bool
     can_walinspect: bool
     can_read_all_stats: bool
@@ -65,8 +62,6 @@ class Capabilities:
         """What this connection cannot read, and why: said once in the log (worked out once
         per connection, as every poll asks; read it, never change it)."""
         out = {}
-        if not self.can_ls_waldir:
-            out["wal_dir"] = f"no EXECUTE on pg_ls_waldir() ({GRANTS['wal_dir']})"
         if not self.can_read_all_stats:
             out["replication"] = f"not a member of pg_read_all_stats: LSN columns are hidden ({GRANTS['replication']})"
             if self.in_recovery:
@@ -97,7 +92,6 @@ def parse(rows: Sequence[Row]) -> Capabilities:
         asked={k: v for k, v in row.items() if k not in _OWN},
         version_num=int(row["version_num"]),
         in_recovery=bool(row["in_recovery"]),
-        can_ls_waldir=bool(row["can_ls_waldir"]),
         has_walinspect=bool(row["has_walinspect"]),
         can_walinspect=bool(row["can_walinspect"]),
         can_read_all_stats=bool(row["can_read_all_stats"]),
