@@ -121,3 +121,31 @@ def test_a_slow_command_shows_its_queue_and_the_oldest_wait(pg_cluster: ChaosClu
     done = archiving(lw)
     assert done is not None and done["archived_total"] - start["archived_total"] == 2
     assert done["failed_total"] == start["failed_total"]
+
+
+def test_a_standby_with_archive_mode_always_archives_and_is_read(pg_cluster: ChaosCluster,
+                                                                  lagwatch: Lagwatch) -> None:
+    """archive_mode = always: the standby archives the WAL it receives (the same command),
+    and lagwatch reads its archiver too, with its mode; set back to on, it is not read."""
+    lw, replica1 = lagwatch, pg_cluster.replicas[0]
+
+    def standby() -> dict[str, Any] | None:
+        nodes = lw.status()["clusters"][0]["archiver"] or []
+        return next((n for n in nodes if n["node"] == "replica1"), None)
+
+    replica1.alter_system("archive_mode", "always")  # needs a restart
+    replica1.restart()
+    try:
+        lw.wait_for("replica1 streaming", replica1.is_streaming, timeout=20)
+        lw.wait_for("replica1's archiver read", lambda: standby() is not None, timeout=15)
+        name, _ = close_segment(pg_cluster)
+        lw.wait_for(f"{name} archived by the standby", lambda: (standby() or {}).get("last_archived_wal") == name,
+                    timeout=15)
+        read = standby()
+        assert read is not None and (read["archive_mode"], read["failing"]) == ("always", False), read
+        assert lw.value("lagwatch_archive_info", node="replica1", mode="always") == 1
+    finally:
+        replica1.alter_system("archive_mode", None)
+        replica1.restart()
+    lw.wait_for("replica1 streaming again", replica1.is_streaming, timeout=20)
+    lw.wait_for("replica1 not read once it archives no more", lambda: standby() is None, timeout=15)

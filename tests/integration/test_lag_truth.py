@@ -571,10 +571,21 @@ def test_inactive_slot_retains_wal_and_wal_stats_move(pg_cluster: ChaosCluster, 
             "lagwatch_slot_retained_bytes", slot="inactive") or 0) > retained_before + 100_000, timeout=20)
     after = lagwatch.samples()
     # WAL counters: pg_stat_wal (14+) and pg_walinspect (installed by the fixture) both see the writes.
-    for name in ("lagwatch_wal_bytes_total", "lagwatch_wal_records_total", "lagwatch_wal_inspected_bytes_total"):
+    for name, labels in (("lagwatch_wal_bytes_total", _labels(node="primary")),
+                         ("lagwatch_wal_records_total", _labels(node="primary")),
+                         ("lagwatch_wal_inspected_bytes_total", _labels())):
         # (pg_walinspect is read every 10 s)
-        lagwatch.wait_for(f"{name} to move", lambda name=name: (lagwatch.samples().get((name, _labels())) or 0)
-                          > before.get((name, _labels()), 0), timeout=15)
+        lagwatch.wait_for(f"{name} to move", lambda name=name, labels=labels: (lagwatch.samples().get((name, labels))
+                                                                              or 0) > before.get((name, labels), 0),
+                          timeout=15)
+    if pg_cluster.binaries.major >= 14:
+        # pg_stat_wal's bytes (rooms/wal.py) as the server counts them, bracketed by two reads.
+        stat_sql = "SELECT wal_bytes::bigint FROM pg_stat_wal"
+        first = int(pg_cluster.primary.scalar(stat_sql))
+        lagwatch.wait_cycles(2)
+        read = lagwatch.value("lagwatch_wal_bytes_total", node="primary")
+        last = int(pg_cluster.primary.scalar(stat_sql))
+        assert read is not None and first <= read <= last, (first, read, last)
     assert after[("lagwatch_wal_rate_bytes_per_second", _labels())] > 0
     # pg_wal's size (rooms/wal_dir.py), the primary's: the server's own sum over the cycle
     # lagwatch published after the writes, bracketed by two reads of it (no writes between,
@@ -587,8 +598,8 @@ def test_inactive_slot_retains_wal_and_wal_stats_move(pg_cluster: ChaosCluster, 
     assert read is not None and min(first, last) <= read <= max(first, last), (first, read, last)
     assert lagwatch.value("lagwatch_wal_directory_files", node="primary") is not None
     method = "pglz" if pg_cluster.binaries.major < 15 else pg_cluster.primary.scalar("SHOW wal_compression")
-    assert after[("lagwatch_wal_compression_info", _labels(method=method))] == 1
-    has_write_counters = ("lagwatch_wal_writes_total", _labels()) in after
+    assert after[("lagwatch_wal_compression_info", _labels(node="primary", method=method))] == 1
+    has_write_counters = ("lagwatch_wal_writes_total", _labels(node="primary")) in after
     assert has_write_counters == (pg_cluster.binaries.major < 18)
     assert lagwatch.value("lagwatch_slot_active", slot="inactive") == 0
     assert lagwatch.value("lagwatch_slot_active", slot="replica1") == 1

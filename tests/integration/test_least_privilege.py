@@ -227,6 +227,21 @@ def test_a_role_without_grants_is_told_what_it_lacks(pg_cluster: ChaosCluster, t
         assert "main/primary: MISSING for archiver: GRANT EXECUTE ON FUNCTION pg_ls_archive_statusdir() TO " \
             "lagwatch" in lines, lines  # a room's grant, on the node that archives only
         assert sum("MISSING for archiver" in line for line in lines) == 1, lines
+        assert sum("MISSING for wal_dir" in line for line in lines) == 1, lines  # pg_wal is the primary's alone
+        # The daemon says a room's missing grant once at connect, and shows its view down.
+        (tmp_path / "run").mkdir()
+        lw = Lagwatch(tmp_path / "run", config)
+        try:
+            lw.wait_ready()
+            lw.wait_for("wal_dir down on the primary", lambda: lw.value("lagwatch_view_up", node="primary",
+                                                                        view="wal_dir") == 0, timeout=15)
+            log = lw.log_text()
+            assert log.count("main/primary: wal_dir: not reading the size of pg_wal: GRANT EXECUTE ON FUNCTION "
+                             "pg_ls_waldir() TO lagwatch") == 1, log
+            assert "cannot read wal_dir" not in log  # never tried, so never failed
+            assert lw.value("lagwatch_view_up", node="replica1", view="wal_dir") is None
+        finally:
+            lw.stop()
         for replica in ("replica1", "replica2"):
             assert f"main/{replica}: MISSING for wal_receiver: GRANT pg_read_all_stats TO lagwatch" in lines, lines
         primary.execute("GRANT pg_monitor TO lagwatch")

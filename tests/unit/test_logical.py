@@ -90,7 +90,7 @@ def test_status_and_the_page_list_consumers_under_their_cluster_apart_from_repli
                                  "wal_commit", 5.0, None),
                  LogicalConsumer("cdc<x>", "pg_recvlogical", False, None, "app", "test_decoding", 0x2000000, 1 << 24,
                                  42.0, "lsn_clock", 5.0, None))
-    cluster = ClusterSnapshot("main", 0x3001000, None, (), (), None, None, (), logical=consumers)
+    cluster = ClusterSnapshot("main", 0x3001000, None, (), (), None, (), logical=consumers)
     snap = Snapshot(1.0e9, 0.004, 5, 0, (cluster,))
     status = snapshot_status(snap)["clusters"][0]
     assert status["replicas"] == []
@@ -146,7 +146,7 @@ def test_a_standbys_failover_slot_copies_read_and_exported_per_primary_failover_
     other = Slot("plain", "logical", "postgres", "pgoutput", True, False, "reserved", None, 1, None, None, None,
                  None, failover=False)
     cluster = ClusterSnapshot("main", 1, None, (replica("r1", syncing), replica("r2", stopped), replica("r3", None)),
-                              (failover, other), None, None, ())
+                              (failover, other), None, ())
     text = render_text(families(Snapshot(1.0e9, 0.004, 5, 0, (cluster,)))).decode()
     assert 'lagwatch_slot_synced{cluster="main",replica="r1",slot="fo"} 1.0' in text
     # Its copy is there but no longer kept in sync: a promotion would find it stale.

@@ -48,7 +48,7 @@ def test_parse_and_keep_each_primary_that_answered() -> None:
 
 def snapshot_with(dirs: dict[str, WalDir] | None, slots: tuple[Slot, ...] = ()) -> Snapshot:
     cluster = ClusterSnapshot(name="main", primary_lsn=None, wal_rate_bytes_per_second=None, replicas=(), slots=slots,
-                              wal=None, walinspect=None, nodes=(), primary_node="primary",
+                              walinspect=None, nodes=(), primary_node="primary",
                               rooms={} if dirs is None else {"wal_dir": dirs})
     return Snapshot(1.0, 0.01, 1, 0, (cluster,), interval=1.0, effective_interval=1.0)
 

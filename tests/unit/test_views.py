@@ -2,7 +2,7 @@
 
 import pytest
 from lagwatch.lsn import format_lsn, parse_lsn
-from lagwatch.views import CYCLE_VIEWS, replication, server, slots, wal, wal_receiver, walinspect
+from lagwatch.views import CYCLE_VIEWS, replication, server, slots, wal_receiver, walinspect
 from lagwatch.views.probe import Capabilities
 
 
@@ -29,9 +29,6 @@ def test_every_view_has_sql_for_13_to_18_wherever_it_applies(version: int) -> No
 def test_versioned_sql_choices() -> None:
     assert "pg_is_wal_replay_paused" in (server.VIEW.sql_for(130000) or "")
     assert "pg_get_wal_replay_pause_state" in (server.VIEW.sql_for(140000) or "")
-    assert "pg_stat_wal" not in (wal.VIEW.sql_for(130000) or "")
-    assert "wal_write::float8" in (wal.VIEW.sql_for(170000) or "")
-    assert "NULL::float8 AS wal_write" in (wal.VIEW.sql_for(180000) or "")
     assert "inactive_since" not in (slots.VIEW.sql_for(160000) or "")
     assert "inactive_since" in (slots.VIEW.sql_for(170000) or "")
     assert "NULL::text AS invalidation_reason" not in (slots.VIEW.sql_for(180000) or "")
@@ -127,17 +124,6 @@ def test_slots_parse_all_versions() -> None:
     assert slot.active is False and slot.confirmed_flush_lag_bytes is None
 
 
-@pytest.mark.parametrize("setting,method", [("on", "pglz"), ("off", "off"), ("lz4", "lz4"), ("zstd", "zstd"),
-                                            ("pglz", "pglz")])
-def test_wal_compression_boolean_before_15(setting: str, method: str) -> None:
-    assert wal.compression_method(setting) == method
-
-
-def test_wal_stats_18_has_no_write_sync_and_unlimited_keep() -> None:
-    stats = wal.parse([{"wal_compression": "lz4", "max_slot_wal_keep_bytes": -1.0,
-                        "wal_records": 10.0, "wal_fpi": 2.0, "wal_bytes": 4096.0, "wal_buffers_full": 0.0,
-                        "wal_write": None, "wal_sync": None}])
-    assert stats.max_slot_wal_keep_bytes is None and stats.writes is None and stats.fpi == 2
 
 
 def test_walinspect() -> None:

@@ -26,7 +26,6 @@ from lagwatch.views.server import ServerPosition
 from lagwatch.views.slots import Slot
 from lagwatch.views.slotsync import SlotSync
 from lagwatch.views.subscriptions import Subscription
-from lagwatch.views.wal import WalStats
 from lagwatch.views.wal_receiver import WalReceiver
 from lagwatch.views.walcommits import WalCommits, WalDatingTotals
 from lagwatch.views.walinspect import WalInspection, WalInspectTotals
@@ -68,7 +67,6 @@ class NodeObservation:
     walsenders: tuple[WalSender, ...] = ()
     receiver: WalReceiver | None = None
     slots: tuple[Slot, ...] = ()
-    wal: WalStats | None = None
     walinspect: WalInspection | None = None
     # The primary's: the commits in its WAL just past each walsender's replay position
     # (by application_name), where lagwatch may read them (commitscan.py), on its clock;
@@ -299,7 +297,6 @@ class ClusterSnapshot:
     wal_rate_bytes_per_second: float | None
     replicas: tuple[ReplicaState, ...]
     slots: tuple[Slot, ...]
-    wal: WalStats | None
     walinspect: WalInspectTotals | None
     nodes: tuple[NodeHealth, ...]
     slas: dict[str, ReplicaSla] = field(default_factory=dict)  # configured replicas' SLAs

@@ -117,7 +117,6 @@ class ClusterTracker:
             replicas=tuple(replicas),
             slots=slots,
             slot_runways=self.forecast.runways(slots, primary.lsn, primary.at),
-            wal=answered.wal if answered is not None else None,
             walinspect=self.walinspect.add(answered.walinspect) if answered is not None else None,
             nodes=tuple(self.nodes.health(o, roles) for o in observations),
             slas=self.cluster.replica_slas,

@@ -44,7 +44,6 @@ from lagwatch.views import (
     slotsync,
     startup_io,
     subscriptions,
-    wal,
     wal_receiver,
 )
 from lagwatch.views.probe import Capabilities
@@ -321,7 +320,7 @@ class NodePoller:
         return NodeObservation(cluster=self.cluster.name, node=self.node, role=self.role, observed_at=answered_at,
                                duration=0.0, answered_at=answered_at, capabilities=caps, position=position,
                                walsenders=walsenders, receiver=read.of(wal_receiver.VIEW),
-                               slots=read.of(slots.VIEW) or (), wal=read.of(wal.VIEW),
+                               slots=read.of(slots.VIEW) or (),
                                walinspect=inspection, wal_commits=wal_commits, heartbeat_seq=self._beat_read(read),
                                views=health, recovery=self._recovery(read), horizon=read.of(horizon.VIEW),
                                logical=senders.logical, subscriptions=read.of(subscriptions.VIEW),

@@ -120,6 +120,7 @@ class ViewReader:
         self._polls = 0  # polls read on this connection: the cadenced views' clock
         self._caps: Capabilities | None = None  # the probe's answer the views below were chosen by
         self._applying: tuple[View[Any], ...] = ()  # the role's views that apply to this server
+        self._unreadable: frozenset[str] = frozenset()  # ... and those it may not read
         self._cadence.forget()
 
     def forget_kept(self) -> None:
@@ -150,7 +151,7 @@ class ViewReader:
         for view, error in failed.items():
             self.note_failure(view, error)
         health = {name: name in results for name in self._names if name in results or name in failed
-                  or name in self.resting or name in caps.skipped}
+                  or name in self.resting or name in caps.skipped or name in self._unreadable}
         self._cadence.carry(self._applying, poll, results, failed, health, self.is_resting)
         if "replication" not in results:
             # Unread (failed, resting, or a replica): the names go, so a pid the kernel hands
@@ -163,8 +164,10 @@ class ViewReader:
         probe), those read one poll in N only when due, none that rests after a failure."""
         if caps is not self._caps:
             self._caps = caps
-            self._applying = tuple(v for v in self._role_views["replica" if caps.in_recovery else "primary"]
-                                   if v.readable(caps))
+            role_views = self._role_views["replica" if caps.in_recovery else "primary"]
+            self._applying = tuple(v for v in role_views if v.readable(caps))
+            # Views the server has but the role may not read (a room's grant missing): down.
+            self._unreadable = frozenset(v.name for v in role_views if v.applies(caps) and not v.readable(caps))
         views = self._cadence.choose(self._applying, self._polls)
         if not self.resting:
             return views  # every cycle but after a failure: the same tuple, nothing to filter

@@ -301,15 +301,6 @@ _section = "WAL"
 PRIMARY_LSN = gauge("lagwatch_primary_wal_lsn_bytes", "Primary's current WAL LSN as a byte position", C)
 WAL_RATE = gauge("lagwatch_wal_rate_bytes_per_second", "WAL generation rate over forecast_horizon (a minute by "
                  "default)", C)
-WAL_COMPRESSION = gauge("lagwatch_wal_compression_info", "1 for the wal_compression method in use (off, pglz, lz4, "
-                        "zstd)", C, "method")
-MAX_SLOT_WAL_KEEP = gauge("lagwatch_max_slot_wal_keep_size_bytes", "max_slot_wal_keep_size setting", C)
-WAL_BYTES = counter("lagwatch_wal_bytes", "WAL bytes generated (pg_stat_wal.wal_bytes)", C)
-WAL_RECORDS = counter("lagwatch_wal_records", "WAL records generated (pg_stat_wal.wal_records)", C)
-WAL_FPI = counter("lagwatch_wal_fpi", "Full-page images generated (pg_stat_wal.wal_fpi)", C)
-WAL_BUFFERS_FULL = counter("lagwatch_wal_buffers_full", "Times WAL buffers were full (pg_stat_wal)", C)
-WAL_WRITES = counter("lagwatch_wal_writes", "WAL writes (pg_stat_wal, before PostgreSQL 18)", C)
-WAL_SYNCS = counter("lagwatch_wal_syncs", "WAL syncs (pg_stat_wal, before PostgreSQL 18)", C)
 WAL_INSPECTED = counter("lagwatch_wal_inspected_bytes", "WAL bytes read by pg_walinspect", C)
 WAL_DATING_READ = counter("lagwatch_wal_dating_read_bytes", "WAL bytes read with pg_walinspect to date "
                           "replicas' staleness from commit times (lag_from_wal): counted by pg_get_wal_stats "

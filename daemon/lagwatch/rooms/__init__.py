@@ -9,14 +9,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from lagwatch.rooms import archiver, wal_dir
+from lagwatch.rooms import archiver, wal, wal_dir
 from lagwatch.rooms.base import Grant, Room
 from lagwatch.views.base import View
 from lagwatch.views.probe import Capabilities
 
 ROOMS: tuple[Room[Any, Any], ...] = (
-    archiver.ROOM,
+    wal.ROOM,
     wal_dir.ROOM,
+    archiver.ROOM,
 )
 
 VIEWS: tuple[View[Any], ...] = tuple(room.view for room in ROOMS)

@@ -272,15 +272,6 @@ def _wal_metrics(c: ClusterSnapshot) -> None:
         f.PRIMARY_LSN.add(key, c.primary_lsn)
     if c.wal_rate_bytes_per_second is not None:
         f.WAL_RATE.add(key, c.wal_rate_bytes_per_second)
-    w = c.wal
-    if w is not None:
-        f.WAL_COMPRESSION.add([c.name, w.compression], 1.0)
-        if w.max_slot_wal_keep_bytes is not None:
-            f.MAX_SLOT_WAL_KEEP.add(key, w.max_slot_wal_keep_bytes)
-        for spec, value in ((f.WAL_BYTES, w.bytes), (f.WAL_RECORDS, w.records), (f.WAL_FPI, w.fpi),
-                            (f.WAL_BUFFERS_FULL, w.buffers_full), (f.WAL_WRITES, w.writes), (f.WAL_SYNCS, w.syncs)):
-            if value is not None:
-                spec.add(key, value)
     if c.wal_dating is not None:
         f.WAL_DATING_READ.add(key, c.wal_dating.read_bytes)
         f.WAL_DATING_READS.add(key, c.wal_dating.reads)

@@ -133,7 +133,6 @@ def cluster_status(c: ClusterSnapshot) -> dict[str, Any]:
         "subscriptions": [{**asdict(s), "received_lsn": format_lsn(s.received_lsn),
                            "latest_end_lsn": format_lsn(s.latest_end_lsn), "conflicts": dict(s.conflicts)}
                           for s in c.subscriptions],
-        "wal": None if c.wal is None else asdict(c.wal),
         "walinspect": None if c.walinspect is None else asdict(c.walinspect),
         "nodes": [asdict(n) for n in c.nodes],
         "pool": None if c.pool is None else pool_status(c.pool),

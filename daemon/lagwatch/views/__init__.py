@@ -16,7 +16,6 @@ from lagwatch.views import (
     slotsync,
     startup_io,
     subscriptions,
-    wal,
     wal_receiver,
 )
 from lagwatch.views.base import View
@@ -31,7 +30,6 @@ CYCLE_VIEWS: tuple[View[Any], ...] = (
     slots.VIEW,
     horizon.VIEW,
     subscriptions.VIEW,
-    wal.VIEW,
 )
 
 __all__ = ["CYCLE_VIEWS", "View"]
