@@ -134,7 +134,8 @@ def test_monitoring_role_is_enough(pg_cluster: ChaosCluster, tmp_path: Path) -> 
 def test_a_view_denied_at_run_time_leaves_the_node_up(pg_cluster: ChaosCluster, tmp_path: Path) -> None:
     """Grants taken away while lagwatch runs (pg_ls_waldir(), pg_walinspect): those views
     read 0 in lagwatch_view_up, with one warning naming the grant; the node stays up and
-    its lag is still measured."""
+    its lag is still measured. pg_ls_archive_statusdir() taken away costs the archiver its
+    waiting segments only."""
     primary = pg_cluster.primary
     drop_role(primary)
     primary.execute("CREATE ROLE lagwatch LOGIN; GRANT pg_monitor, pg_read_server_files TO lagwatch")
@@ -150,6 +151,7 @@ def test_a_view_denied_at_run_time_leaves_the_node_up(pg_cluster: ChaosCluster, 
             replica1 = pg_cluster.replicas[0]
             with Readings(lw, every=0.05) as readings:
                 primary.execute("REVOKE EXECUTE ON FUNCTION pg_ls_waldir() FROM pg_monitor; "
+                                "REVOKE EXECUTE ON FUNCTION pg_ls_archive_statusdir() FROM pg_monitor; "
                                 "REVOKE pg_read_server_files FROM lagwatch")
                 # Meanwhile replica1 falls behind, paused under writes, to show its lag still measured.
                 caught_up_to = time.monotonic()
@@ -157,7 +159,8 @@ def test_a_view_denied_at_run_time_leaves_the_node_up(pg_cluster: ChaosCluster, 
                 replica1.pause_replay()
                 writer.wait_commits(2)  # the second began after the pause: replica1 lacks it
                 lacks_since = time.monotonic()
-                # pg_walinspect is read every WALINSPECT_EVERY (10 s), so its denial shows then.
+                # A grant the probe had found, refused (wal_dir's): the next poll probes again,
+                # which learns pg_walinspect's too (else its read, every WALINSPECT_EVERY, would).
                 lw.wait_for("the denied views down", lambda: lw.value("lagwatch_view_up", node="primary",
                                                                       view="wal_dir") == 0
                             and lw.value("lagwatch_view_up", node="primary", view="walinspect") == 0, timeout=25)
@@ -180,17 +183,24 @@ def test_a_view_denied_at_run_time_leaves_the_node_up(pg_cluster: ChaosCluster, 
             assert lag is not None and reading.at - lacks_since - bracket <= lag <= read_by - caught_up_to + bracket, \
                 (lag, reading, caught_up_to, lacks_since, read_by, bracket)
         assert lw.value("lagwatch_up", node="primary") == 1
-        for view in ("server", "replication", "slots", "wal"):
+        for view in ("server", "replication", "slots", "wal", "archiver"):
             assert lw.value("lagwatch_view_up", node="primary", view=view) == 1, view
+        # The archiver's guarded listing: the waiting segments unknown, its counts still read.
+        assert lw.value("lagwatch_archive_waiting_segments", node="primary") is None
+        assert lw.value("lagwatch_archive_archived_total", node="primary") is not None
         assert (lw.value("lagwatch_view_errors_total", node="primary", view="wal_dir") or 0) >= 1
         log = lw.log_text()
         # Said once, by the only node that reads it: pg_wal is read on the primary alone.
         assert log.count("cannot read wal_dir") == 1
         assert "wal_dir (" in log and ": needs GRANT EXECUTE ON FUNCTION pg_ls_waldir() TO lagwatch" in log
-        assert log.count("cannot read walinspect") == 1 and "pg_get_wal_stats" in log
+        assert "asking the server again what this role may read" in log
+        # pg_walinspect's denial said once: by its read, or by the probe that came first.
+        assert log.count("cannot read walinspect") + log.count("not reading walinspect") == 1, log
+        assert "pg_get_wal_stats" in log
     finally:
         lw.stop()
-        primary.execute("GRANT EXECUTE ON FUNCTION pg_ls_waldir() TO pg_monitor")
+        primary.execute("GRANT EXECUTE ON FUNCTION pg_ls_waldir() TO pg_monitor; "
+                        "GRANT EXECUTE ON FUNCTION pg_ls_archive_statusdir() TO pg_monitor")
         drop_role(primary)
 
 

@@ -39,3 +39,11 @@ def test_the_probe_asks_what_the_rooms_ask_and_keeps_their_answers_apart() -> No
     row = {"version_num": 180000, "in_recovery": False, "has_walinspect": False,
            "can_walinspect": False, "can_read_all_stats": True, "startup_pid": None, "room_column": "x"}
     assert parse([row]).asked == {"room_column": "x"}
+
+
+def test_what_a_view_needs_is_a_grant_its_room_asks_for() -> None:
+    """A name in View.needs the probe never asks would leave the view never read: each is
+    one of its room's grants, asked once per connection."""
+    asked = probe_columns()
+    for room in ROOMS:
+        assert set(room.view.needs) <= {grant.name for grant in room.grants} <= set(asked), room.name

@@ -2,6 +2,8 @@
 
 import pytest
 from lagwatch.lsn import format_lsn, parse_lsn
+from lagwatch.rooms import VIEWS as ROOM_VIEWS
+from lagwatch.rooms import probe_columns
 from lagwatch.views import CYCLE_VIEWS, replication, server, slots, wal_receiver, walinspect
 from lagwatch.views.probe import Capabilities
 
@@ -19,11 +21,14 @@ def test_every_view_has_sql_for_13_to_18_wherever_it_applies(version: int) -> No
     """A view with no SQL for a version says it does not apply there (views/base.py), so a
     poll never asks for it; every other view has SQL for 13 to 18."""
     for in_recovery in (False, True):
+        # Every room's probe column true: each view at its fullest (archive_mode always).
+        asked = {column: True for column in probe_columns()} | {"archive_mode": "always"}
         caps = Capabilities(version, in_recovery, has_walinspect=True, can_walinspect=True,
-                            can_read_all_stats=True)
-        for view in CYCLE_VIEWS:
-            assert bool(view.sql_for(version)) or not view.applies(caps), (view.name, version)
+                            can_read_all_stats=True, asked=asked)
+        for view in (*CYCLE_VIEWS, *ROOM_VIEWS):
+            assert bool(view.sql(caps)) or not view.readable(caps), (view.name, version)
     assert {v.name for v in CYCLE_VIEWS if not v.sql_for(version)} <= {"startup_io", "slotsync"}
+    assert all(v.sql_for(version) for v in ROOM_VIEWS)
 
 
 def test_versioned_sql_choices() -> None:
@@ -122,8 +127,6 @@ def test_slots_parse_all_versions() -> None:
                             "conflicting": None, "inactive_seconds": 12.5, "invalidation_reason": None}])
     assert slot.retained_bytes == 5000 and slot.safe_wal_size == 1000 and slot.inactive_seconds == 12.5
     assert slot.active is False and slot.confirmed_flush_lag_bytes is None
-
-
 
 
 def test_walinspect() -> None:

@@ -65,8 +65,8 @@ _NO_PRIMARY: dict[str, WalSender] = {}
 
 
 class ForgetsNodes(Protocol):
-    """A part of the tracker that keeps something per node: a node gone from the cluster
-    is one call (rooms/base.py's keepers answer it too)."""
+    """A part of the tracker that keeps something per replica or node: one gone is one
+    call (rooms/base.py's keepers answer it too)."""
 
     def forget(self, node: str) -> None: ...
 
@@ -93,9 +93,12 @@ class ClusterTracker:
         self.beats: Callable[[], Beats] | None = None
         self._primary_clock = PrimaryClock()  # the primary's wall clock on lagwatch's (the one converter)
         self.rooms = {room.name: room.keeper() for room in ROOMS}  # each room's keeper (lagwatch.rooms)
-        # Everything kept per replica, each answering forget(name) when one is gone.
+        # Everything kept of a replica, each answering forget(name) once it is gone; and of a
+        # node (the rooms' keepers read any node), forgotten only once it is gone from the
+        # cluster: a configured replica that now leads is still polled and still counted.
         self._per_replica: tuple[ForgetsNodes, ...] = (
-            self.forecast, self.replay_load, self.conflicts, self.read_instants, *self.rooms.values())
+            self.forecast, self.replay_load, self.conflicts, self.read_instants)
+        self._per_node: tuple[ForgetsNodes, ...] = (self.nodes, *self.rooms.values())
 
     @property
     def clock(self) -> LsnClock:
@@ -205,7 +208,8 @@ class ClusterTracker:
             for part in self._per_replica:
                 part.forget(name)
             if name not in configured_labels:  # still polled (a configured replica that now leads): still counted
-                self.nodes.forget(name)
+                for part in self._per_node:
+                    part.forget(name)
         return replicas
 
     def _commits(self, by_node: dict[str, NodeObservation], primary: _PrimaryView) -> dict[str, Commits]:

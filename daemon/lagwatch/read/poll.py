@@ -230,6 +230,8 @@ class NodePoller:
             # Promoted or demoted under us: an answer like any other (the tracker follows
             # roles as observed); the next cycle chooses the queries for the new role.
             self._caps = None
+        if self._reader.probe_again:  # a grant taken away since the probe (viewreader.py)
+            self._reader.probe_again, self._caps = False, None
         return answer, asked_at
 
     async def _connection(self) -> psycopg.AsyncConnection[dict[str, Any]]:

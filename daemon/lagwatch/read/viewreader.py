@@ -49,7 +49,6 @@ GRANT_HINTS = {
     "walinspect": ": pg_walinspect needs GRANT EXECUTE ON FUNCTION pg_get_wal_stats(pg_lsn, pg_lsn, boolean) TO ROLE",
     "walinspect_blocks": ": WAL compression savings need GRANT EXECUTE ON FUNCTION "
                          "pg_get_wal_block_info(pg_lsn, pg_lsn, boolean) TO ROLE",
-    "wal": ": pg_stat_wal needs PostgreSQL 14+",
     "wal_receiver": ": pg_stat_wal_receiver shows its columns only to GRANT pg_read_all_stats TO ROLE",
     "wal_dating": ": staleness dated from the WAL needs GRANT EXECUTE ON FUNCTION "
                   "pg_get_wal_records_info(pg_lsn, pg_lsn) TO ROLE",
@@ -89,25 +88,29 @@ class ViewReader:
         self.resting: dict[str, float] = {}  # view -> monotonic time it is tried again
         self.view_errors: dict[str, int] = {}  # view -> failed reads since start
         self.user: str | None = None  # the role the connection logs in as, for grant hints
-        self._said_skipped = False
+        self._said: set[str] = set()  # what say_skipped has said
+        self._denied: set[str] = set()  # views whose grant, found by the probe, was refused this poll
+        self.probe_again = False  # the poller probes the connection again before its next poll
         self.new_connection(None)
 
     def say_skipped(self, caps: Capabilities, walinspect: str) -> None:
         """What the connection cannot read, and the grant that would let it: said once per
         reader, from the probe (its own views') and the rooms (theirs, where they apply)."""
-        if self._said_skipped:
-            return
-        self._said_skipped = True
-        for view, why in caps.skipped.items():
-            log.warning("%s: not reading %s: %s", self.where, view, for_role(why, self.user))
-        for room, needed in missing_grants(caps):
-            log.warning("%s: %s: not reading %s: %s", self.where, room.name, needed.reads or "its view",
-                        for_role(needed.statement, self.user))
+        lines = [(logging.WARNING, f"not reading {view}: {for_role(why, self.user)}")
+                 for view, why in caps.skipped.items()]
+        lines += [(logging.WARNING, f"{room.name}: not reading {needed.reads or 'its view'}: "
+                                    f"{for_role(needed.statement, self.user)}")
+                  for room, needed in missing_grants(caps)]
         if caps.has_walinspect is False and walinspect == "auto" and not caps.in_recovery:
-            log.info("%s: pg_walinspect is not installed; FPI byte statistics are off", self.where)
+            lines.append((logging.INFO, "pg_walinspect is not installed; FPI byte statistics are off"))
         elif caps.has_walinspect and caps.major < 16 and walinspect == "auto" and not caps.in_recovery:
-            log.info("%s: PostgreSQL %d has no pg_get_wal_block_info (16+): WAL compression savings are not "
-                     "measured", self.where, caps.major)
+            lines.append((logging.INFO, f"PostgreSQL {caps.major} has no pg_get_wal_block_info (16+): WAL "
+                                        "compression savings are not measured"))
+        # Each said once per reader: a node promoted (probed again) says what now matters.
+        for level, line in lines:
+            if line not in self._said:
+                self._said.add(line)
+                log.log(level, "%s: %s", self.where, line)
 
     def new_connection(self, user: str | None) -> None:
         """A new session: nothing is prepared on it, no walsender named yet."""
@@ -149,7 +152,12 @@ class ViewReader:
             del results["wal_receiver"]
             failed["wal_receiver"] = "its columns are hidden from this role"
         for view, error in failed.items():
-            self.note_failure(view, error)
+            self.note_failure(view, error, rest=view not in self._denied)
+        if self._denied:
+            # A grant the probe found, taken away since: the view's SQL (or whether it is
+            # read) was chosen by it, so the next poll asks the server again (poll.py) and
+            # chooses anew, rather than resting the view until a reconnect.
+            self.probe_again, self._denied = True, set()
         health = {name: name in results for name in self._names if name in results or name in failed
                   or name in self.resting or name in caps.skipped or name in self._unreadable}
         self._cadence.carry(self._applying, poll, results, failed, health, self.is_resting)
@@ -224,14 +232,21 @@ class ViewReader:
                 raise
             except psycopg.Error as exc:
                 failed[view.name] = flat_message(exc)
+                if isinstance(exc, psycopg.errors.InsufficientPrivilege) and (view.queries_for or view.needs):
+                    self._denied.add(view.name)
         return results, failed
 
-    def note_failure(self, view: str, error: str) -> None:
+    def note_failure(self, view: str, error: str, rest: bool = True) -> None:
         """A view that failed: counted, and (but for the server view, whose failure is the
-        node's) rested for VIEW_RETRY_SECONDS, with a WARNING that names the grant it needs."""
+        node's) rested for VIEW_RETRY_SECONDS, with a WARNING that names the grant it needs;
+        ``rest`` False: read again as the next probe chooses."""
         self.view_errors[view] = self.view_errors.get(view, 0) + 1
         if view == "server":
             return  # the node is down this cycle; nothing to rest
+        if not rest:
+            log.warning("%s: cannot read %s (%s)%s; asking the server again what this role may read", self.where,
+                        view, error, for_role(GRANT_HINTS.get(view, ""), self.user))
+            return
         self.resting[view] = time.monotonic() + VIEW_RETRY_SECONDS
         log.warning("%s: cannot read %s (%s)%s; the node stays up without it, retrying in %ds", self.where, view,
                     error, for_role(GRANT_HINTS.get(view, ""), self.user), VIEW_RETRY_SECONDS)

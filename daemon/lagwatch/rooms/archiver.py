@@ -39,8 +39,11 @@ from lagwatch.views.probe import Capabilities
 _STATUSDIR = "pg_ls_archive_statusdir()"
 
 # The view's SQL, 13+ (pg_ls_archive_statusdir is 12+, archive_library 15+: pg_settings
-# simply has no such row before). The waiting segments are read where the role may list
-# them (the probe asks once per connection: GRANTS), NULL (unknown) where it may not.
+# simply has no such row before). The waiting segments are listed where the probe found the
+# grant (once per connection: GRANTS); where it did not, the statement has no such call at
+# all and they are NULL (unknown). Where it did, the call is still guarded: a grant revoked
+# while the connection lasts (the probe does not run again) then costs the waiting segments,
+# never the whole view, whose failure counts are what the paging alert reads.
 _COUNTERS = """SELECT current_setting('archive_mode') AS mode,
     (SELECT bool_or(setting <> '') FROM pg_settings WHERE name IN ('archive_command', 'archive_library'))
         AS configured,
@@ -49,9 +52,10 @@ _COUNTERS = """SELECT current_setting('archive_mode') AS mode,
     a.last_failed_wal, extract(epoch FROM now() - a.last_failed_time)::float8 AS last_failed_age,
     extract(epoch FROM a.stats_reset)::float8 AS stats_reset"""
 QUERIES = {130000: f"""{_COUNTERS},
-    (SELECT json_build_object('count', count(*),
-                              'oldest_age', extract(epoch FROM now() - min(modification))::float8)
-     FROM {_STATUSDIR} WHERE name LIKE '%.ready') AS waiting
+    CASE WHEN has_function_privilege('{_STATUSDIR}', 'EXECUTE') THEN
+        (SELECT json_build_object('count', count(*),
+                                  'oldest_age', extract(epoch FROM now() - min(modification))::float8)
+         FROM {_STATUSDIR} WHERE name LIKE '%.ready') END AS waiting
 FROM pg_stat_archiver a"""}
 WITHOUT_STATUSDIR = {130000: f"""{_COUNTERS},
     NULL::json AS waiting

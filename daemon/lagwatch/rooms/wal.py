@@ -138,5 +138,3 @@ def page(by_node: WalByNode | None) -> str:
 
 
 ROOM = Room(VIEW, FAMILIES, WalKeeper, export, status, page)
-
-

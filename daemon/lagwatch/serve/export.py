@@ -188,7 +188,7 @@ def _diagnosis_metrics(c: ClusterSnapshot) -> None:
         if load is not None and load.busy_ratio is not None:
             f.REPLAY_BUSY.add(key, load.busy_ratio)
         if load is not None and load.startup_reads is not None:
-            f.STARTUP_READS.make().add_metric(key, load.startup_reads)
+            f.STARTUP_READS.add(key, load.startup_reads)
         rec = r.recovery
         if rec is None:
             continue
@@ -341,8 +341,6 @@ def _sync_metrics(c: ClusterSnapshot) -> None:
                               ((name, 1.0 if current == name else 0.0) for name in SYNC_STATES))
     f.SYNC_INFO.make().add_metric([c.name, s.standby_names, s.synchronous_commit,
                                    s.method or "", s.error or ""])
-
-
 
 
 @functools.lru_cache(maxsize=8)

@@ -41,9 +41,9 @@ def _subscription_metrics(c: ClusterSnapshot) -> None:
         if sub.latest_end_age is not None:
             f.SUB_REPORTED_AGE.add(key, sub.latest_end_age)
         if sub.apply_errors is not None:
-            f.SUB_APPLY_ERRORS.make().add_metric(key, sub.apply_errors)
+            f.SUB_APPLY_ERRORS.add(key, sub.apply_errors)
         if sub.sync_errors is not None:
-            f.SUB_SYNC_ERRORS.make().add_metric(key, sub.sync_errors)
+            f.SUB_SYNC_ERRORS.add(key, sub.sync_errors)
         if sub.conflicts:
             f.SUB_CONFLICTS.make().add_metrics(key, sorted(sub.conflicts.items()))
 

@@ -30,6 +30,9 @@ def combined_sql(views: Sequence[View[Any]], version_num: int, caps: Capabilitie
     """The one statement that reads ``views`` on a server of ``version_num`` (built once per
     set of views and version: every poll asks for it); with ``caps``, each view's SQL for
     what the connection's probe learnt (View.queries_for)."""
+    if caps is not None:
+        version_num = caps.version_num  # one version: the cache key's is the SQL's
+
     def sql(view: View[Any]) -> str | None:
         return view.sql(caps) if caps is not None else view.sql_for(version_num)
 
