@@ -34,7 +34,7 @@ from lagwatch.demo.binaries import find_binaries  # noqa: E402
 from lagwatch.demo.cluster import LocalCluster  # noqa: E402
 from lagwatch.views import CYCLE_VIEWS, horizon, replication, subscriptions  # noqa: E402
 from lagwatch.views.combined import combined_sql  # noqa: E402
-from replicacost import cadenced, cost_arguments, print_table, room_for, run_rotated  # noqa: E402
+from replicacost import cadenced, cost_arguments, print_table, probed, room_for, run_rotated  # noqa: E402
 
 ARMS = ("without", "with", "every", "before logical")
 
@@ -62,16 +62,17 @@ def main() -> int:
         room_for([cluster.replicas[0], primary], args.sessions)
         idle = [psycopg.connect(primary.dsn(), autocommit=True) for _ in range(args.sessions)]
         conns = {arm: psycopg.connect(primary.dsn(), autocommit=True) for arm in ARMS}
-        version = conns["with"].info.server_version
+        caps = probed(conns["with"])
+        version = caps.version_num
         views = [v for v in CYCLE_VIEWS if "primary" in v.roles]
         assert horizon.VIEW in views and subscriptions.VIEW in views
-        without = combined_sql([v for v in views if v.every == 1], version)
-        with_slow = cadenced(views, version)
-        every = combined_sql(views, version)
+        without = combined_sql([v for v in views if v.every == 1], caps)
+        with_slow = cadenced(views, caps)
+        every = combined_sql(views, caps)
         now_read = replication.VIEW.sql_for(version)
         assert now_read is not None and now_read.encode() in every
         before_logical = [sql.replace(now_read.encode(), BEFORE_LOGICAL.encode())
-                          for sql in cadenced([v for v in views if v.name != subscriptions.VIEW.name], version)]
+                          for sql in cadenced([v for v in views if v.name != subscriptions.VIEW.name], caps)]
         sqls: dict[str, bytes | list[bytes]] = {"without": without, "with": with_slow, "every": every,
                                                 "before logical": before_logical}
         print(f"PostgreSQL {binaries.major}, a primary with {args.sessions} idle sessions and one replica; "

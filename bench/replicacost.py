@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "daemon"))
 
 import psycopg  # noqa: E402
+from lagwatch import rooms  # noqa: E402
 from lagwatch.demo.binaries import find_binaries  # noqa: E402
 from lagwatch.demo.cluster import LocalCluster  # noqa: E402
 from lagwatch.demo.servers import LocalServer  # noqa: E402
@@ -41,6 +42,8 @@ from lagwatch.views import probe, recovery, server, startup_io, wal_receiver  # 
 from lagwatch.views.base import View  # noqa: E402
 from lagwatch.views.cadence import Cadence  # noqa: E402
 from lagwatch.views.combined import combined_sql  # noqa: E402
+from lagwatch.views.probe import Capabilities  # noqa: E402
+from psycopg.rows import dict_row  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
 ARMS = ("before", "after", "scan")
@@ -65,12 +68,18 @@ def measure(conn: psycopg.Connection, sql: bytes | Sequence[bytes], polls: int) 
     return (backend_cpu(pid) - cpu0) / polls * 1e6, wall / polls * 1e6
 
 
-def cadenced(views: Sequence[View[Any]], version: int) -> list[bytes]:
+def probed(conn: psycopg.Connection) -> Capabilities:
+    """What lagwatch's probe learns of this connection (the SQL it then chooses follows it)."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        return probe.parse(cur.execute(probe.sql(rooms.probe_columns())).fetchall())
+
+
+def cadenced(views: Sequence[View[Any]], caps: Capabilities) -> list[bytes]:
     """The statements a connection runs poll after poll for ``views``, as lagwatch's cadence
     chooses them (views/cadence.py), one full turn of it."""
     cadence, applying = Cadence(), tuple(views)
     turn = math.lcm(*(v.every for v in applying))
-    return [combined_sql(cadence.choose(applying, n), version) for n in range(turn)]
+    return [combined_sql(cadence.choose(applying, n), caps) for n in range(turn)]
 
 
 def run_rotated(conns: dict[str, psycopg.Connection], sqls: dict[str, bytes | Sequence[bytes]], rounds: int,
@@ -123,11 +132,12 @@ def main() -> int:
         conns = {arm: psycopg.connect(replica.dsn(), autocommit=True) for arm in ARMS}
         for arm in ("before", "after"):
             conns[arm].execute(probe.SQL)  # keeps the startup pid in the session (the scan arm has none)
-        version = conns["after"].info.server_version
-        before = combined_sql([server.VIEW, wal_receiver.VIEW], version)
+        caps = probed(conns["after"])
+        version = caps.version_num
+        before = combined_sql([server.VIEW, wal_receiver.VIEW], caps)
         # With the recovery view, and pg_stat_io's startup reads one poll in ten (16+), as lagwatch reads them.
         after = cadenced([server.VIEW, wal_receiver.VIEW, recovery.VIEW]
-                         + ([startup_io.VIEW] if version >= 160000 else []), version)
+                         + ([startup_io.VIEW] if version >= 160000 else []), caps)
         sqls = {"before": before, "after": after, "scan": after}
         print(f"PostgreSQL {binaries.major}, a replica with {args.sessions} idle sessions; {args.rounds} rounds of "
               f"{args.polls} polls per arm, rotated; one round trip a cycle in every arm")

@@ -145,7 +145,7 @@ def test_a_polls_one_statement_carries_the_sql_the_probe_chose() -> None:
     granted = Capabilities(160000, False, False, False, True,
                            asked={"archive_mode": "on", "archive_status": True})
     denied = replace(granted, asked={"archive_mode": "on", "archive_status": False})
-    with_dir = combined_sql([archiver.VIEW], 160000, granted)
-    without = combined_sql([archiver.VIEW], 160000, denied)
+    with_dir = combined_sql([archiver.VIEW], granted)
+    without = combined_sql([archiver.VIEW], denied)
     assert b"pg_ls_archive_statusdir" in with_dir and b"pg_ls_archive_statusdir" not in without
-    assert combined_sql([archiver.VIEW], 160000, granted) is with_dir
+    assert combined_sql([archiver.VIEW], granted) is with_dir

@@ -7,7 +7,7 @@ import pytest
 from lagwatch.estimate.snapshot import ClusterSnapshot, Snapshot
 from lagwatch.render.exposition import render_text
 from lagwatch.rooms import wal
-from lagwatch.rooms.wal import WalKeeper, WalStats
+from lagwatch.rooms.wal import ROOM, WalStats
 from lagwatch.serve.export import families
 from lagwatch.serve.status import cluster_status
 from lagwatch.serve.status_page import render
@@ -39,7 +39,7 @@ def snapshot_with(by_node: dict[str, WalStats] | None) -> Snapshot:
 
 
 def test_exported_and_shown_per_primary_and_absent_where_not_read() -> None:
-    keeper = WalKeeper()
+    keeper = ROOM.keeper()  # the room's own keeper
     assert keeper.update({}, 1.0) is None
     pg17 = WalStats("lz4", 1 << 30, records=10, fpi=2, bytes=4096, buffers_full=0, writes=7, syncs=3)
     pg18 = WalStats("off", None, records=5, fpi=0, bytes=512, buffers_full=1, writes=None, syncs=None)

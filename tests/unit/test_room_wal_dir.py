@@ -9,7 +9,7 @@ import pytest
 from lagwatch.estimate.snapshot import ClusterSnapshot, Snapshot
 from lagwatch.render.exposition import render_text
 from lagwatch.rooms import missing_grants, wal_dir
-from lagwatch.rooms.wal_dir import WalDir, WalDirKeeper, of_primary
+from lagwatch.rooms.wal_dir import WalDir, of_primary
 from lagwatch.serve.export import families
 from lagwatch.serve.status import cluster_status
 from lagwatch.serve.status_page import render
@@ -37,7 +37,7 @@ def test_it_is_read_where_the_probe_found_the_grant(asked: dict[str, Any], appli
 
 def test_parse_and_keep_each_primary_that_answered() -> None:
     assert wal_dir.parse([{"bytes": 33554432.0, "files": 2}]) == WalDir(32 * MiB, 2)
-    keeper = WalDirKeeper()
+    keeper = wal_dir.ROOM.keeper()  # the room's own keeper
     assert keeper.update({}, 1.0) is None  # no primary answered with it: nothing to say
     # Two primaries (split brain): each one's directory, by node.
     dirs = keeper.update({"b": WalDir(48 * MiB, 3), "a": WalDir(16 * MiB, 1)}, 2.0)

@@ -186,7 +186,7 @@ class ViewReader:
                           views: Sequence[View[Any]]) -> dict[str, Any]:
         # Prepared once per connection and set of views; run over libpq directly rather
         # than through a cursor, which cost more than the rest of the poll.
-        sql = combined_sql(views, caps.version_num, caps)
+        sql = combined_sql(views, caps)
         name = self._prepared.get(sql)
         try:
             if name is None:

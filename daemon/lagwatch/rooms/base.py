@@ -35,6 +35,18 @@ class Keeper(Protocol[R_in, S_out]):
         """A node gone from the cluster: nothing of it is kept."""
 
 
+class ByNode(Generic[R]):
+    """The keeper of a room that keeps nothing across cycles (the server's counters are
+    cumulative, or the value is what the last poll read): this cycle's readings by node, in
+    node order; None when no node answered with the view."""
+
+    def update(self, readings: Mapping[str, R], now: float) -> Mapping[str, R] | None:
+        return dict(sorted(readings.items())) or None
+
+    def forget(self, node: str) -> None:
+        pass  # nothing kept: a node gone has no reading next cycle
+
+
 @dataclass(frozen=True)
 class Grant:
     """A privilege a room needs: asked in the probe, said by ``check --grants``, given by

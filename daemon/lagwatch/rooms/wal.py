@@ -16,7 +16,7 @@ from typing import Any
 from lagwatch.fastinit import fast_init
 from lagwatch.render import families as f
 from lagwatch.render.html import esc
-from lagwatch.rooms.base import Room
+from lagwatch.rooms.base import ByNode, Room
 from lagwatch.views.base import Row, View, opt_int
 
 _SETTINGS = """current_setting('wal_compression') AS wal_compression,
@@ -80,15 +80,6 @@ VIEW = View("wal", frozenset({"primary"}), QUERIES, parse)
 WalByNode = Mapping[str, WalStats]  # the primaries that answered with it
 
 
-class WalKeeper:
-    """Nothing kept across cycles: the counters are the server's own, cumulative."""
-
-    def update(self, readings: Mapping[str, WalStats], now: float) -> WalByNode | None:
-        return dict(sorted(readings.items())) or None
-
-    def forget(self, node: str) -> None:
-        pass
-
 
 # -- what it exports ------------------------------------------------------------------------
 _SECTION = "WAL generation"
@@ -137,4 +128,4 @@ def page(by_node: WalByNode | None) -> str:
     return f'<div class="meta wal">WAL: {items}</div>'
 
 
-ROOM = Room(VIEW, FAMILIES, WalKeeper, export, status, page)
+ROOM = Room(VIEW, FAMILIES, ByNode, export, status, page)

@@ -18,7 +18,7 @@ from typing import Any
 from lagwatch.fastinit import fast_init
 from lagwatch.render import families as f
 from lagwatch.render.html import esc
-from lagwatch.rooms.base import Grant, Room
+from lagwatch.rooms.base import ByNode, Grant, Room
 from lagwatch.views.base import Row, View
 
 QUERIES = {
@@ -47,15 +47,6 @@ VIEW = View(NAME, frozenset({"primary"}), QUERIES, parse, needs=(GRANTS[0].name,
 
 WalDirs = Mapping[str, WalDir]  # by node: the primaries that answered with it
 
-
-class WalDirKeeper:
-    """Nothing kept across cycles: pg_wal's size is what the last poll read."""
-
-    def update(self, readings: Mapping[str, WalDir], now: float) -> WalDirs | None:
-        return dict(sorted(readings.items())) or None
-
-    def forget(self, node: str) -> None:
-        pass
 
 
 def of_primary(dirs: WalDirs | None, primary: str | None) -> WalDir | None:
@@ -93,4 +84,4 @@ def page(dirs: WalDirs | None) -> str:
     return f'<div class="meta wal-dir">pg_wal: {items}</div>'
 
 
-ROOM = Room(VIEW, FAMILIES, WalDirKeeper, export, status, page, grants=GRANTS)
+ROOM = Room(VIEW, FAMILIES, ByNode, export, status, page, grants=GRANTS)

@@ -26,25 +26,19 @@ from lagwatch.views.probe import Capabilities
 _CACHE: dict[tuple[tuple[str, ...], int, tuple[str | None, ...]], bytes] = {}
 
 
-def combined_sql(views: Sequence[View[Any]], version_num: int, caps: Capabilities | None = None) -> bytes:
-    """The one statement that reads ``views`` on a server of ``version_num`` (built once per
-    set of views and version: every poll asks for it); with ``caps``, each view's SQL for
-    what the connection's probe learnt (View.queries_for)."""
-    if caps is not None:
-        version_num = caps.version_num  # one version: the cache key's is the SQL's
-
-    def sql(view: View[Any]) -> str | None:
-        return view.sql(caps) if caps is not None else view.sql_for(version_num)
-
+def combined_sql(views: Sequence[View[Any]], caps: Capabilities) -> bytes:
+    """The one statement that reads ``views`` on the connection ``caps`` was probed on: each
+    view's SQL for its server's version and what the probe learnt (View.sql); built once per
+    set of views and SQL, since every poll asks for it."""
     # A cluster's own views (the heartbeat's table and row) differ by their SQL, not their
     # name; so do the views whose SQL the probe chooses.
-    key = (tuple(v.name for v in views), version_num,
-           tuple(sql(v) for v in views if v.name == heartbeat.NAME or v.queries_for is not None))
+    key = (tuple(v.name for v in views), caps.version_num,
+           tuple(v.sql(caps) for v in views if v.name == heartbeat.NAME or v.queries_for is not None))
     statement = _CACHE.get(key)
     if statement is None:
         pairs = []
         for view in views:
-            query = sql(view)
+            query = view.sql(caps)
             assert query is not None
             # coalesce: a view with no rows is an empty list, never NULL.
             pairs.append(f"'{view.name}', (SELECT coalesce(json_agg(v), '[]'::json) FROM ({query}) v)")
