@@ -5,7 +5,7 @@ Starts a primary (and one replica, so the primary has a walsender and slots), wi
 does (prepared, one round trip), in arms rotated every round so drift falls on each alike:
 
 - ``without``: the primary's views read every poll, none of those read one poll in ten
-  (views/horizon.py, views/subscriptions.py);
+  (rooms/horizon.py, views/subscriptions.py);
 - ``with``: all of them as lagwatch reads them: the slow ones on one poll in ten
   (views/cadence.py: the statement without them on the nine others);
 - ``every``: the slow views as if they were read on every poll (what the cadence saves);
@@ -30,9 +30,11 @@ sys.path.insert(0, str(ROOT / "daemon"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import psycopg  # noqa: E402
+from lagwatch import rooms  # noqa: E402
 from lagwatch.demo.binaries import find_binaries  # noqa: E402
 from lagwatch.demo.cluster import LocalCluster  # noqa: E402
-from lagwatch.views import CYCLE_VIEWS, horizon, replication, subscriptions  # noqa: E402
+from lagwatch.rooms import horizon  # noqa: E402
+from lagwatch.views import CYCLE_VIEWS, replication, subscriptions  # noqa: E402
 from lagwatch.views.combined import combined_sql  # noqa: E402
 from replicacost import cadenced, cost_arguments, print_table, probed, room_for, run_rotated  # noqa: E402
 
@@ -64,7 +66,7 @@ def main() -> int:
         conns = {arm: psycopg.connect(primary.dsn(), autocommit=True) for arm in ARMS}
         caps = probed(conns["with"])
         version = caps.version_num
-        views = [v for v in CYCLE_VIEWS if "primary" in v.roles]
+        views = [v for v in (*CYCLE_VIEWS, *rooms.VIEWS) if "primary" in v.roles and v.applies(caps)]
         assert horizon.VIEW in views and subscriptions.VIEW in views
         without = combined_sql([v for v in views if v.every == 1], caps)
         with_slow = cadenced(views, caps)

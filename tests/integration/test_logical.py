@@ -336,7 +336,7 @@ def test_a_stopped_cdc_client_grows_stale_and_holds_wal(publisher: LogicalCluste
     assert truth >= 2 * HORIZON_ALERT_XIDS + 40
     lw.expect("lagwatch_horizon_held_xids", truth, timeout=5, cluster="main", holder=holder)
     status = lw.status()["clusters"][0]
-    held_for = status["vacuum_horizon_held_seconds"][holder]
+    held_for = status["horizon"]["held_seconds"][holder]
     at = next(c for c in status["logical_consumers"] if c["slot"] == CDC_SLOT)["staleness_measured_at_monotonic"]
     # Dated by the first poll that saw the transaction ID clock past the held ID: at the
     # latest the first poll asked after ``xid_passed_by`` (polls[0]), answered before the
@@ -382,7 +382,7 @@ def test_a_stopped_cdc_client_grows_stale_and_holds_wal(publisher: LogicalCluste
     primary.execute("SELECT pg_drop_replication_slot(%s)", (CDC_SLOT,))
     lw.wait_for("the dropped slot's consumer gone", lambda: CDC_SLOT not in consumers(lw), 10)
     # Released: the slot no longer holds the horizon.
-    assert holder not in lw.status()["clusters"][0]["vacuum_horizon_held_xids"]
+    assert holder not in lw.status()["clusters"][0]["horizon"]["held_xids"]
 
 
 def test_an_apply_error_is_counted_and_alerts_on_prometheus(publisher: LogicalCluster, subscriber: LocalCluster,

@@ -45,7 +45,7 @@ def burn(dsn: str, count: int) -> None:
 
 def held_seconds(lw: Lagwatch, holder: str) -> float | None:
     """How long ``holder`` has held the horizon, as lagwatch's latest snapshot says."""
-    held: float | None = lw.status()["clusters"][0]["vacuum_horizon_held_seconds"].get(holder)
+    held: float | None = lw.status()["clusters"][0]["horizon"]["held_seconds"].get(holder)
     return held
 
 
@@ -83,7 +83,7 @@ def test_a_replicas_feedback_holds_the_horizon_through_its_slot(pg_cluster: Chao
         lw.expect("lagwatch_horizon_held_xids", held, timeout=5, holder=holder)
         assert lw.value("lagwatch_horizon_alert_xids") == ALERT_XIDS
         status = lw.status()["clusters"][0]
-        assert status["vacuum_horizon_held_xids"][holder] == held, status["vacuum_horizon_held_xids"]
+        assert status["horizon"]["held_xids"][holder] == held, status["horizon"]
         assert next(s for s in status["slots"] if s["name"] == slot)["xmin_age"] == held
 
         def firing() -> bool:

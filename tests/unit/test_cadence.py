@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from lagwatch import rooms
 from lagwatch.views import CYCLE_VIEWS
 from lagwatch.views.base import SLOW_EVERY, View
 from lagwatch.views.cadence import Cadence
@@ -71,6 +72,6 @@ def test_a_failed_or_resting_read_is_not_covered_by_an_older_one() -> None:
 def test_the_slow_views_share_one_cadence() -> None:
     """Views read one poll in N are due together: a connection prepares two statements, not
     one per combination of them."""
-    slow = {v.name: v.every for v in CYCLE_VIEWS if v.every > 1}
+    slow = {v.name: v.every for v in (*CYCLE_VIEWS, *rooms.VIEWS) if v.every > 1}
     assert slow == {"startup_io": SLOW_EVERY, "slotsync": SLOW_EVERY, "horizon": SLOW_EVERY,
                     "subscriptions": SLOW_EVERY}

@@ -7,14 +7,21 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from lagwatch.config.options import ClusterOptions
 from lagwatch.estimate.snapshot import ClusterSnapshot, Snapshot
 from lagwatch.render.exposition import render_text
 from lagwatch.rooms import archiver
 from lagwatch.rooms.archiver import ArchiverKeeper, ArchiverReading, NodeArchiving
+from lagwatch.rooms.base import Cycle
 from lagwatch.serve.export import families
 from lagwatch.serve.status import cluster_status
 from lagwatch.serve.status_page import render
 from lagwatch.views.probe import Capabilities
+
+
+def at(now: float) -> Cycle:
+    """A cycle ending at ``now`` (what the room's keeper knows of its cluster besides its readings)."""
+    return Cycle(now, ClusterOptions(name="main"), "primary")
 
 
 def row(**kw: Any) -> dict[str, Any]:
@@ -77,12 +84,12 @@ def test_counts_carry_across_statistics_resets() -> None:
         ({"archived": 1, "failed": 0, "stats_reset": 3000.0}, 15, 4),  # reset and archived between two reads
     ]
     for n, (kw, archived, failed) in enumerate(table):
-        (node,) = keeper.update({"primary": reading(**kw)}, float(n)) or ()
+        (node,) = keeper.update({"primary": reading(**kw)}, at(float(n))) or ()
         assert (node.archived_total, node.failed_total) == (archived, failed), n
     keeper.forget("primary")
-    (node,) = keeper.update({"primary": reading(archived=5, failed=0, stats_reset=3000.0)}, 9.0) or ()
+    (node,) = keeper.update({"primary": reading(archived=5, failed=0, stats_reset=3000.0)}, at(9.0)) or ()
     assert node.archived_total == 5  # a node forgotten starts again
-    assert keeper.update({}, 10.0) is None  # no node answered with the view: nothing to say
+    assert keeper.update({}, at(10.0)) is None  # no node answered with the view: nothing to say
 
 
 def snapshot_with(nodes: tuple[NodeArchiving, ...]) -> Snapshot:

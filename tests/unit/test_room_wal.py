@@ -4,13 +4,20 @@ exports and shows per primary."""
 from __future__ import annotations
 
 import pytest
+from lagwatch.config.options import ClusterOptions
 from lagwatch.estimate.snapshot import ClusterSnapshot, Snapshot
 from lagwatch.render.exposition import render_text
 from lagwatch.rooms import wal
+from lagwatch.rooms.base import Cycle
 from lagwatch.rooms.wal import ROOM, WalStats
 from lagwatch.serve.export import families
 from lagwatch.serve.status import cluster_status
 from lagwatch.serve.status_page import render
+
+
+def at(now: float) -> Cycle:
+    """A cycle ending at ``now`` (what the room's keeper knows of its cluster besides its readings)."""
+    return Cycle(now, ClusterOptions(name="main"), "primary")
 
 
 def test_versioned_sql() -> None:
@@ -40,10 +47,10 @@ def snapshot_with(by_node: dict[str, WalStats] | None) -> Snapshot:
 
 def test_exported_and_shown_per_primary_and_absent_where_not_read() -> None:
     keeper = ROOM.keeper()  # the room's own keeper
-    assert keeper.update({}, 1.0) is None
+    assert keeper.update({}, at(1.0)) is None
     pg17 = WalStats("lz4", 1 << 30, records=10, fpi=2, bytes=4096, buffers_full=0, writes=7, syncs=3)
     pg18 = WalStats("off", None, records=5, fpi=0, bytes=512, buffers_full=1, writes=None, syncs=None)
-    by_node = keeper.update({"primary": pg17, "old": pg18}, 2.0)
+    by_node = keeper.update({"primary": pg17, "old": pg18}, at(2.0))
     assert list(by_node or ()) == ["old", "primary"]
     text = render_text(families(snapshot_with(dict(by_node or {})))).decode()
     for line in ('lagwatch_wal_compression_info{cluster="main",node="primary",method="lz4"} 1.0',

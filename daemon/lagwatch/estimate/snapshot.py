@@ -18,7 +18,6 @@ from lagwatch.estimate.replayload import ReplayLoad
 from lagwatch.estimate.syncrep import SyncReplication
 from lagwatch.estimate.windows import HistogramCounts, WindowStats
 from lagwatch.fastinit import fast_init
-from lagwatch.views.horizon import Horizon
 from lagwatch.views.probe import Capabilities
 from lagwatch.views.recovery import Recovery
 from lagwatch.views.replication import LogicalSender, WalSender
@@ -76,7 +75,6 @@ class NodeObservation:
     wal_clock: tuple[tuple[float, float], ...] = ()
     heartbeat_seq: int | None = None  # a replica's: the heartbeat it has replayed (heartbeat.py)
     recovery: Recovery | None = None  # a replica's startup process and conflicts (views/recovery.py)
-    horizon: Horizon | None = None  # the primary's vacuum horizon holders, one poll in ten (views/horizon.py)
     logical: tuple[LogicalSender, ...] = ()  # the primary's logical walsenders (views/replication.py)
     subscriptions: tuple[Subscription, ...] | None = None  # its subscriptions (None: not read this poll)
     slot_sync: SlotSync | None = None  # a standby's failover slot copies (17+)
@@ -319,11 +317,6 @@ class ClusterSnapshot:
     carried_cycles: int = 0
     wal_dating: WalDatingTotals | None = None  # reads to date staleness from commits, since start
     heartbeat: tuple[int, int] | None = None  # the heartbeat's (beats written, failed attempts); None: off
-    # Who holds the primary's vacuum horizon back, in transactions: "slot/NAME",
-    # "replica/APPLICATION_NAME" (hot_standby_feedback without a slot), "sessions", "prepared".
-    horizon: Mapping[str, int] = field(default_factory=dict)
-    horizon_alert_xids: int | None = None  # the cluster's horizon_alert_xids
-    horizon_seconds: Mapping[str, float] = field(default_factory=dict)  # how long each slot has held it, at least
     logical: tuple[LogicalConsumer, ...] = ()  # the primary's logical slots and their consumers (logical.py)
     subscriptions: tuple[Subscription, ...] = ()  # the primary's own subscriptions, as last read (a subscriber)
     rooms: Mapping[str, Any] = field(default_factory=dict)  # what each room says of the cluster, by room

@@ -6,8 +6,9 @@ lag history (history.LagHistory: the LSN clock, windows, histograms, the transac
 rate), the rates and forecasts (rates.Forecaster), each node's health and its log lines
 (nodehealth.NodeHealthTracker), the WAL inspections added up
 (views.walinspect.WalInspectTally), the logical consumers (logical.LogicalConsumers), the
-vacuum horizon (vacuumhorizon.HorizonHolders) and when each replica's answer was true
-(readinstant.ReadInstants). No I/O: observations carry their own monotonic timestamps.
+primary's transaction ID clock (xidclock.XidClock), when each replica's answer was true
+(readinstant.ReadInstants), and each room's keeper (lagwatch.rooms), given the cycle's view
+of the cluster (rooms/base.py's Cycle). No I/O: observations carry their own monotonic timestamps.
 """
 
 from __future__ import annotations
@@ -38,8 +39,9 @@ from lagwatch.estimate.replicastate import (
 from lagwatch.estimate.roles import RoleTracker, RoleView, describe_change, writer_member
 from lagwatch.estimate.snapshot import ClusterSnapshot, NodeObservation, ReplicaState
 from lagwatch.estimate.syncrep import SyncReplication, assess
-from lagwatch.estimate.vacuumhorizon import HorizonHolders
+from lagwatch.estimate.xidclock import XidClock
 from lagwatch.rooms import ROOMS
+from lagwatch.rooms.base import Cycle
 from lagwatch.views.replication import WalSender
 from lagwatch.views.subscriptions import Subscription
 from lagwatch.views.walinspect import WalInspectTally
@@ -58,7 +60,7 @@ class _PrimaryView:
     clock: PrimaryClock | None
     standby: bool  # the primary is a standby cluster's leader
     wal_dates: Mapping[str, WalDates]  # by application_name (commitscan.py)
-    next_xid: int | None = None  # its transaction ID clock (vacuumhorizon.py)
+    next_xid: int | None = None  # its transaction ID clock (xidclock.py)
 
 
 _NO_PRIMARY: dict[str, WalSender] = {}
@@ -83,7 +85,7 @@ class ClusterTracker:
         self.walinspect = WalInspectTally()
         self.roles = RoleTracker(cluster.name, cluster.standby_cluster)
         self.replay_load = ReplayLoadTracker(window)
-        self.vacuum_horizon = HorizonHolders()
+        self.xids = XidClock()  # the primary's transaction ID clock: dates what holds the vacuum horizon
         self.conflicts = ConflictTotals()
         self.logical = LogicalConsumers(interval, window)
         self.read_instants = ReadInstants()
@@ -113,6 +115,7 @@ class ClusterTracker:
         beats = self.beats() if self.beats is not None else None
         replicas = self._replicas(by_node, primary, roles, now, beats)
         slots = answered.slots if answered is not None else ()
+        self.xids.record(primary.next_xid, primary.at)
         return ClusterSnapshot(
             name=self.cluster.name,
             primary_lsn=primary.lsn,
@@ -134,20 +137,18 @@ class ClusterTracker:
             last_role_change_ago=max(0.0, now - roles.last_change.at) if roles.last_change is not None else None,
             wal_dating=answered.wal_dating if answered is not None else None,
             heartbeat=(beats.written, beats.failed) if beats is not None else None,
-            horizon_alert_xids=self.cluster.horizon_alert_xids,
-            horizon=self.vacuum_horizon.note(answered.horizon if answered else None, slots),
-            horizon_seconds=self.vacuum_horizon.dated(primary.next_xid, primary.at, slots),
             logical=() if answered is None or primary.standby else self.logical.update(
                 slots, answered.logical, primary.lsn, self.clock, primary.wal_dates, primary.senders_at, now),
             subscriptions=_own_subscriptions(answered),
-            rooms=self._rooms(observations, now),
+            rooms=self._rooms(observations, Cycle(now, self.cluster, roles.primary.node if roles.primary else None,
+                                                  slots, self.xids.age)),
         )
 
-    def _rooms(self, observations: Sequence[NodeObservation], now: float) -> dict[str, Any]:
+    def _rooms(self, observations: Sequence[NodeObservation], cycle: Cycle) -> dict[str, Any]:
         """What each room says of the cluster this cycle, from the nodes that answered with its view."""
         out = {}
         for name, keeper in self.rooms.items():
-            value = keeper.update({o.node: o.rooms[name] for o in observations if o.ok and name in o.rooms}, now)
+            value = keeper.update({o.node: o.rooms[name] for o in observations if o.ok and name in o.rooms}, cycle)
             if value is not None:
                 out[name] = value
         return out

@@ -35,7 +35,6 @@ from lagwatch.read.viewreader import ViewReader, ViewsRead
 from lagwatch.redact import redact_text
 from lagwatch.views import (
     heartbeat,
-    horizon,
     probe,
     recovery,
     replication,
@@ -324,7 +323,7 @@ class NodePoller:
                                walsenders=walsenders, receiver=read.of(wal_receiver.VIEW),
                                slots=read.of(slots.VIEW) or (),
                                walinspect=inspection, wal_commits=wal_commits, heartbeat_seq=self._beat_read(read),
-                               views=health, recovery=self._recovery(read), horizon=read.of(horizon.VIEW),
+                               views=health, recovery=self._recovery(read),
                                logical=senders.logical, subscriptions=read.of(subscriptions.VIEW),
                                slot_sync=read.of(slotsync.VIEW),
                                rooms={v.name: read.results[v.name] for v in rooms.VIEWS if v.name in read.results})

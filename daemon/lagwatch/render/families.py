@@ -231,15 +231,6 @@ CONFLICT_HOLDER = gauge("lagwatch_replica_recovery_conflict_holder_xact_seconds"
 
 # -- slots --------------------------------------------------------------------------------
 _section = "slots"
-HORIZON_HELD = gauge("lagwatch_horizon_held_xids", "Transactions the primary's vacuum horizon is held back by "
-                     "each holder: slot/NAME (its xmin or catalog_xmin), replica/APPLICATION_NAME "
-                     "(hot_standby_feedback through a walsender without a slot), sessions (the primary's oldest), "
-                     "prepared (the oldest prepared transaction); read on one poll in ten but the slots", C, "holder")
-HORIZON_SECONDS = gauge("lagwatch_horizon_held_seconds", "How long a slot (holder slot/NAME) has held the primary's "
-                        "vacuum horizon, at least: since the primary's transaction ID clock passed the ID it holds "
-                        "(dated within one interval; from lagwatch's start for older ones)", C, "holder")
-HORIZON_ALERT = gauge("lagwatch_horizon_alert_xids", "The cluster's horizon_alert_xids from the config: above it, "
-                      "replication holding the horizon alerts", C)
 SLOT_IDLE_LEFT = gauge("lagwatch_slot_idle_timeout_left_seconds", "Seconds until idle_replication_slot_timeout "
                        "may invalidate the inactive slot, at the next checkpoint (PostgreSQL 18+; absent when off)",
                        C, S)
@@ -257,8 +248,6 @@ SLOT_INFO = _spec(Info, "lagwatch_slot", "Slot type and state", C, S, "slot_type
 SLOT_RUNWAY = gauge("lagwatch_slot_runway_seconds", "Seconds until safe_wal_size reaches 0 at the current net rate "
                     "(WAL written minus WAL the consumer releases, over forecast_horizon); +Inf when it does not "
                     "shrink; absent when max_slot_wal_keep_size is unlimited", C, S)
-SLOT_WAL_DIR_SHARE = gauge("lagwatch_slot_wal_dir_share", "WAL a slot with no max_slot_wal_keep_size limit "
-                           "retains, as a share of the pg_wal directory (needs pg_ls_waldir())", C, S)
 
 # -- logical consumers --------------------------------------------------------------------
 _section = "logical replication"

@@ -32,7 +32,7 @@ from typing import Any
 from lagwatch.fastinit import fast_init
 from lagwatch.render import families as f
 from lagwatch.render.html import dur, esc
-from lagwatch.rooms.base import Grant, Room
+from lagwatch.rooms.base import Cycle, Grant, Room
 from lagwatch.views.base import Row, View, opt_float, opt_int
 from lagwatch.views.probe import Capabilities
 
@@ -148,7 +148,7 @@ class ArchiverKeeper:
     def __init__(self) -> None:
         self._totals: dict[str, _Totals] = {}
 
-    def update(self, readings: Mapping[str, ArchiverReading], now: float) -> tuple[NodeArchiving, ...] | None:
+    def update(self, readings: Mapping[str, ArchiverReading], cycle: Cycle) -> tuple[NodeArchiving, ...] | None:
         if not readings:
             return None
         out = []

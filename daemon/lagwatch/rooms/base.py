@@ -15,8 +15,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
+from lagwatch.config.options import ClusterOptions
 from lagwatch.render.families import Spec
 from lagwatch.views.base import View
+from lagwatch.views.slots import Slot
 
 R = TypeVar("R")  # what the view reads on one node, as its parser types it
 S = TypeVar("S")  # what the room says of a cluster
@@ -24,10 +26,31 @@ R_in = TypeVar("R_in", contravariant=True)
 S_out = TypeVar("S_out", covariant=True)
 
 
+def _undated(xid: int) -> float | None:
+    return None
+
+
+@dataclass(frozen=True)
+class Cycle:
+    """What a keeper may know of its cluster this cycle besides its own view's readings: the
+    tracker's (estimate/tracker.py) view of the cluster, so that a room whose value combines
+    with the lag core's (the slots' share of pg_wal, who holds the vacuum horizon) is still
+    one room. Pure data; the time is passed in."""
+
+    now: float  # the cycle's end, lagwatch's monotonic clock
+    options: ClusterOptions  # the cluster's options as now in force (a reload may change them)
+    primary: str | None = None  # the node that leads (None: no node answered as one)
+    slots: tuple[Slot, ...] = ()  # the primary's replication slots this cycle (none: it did not answer)
+    # How long ago the primary's transaction ID clock passed a (32-bit) transaction ID, at
+    # least, in seconds (estimate/xidclock.py); None: not dated (older than lagwatch's history,
+    # or no primary answered).
+    xid_age: Callable[[int], float | None] = _undated
+
+
 class Keeper(Protocol[R_in, S_out]):
     """One cluster's room across cycles (the tracker keeps one per cluster)."""
 
-    def update(self, readings: Mapping[str, R_in], now: float) -> S_out | None:
+    def update(self, readings: Mapping[str, R_in], cycle: Cycle) -> S_out | None:
         """This cycle's value from the readings of the nodes that answered with the view
         read or carried (by node name); None: nothing to say."""
 
@@ -40,7 +63,7 @@ class ByNode(Generic[R]):
     cumulative, or the value is what the last poll read): this cycle's readings by node, in
     node order; None when no node answered with the view."""
 
-    def update(self, readings: Mapping[str, R], now: float) -> Mapping[str, R] | None:
+    def update(self, readings: Mapping[str, R], cycle: Cycle) -> Mapping[str, R] | None:
         return dict(sorted(readings.items())) or None
 
     def forget(self, node: str) -> None:

@@ -5,8 +5,8 @@ Read on the primary alone (what replication keeps is the primary's), where the r
 ``pg_ls_waldir()`` (the probe asks once per connection; without the grant the view would
 fail outright, so it does not apply, and the reader says once which grant is missing). Per
 node: a cluster with two primaries (split brain) shows each one's directory. Slots with no
-``max_slot_wal_keep_size`` limit are shown as their share of it (serve/export.py, from the
-slots and this room's value).
+``max_slot_wal_keep_size`` limit are shown as their share of the leading primary's (the
+slots come with the cycle: rooms/base.py's Cycle).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 from lagwatch.fastinit import fast_init
 from lagwatch.render import families as f
 from lagwatch.render.html import esc
-from lagwatch.rooms.base import ByNode, Grant, Room
+from lagwatch.rooms.base import Cycle, Grant, Room
 from lagwatch.views.base import Row, View
 
 QUERIES = {
@@ -45,13 +45,28 @@ NAME = "wal_dir"
 # Every primary has a pg_wal; it is read where the probe found EXECUTE on pg_ls_waldir().
 VIEW = View(NAME, frozenset({"primary"}), QUERIES, parse, needs=(GRANTS[0].name,))
 
-WalDirs = Mapping[str, WalDir]  # by node: the primaries that answered with it
+@dataclass(frozen=True)
+class WalDirs:
+    by_node: Mapping[str, WalDir]  # the primaries that answered with it, in node order
+    # What each slot with no max_slot_wal_keep_size limit retains of the leading primary's
+    # pg_wal (0-1): a slot that will fill the disk shows here before it does.
+    slot_shares: Mapping[str, float]
 
 
+class WalDirKeeper:
+    """Nothing kept across cycles: pg_wal's size is what the last poll read."""
 
-def of_primary(dirs: WalDirs | None, primary: str | None) -> WalDir | None:
-    """The primary's pg_wal, for what is judged against it (a slot's share)."""
-    return None if dirs is None or primary is None else dirs.get(primary)
+    def update(self, readings: Mapping[str, WalDir], cycle: Cycle) -> WalDirs | None:
+        if not readings:
+            return None
+        leading = readings.get(cycle.primary) if cycle.primary is not None else None
+        shares = {} if leading is None or leading.bytes <= 0 else {
+            s.name: min(1.0, s.retained_bytes / leading.bytes)
+            for s in cycle.slots if s.safe_wal_size is None and s.retained_bytes is not None}
+        return WalDirs(dict(sorted(readings.items())), shares)
+
+    def forget(self, node: str) -> None:
+        pass  # nothing kept: a node gone has no reading next cycle
 
 
 # -- what it exports ------------------------------------------------------------------------
@@ -60,13 +75,17 @@ C, N = "cluster", "node"
 BYTES = f.gauge("lagwatch_wal_directory_bytes", "Size of the primary's pg_wal directory (pg_ls_waldir())", C, N,
                 section=_SECTION)
 FILES = f.gauge("lagwatch_wal_directory_files", "Files in the primary's pg_wal directory", C, N, section=_SECTION)
-FAMILIES = (BYTES, FILES)
+SLOT_SHARE = f.gauge("lagwatch_slot_wal_dir_share", "WAL a slot with no max_slot_wal_keep_size limit retains, "
+                     "as a share of the pg_wal directory (needs pg_ls_waldir())", C, "slot", section=_SECTION)
+FAMILIES = (BYTES, FILES, SLOT_SHARE)
 
 
 def export(cluster: str, dirs: WalDirs) -> None:
-    for node, d in dirs.items():
+    for node, d in dirs.by_node.items():
         BYTES.add([cluster, node], d.bytes)
         FILES.add([cluster, node], d.files)
+    for slot, share in sorted(dirs.slot_shares.items()):
+        SLOT_SHARE.add([cluster, slot], share)
 
 
 # -- what it shows ----------------------------------------------------------------------------
@@ -74,14 +93,15 @@ def status(dirs: WalDirs | None) -> list[dict[str, Any]] | None:
     """/api/status's "wal_dir": per primary that answered, its pg_wal (null: not read)."""
     if dirs is None:
         return None
-    return [{"node": node, "bytes": d.bytes, "files": d.files} for node, d in dirs.items()]
+    return [{"node": node, "bytes": d.bytes, "files": d.files} for node, d in dirs.by_node.items()]
 
 
 def page(dirs: WalDirs | None) -> str:
     if not dirs:
         return ""
-    items = ", ".join(f"{esc(node)} {d.bytes / (1 << 20):.0f} MiB in {d.files} files" for node, d in dirs.items())
+    items = ", ".join(f"{esc(node)} {d.bytes / (1 << 20):.0f} MiB in {d.files} files"
+                      for node, d in dirs.by_node.items())
     return f'<div class="meta wal-dir">pg_wal: {items}</div>'
 
 
-ROOM = Room(VIEW, FAMILIES, ByNode, export, status, page, grants=GRANTS)
+ROOM = Room(VIEW, FAMILIES, WalDirKeeper, export, status, page, grants=GRANTS)

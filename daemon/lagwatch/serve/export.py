@@ -20,8 +20,6 @@ from lagwatch.estimate.snapshot import OBSERVED_ROLES, ClusterSnapshot, Snapshot
 from lagwatch.render import families as f
 from lagwatch.render.exposition import Family, collecting, quantile_label, to_prometheus
 from lagwatch.rooms import ROOMS
-from lagwatch.rooms import wal_dir as wal_dir_room
-from lagwatch.rooms.wal_dir import of_primary
 from lagwatch.serve.logicalexport import logical_metrics
 from lagwatch.views.replication import STAGES
 
@@ -246,24 +244,6 @@ def _slot_metrics(c: ClusterSnapshot) -> None:
     for s in c.slots:
         if s.idle_timeout_left is not None:
             f.SLOT_IDLE_LEFT.add([c.name, s.name], s.idle_timeout_left)
-    for holder, xids in sorted(c.horizon.items()):
-        f.HORIZON_HELD.add([c.name, holder], xids)
-    for holder, seconds in sorted(c.horizon_seconds.items()):
-        f.HORIZON_SECONDS.add([c.name, holder], seconds)
-    if c.horizon_alert_xids is not None:
-        f.HORIZON_ALERT.add([c.name], c.horizon_alert_xids)
-    _wal_dir_shares(c)
-
-
-def _wal_dir_shares(c: ClusterSnapshot) -> None:
-    """Slots with no max_slot_wal_keep_size limit: what they retain of the primary's pg_wal
-    (rooms/wal_dir.py)."""
-    wal_dir = of_primary(c.rooms.get(wal_dir_room.NAME), c.primary_node)
-    if wal_dir is None or wal_dir.bytes <= 0:
-        return
-    for s in c.slots:
-        if s.safe_wal_size is None and s.retained_bytes is not None:
-            f.SLOT_WAL_DIR_SHARE.add([c.name, s.name], min(1.0, s.retained_bytes / wal_dir.bytes))
 
 
 def _wal_metrics(c: ClusterSnapshot) -> None:

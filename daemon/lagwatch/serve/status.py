@@ -124,9 +124,6 @@ def cluster_status(c: ClusterSnapshot) -> dict[str, Any]:
         "wal_rate_bytes_per_second": c.wal_rate_bytes_per_second,
         "replicas": [replica_status(r, c.slas.get(r.name)) for r in c.replicas],
         "slots": [{**asdict(s), **_runway(c.slot_runways.get(s.name))} for s in c.slots],
-        # Who holds the primary's vacuum horizon back, in transactions (vacuumhorizon.py).
-        "vacuum_horizon_held_xids": dict(c.horizon),
-        "vacuum_horizon_held_seconds": dict(c.horizon_seconds),  # slots: since their held ID was handed out
         # Subscriptions and change-data-capture clients, by slot (logical.py): not replicas.
         "logical_consumers": [logical_status(lc) for lc in c.logical],
         # The primary's own subscriptions (a subscriber), as last read (one poll in ten).

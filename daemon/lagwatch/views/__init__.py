@@ -8,7 +8,6 @@ The views a poll reads are listed in ``CYCLE_VIEWS``; ``probe`` runs once per co
 from typing import Any
 
 from lagwatch.views import (
-    horizon,
     recovery,
     replication,
     server,
@@ -28,7 +27,6 @@ CYCLE_VIEWS: tuple[View[Any], ...] = (
     startup_io.VIEW,
     slotsync.VIEW,
     slots.VIEW,
-    horizon.VIEW,
     subscriptions.VIEW,
 )
 
