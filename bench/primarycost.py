@@ -5,7 +5,7 @@ Starts a primary (and one replica, so the primary has a walsender and slots), wi
 does (prepared, one round trip), in arms rotated every round so drift falls on each alike:
 
 - ``without``: the primary's views read every poll, none of those read one poll in ten
-  (rooms/horizon.py, views/subscriptions.py);
+  (rooms/horizon.py, rooms/subscriptions.py);
 - ``with``: all of them as lagwatch reads them: the slow ones on one poll in ten
   (views/cadence.py: the statement without them on the nine others);
 - ``every``: the slow views as if they were read on every poll (what the cadence saves);
@@ -33,8 +33,8 @@ import psycopg  # noqa: E402
 from lagwatch import rooms  # noqa: E402
 from lagwatch.demo.binaries import find_binaries  # noqa: E402
 from lagwatch.demo.cluster import LocalCluster  # noqa: E402
-from lagwatch.rooms import horizon  # noqa: E402
-from lagwatch.views import CYCLE_VIEWS, replication, subscriptions  # noqa: E402
+from lagwatch.rooms import horizon, subscriptions  # noqa: E402
+from lagwatch.views import CYCLE_VIEWS, replication  # noqa: E402
 from lagwatch.views.combined import combined_sql  # noqa: E402
 from replicacost import cadenced, cost_arguments, print_table, probed, room_for, run_rotated  # noqa: E402
 

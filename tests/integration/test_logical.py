@@ -457,8 +457,9 @@ def test_a_failover_slot_is_synced_to_the_standby_and_alerts_when_its_sync_stops
         primary.execute("CREATE SEQUENCE IF NOT EXISTS lw_fo_seq START 30000000")
         lw.wait_for("the failover slot synced to the standby", consumed_and_synced, 60)
         assert lw.value("lagwatch_replica_slot_sync_running", **labels) == 1
-        replica = next(r for r in lw.status()["clusters"][0]["replicas"] if r["name"] == standby.name)
-        assert replica["slot_sync"] == {"enabled": True, "worker": True, "synced": [slot]}, replica["slot_sync"]
+        copies = next(r for r in lw.status()["clusters"][0]["slotsync"] if r["node"] == standby.name)
+        assert copies == {"node": standby.name, "enabled": True, "worker": True, "synced": [slot], "missing": []}, \
+            copies
         assert next(s for s in lw.status()["clusters"][0]["slots"] if s["name"] == slot)["failover"] is True
         # The standby stops syncing: its copy would be stale at a promotion.
         standby.alter_system("sync_replication_slots", "off")

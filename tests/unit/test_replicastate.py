@@ -73,7 +73,7 @@ def test_every_field_comes_from_the_part_that_knows_it() -> None:
     reading = LagReading(staleness=1.5, staleness_source="replica", staleness_evidence="wal_commit",
                          staleness_bound="short_of", staleness_at=10.0, replay_lsn=4242, window=None,
                          histogram=HistogramCounts((), (), 0.0, 0), samples=LagSamples())
-    side = ReplaySide(recovery=None, replay_load=None, conflicts_total={"lock": 3}, slot_sync=None)
+    side = ReplaySide(recovery=None, replay_load=None, conflicts_total={"lock": 3})
     state = replica_state("r1", reading, None, None, configured=True, node_up=True, walsender=sender(),
                           streaming=True, receiver=WalReceiver("streaming"), follows_primary=True, side=side)
     got: dict[str, Any] = dataclasses.asdict(state)

@@ -18,7 +18,6 @@ from lagwatch.estimate.snapshot import NodeObservation, ReplicaState
 from lagwatch.views.recovery import Recovery
 from lagwatch.views.replication import WalSender
 from lagwatch.views.server import ServerPosition
-from lagwatch.views.slotsync import SlotSync
 from lagwatch.views.wal_receiver import WalReceiver
 
 
@@ -29,7 +28,6 @@ class ReplaySide:
     recovery: Recovery | None
     replay_load: ReplayLoad | None
     conflicts_total: Mapping[str, int]
-    slot_sync: SlotSync | None
 
 
 def replica_state(name: str, reading: LagReading, catch_up: CatchUp | None, diagnosis: Diagnosis | None, *,
@@ -63,7 +61,6 @@ def replica_state(name: str, reading: LagReading, catch_up: CatchUp | None, diag
         recovery=side.recovery if side else None,
         replay_load=side.replay_load if side else None,
         conflicts_total=side.conflicts_total if side else {},
-        slot_sync=side.slot_sync if side else None,
     )
 
 

@@ -23,8 +23,6 @@ from lagwatch.views.recovery import Recovery
 from lagwatch.views.replication import LogicalSender, WalSender
 from lagwatch.views.server import ServerPosition
 from lagwatch.views.slots import Slot
-from lagwatch.views.slotsync import SlotSync
-from lagwatch.views.subscriptions import Subscription
 from lagwatch.views.wal_receiver import WalReceiver
 from lagwatch.views.walcommits import WalCommits, WalDatingTotals
 from lagwatch.views.walinspect import WalInspection, WalInspectTotals
@@ -76,8 +74,6 @@ class NodeObservation:
     heartbeat_seq: int | None = None  # a replica's: the heartbeat it has replayed (heartbeat.py)
     recovery: Recovery | None = None  # a replica's startup process and conflicts (views/recovery.py)
     logical: tuple[LogicalSender, ...] = ()  # the primary's logical walsenders (views/replication.py)
-    subscriptions: tuple[Subscription, ...] | None = None  # its subscriptions (None: not read this poll)
-    slot_sync: SlotSync | None = None  # a standby's failover slot copies (17+)
     rooms: Mapping[str, Any] = field(default_factory=dict)  # each room's reading (lagwatch.rooms), by room
     wal_dating: WalDatingTotals | None = None  # the primary's reads to date staleness, since start
     # Per view: whether it was read this cycle (False: it failed, rests after a failure, or
@@ -156,7 +152,6 @@ class ReplicaState:
     diagnosis: Diagnosis | None = None  # where its staleness sits and why (diagnosis.py)
     replay_load: ReplayLoad | None = None  # how busy its startup process is (replayload.py)
     recovery: Recovery | None = None  # its startup process, conflicts by type (views/recovery.py)
-    slot_sync: SlotSync | None = None  # 17+: its copies of the primary's failover slots (views/slotsync.py)
     conflicts_total: Mapping[str, int] = field(default_factory=dict)  # cancelled queries by type, never falling
 
     @property
@@ -318,7 +313,6 @@ class ClusterSnapshot:
     wal_dating: WalDatingTotals | None = None  # reads to date staleness from commits, since start
     heartbeat: tuple[int, int] | None = None  # the heartbeat's (beats written, failed attempts); None: off
     logical: tuple[LogicalConsumer, ...] = ()  # the primary's logical slots and their consumers (logical.py)
-    subscriptions: tuple[Subscription, ...] = ()  # the primary's own subscriptions, as last read (a subscriber)
     rooms: Mapping[str, Any] = field(default_factory=dict)  # what each room says of the cluster, by room
 
 

@@ -43,7 +43,6 @@ from lagwatch.estimate.xidclock import XidClock
 from lagwatch.rooms import ROOMS
 from lagwatch.rooms.base import Cycle
 from lagwatch.views.replication import WalSender
-from lagwatch.views.subscriptions import Subscription
 from lagwatch.views.walinspect import WalInspectTally
 
 log = logging.getLogger("lagwatch.estimate.tracker")
@@ -139,7 +138,6 @@ class ClusterTracker:
             heartbeat=(beats.written, beats.failed) if beats is not None else None,
             logical=() if answered is None or primary.standby else self.logical.update(
                 slots, answered.logical, primary.lsn, self.clock, primary.wal_dates, primary.senders_at, now),
-            subscriptions=_own_subscriptions(answered),
             rooms=self._rooms(observations, Cycle(now, self.cluster, roles.primary.node if roles.primary else None,
                                                   slots, self.xids.age)),
         )
@@ -259,13 +257,11 @@ class ClusterTracker:
                                           answered.position.clock_epoch)
 
     def _replay_side(self, name: str, answered: NodeObservation | None, now: float) -> ReplaySide:
-        """The replica's startup process as it answered, its replay load, its conflicts, its
-        copies of the primary's failover slots."""
+        """The replica's startup process as it answered, its replay load, its conflicts."""
         recovery = answered.recovery if answered is not None else None
         at = (answered.asked_at or answered.observed_at) if answered is not None else now
         return ReplaySide(recovery, self.replay_load.note(name, at, recovery),
-                           self.conflicts.note(name, recovery.conflicts if recovery is not None else None),
-                           answered.slot_sync if answered is not None else None)
+                           self.conflicts.note(name, recovery.conflicts if recovery is not None else None))
 
     def _unconfigured_replica(self, name: str, sender: WalSender, primary: _PrimaryView, now: float) -> ReplicaState:
         reading, catch_up = self._reading(name, self._replay_from_sender(
@@ -344,9 +340,3 @@ def _last_commit_at(obs: NodeObservation | None, clock: PrimaryClock | None) -> 
     if obs is None or not obs.ok or obs.position is None or clock is None:
         return None
     return clock.monotonic(obs.position.last_replay_epoch)
-
-
-def _own_subscriptions(primary: NodeObservation | None) -> tuple[Subscription, ...]:
-    """The primary's own subscriptions (a subscriber), as its poll read or carried them (one
-    poll in ten: views/cadence.py); none without its answer."""
-    return (primary.subscriptions or ()) if primary is not None else ()

@@ -40,9 +40,7 @@ from lagwatch.views import (
     replication,
     server,
     slots,
-    slotsync,
     startup_io,
-    subscriptions,
     wal_receiver,
 )
 from lagwatch.views.probe import Capabilities
@@ -324,8 +322,7 @@ class NodePoller:
                                slots=read.of(slots.VIEW) or (),
                                walinspect=inspection, wal_commits=wal_commits, heartbeat_seq=self._beat_read(read),
                                views=health, recovery=self._recovery(read),
-                               logical=senders.logical, subscriptions=read.of(subscriptions.VIEW),
-                               slot_sync=read.of(slotsync.VIEW),
+                               logical=senders.logical,
                                rooms={v.name: read.results[v.name] for v in rooms.VIEWS if v.name in read.results})
 
     def _recovery(self, read: ViewsRead) -> recovery.Recovery | None:

@@ -264,26 +264,6 @@ LOGICAL_ACTIVE = gauge("lagwatch_logical_consumer_active", "1 if a walsender str
 LOGICAL_INFO = _spec(Info, "lagwatch_logical_consumer", "The consumer's walsender state, database, output plugin "
                      "and what dated its staleness", C, LC, S, "state", "database", "plugin", "evidence", as_of=True)
 
-SLOT_SYNC_RUNNING = gauge("lagwatch_replica_slot_sync_running", "1 if the standby syncs the primary's failover "
-                          "slots (sync_replication_slots on and its slot sync worker running; PostgreSQL 17+)", C, R)
-SLOT_SYNCED = gauge("lagwatch_slot_synced", "For each failover slot on the primary and each standby (17+): 1 if the "
-                    "standby holds a synced, persistent, valid copy and keeps syncing it; 0 if a promotion of that "
-                    "standby would lose the slot's consumer its place", C, R, S)
-SUB = "subscription"
-SUB_ENABLED = gauge("lagwatch_subscription_enabled", "Subscriber side: 1 if the subscription is enabled on the "
-                    "primary lagwatch watches (read one poll in ten)", C, SUB)
-SUB_WORKER = gauge("lagwatch_subscription_worker_running", "1 if the subscription's apply worker runs "
-                   "(pg_stat_subscription); 0 while it does not (disabled, or restarting after an error)", C, SUB)
-SUB_RECEIPT_AGE = gauge("lagwatch_subscription_last_message_age_seconds", "Seconds since the subscription's apply "
-                        "worker last received a message from its publisher (data or keepalive)", C, SUB)
-SUB_REPORTED_AGE = gauge("lagwatch_subscription_last_reported_age_seconds", "Seconds since the publisher sent "
-                         "the message whose position the worker last reported back (latest_end_time)", C, SUB)
-SUB_APPLY_ERRORS = counter("lagwatch_subscription_apply_errors", "Errors applying the subscription's changes "
-                           "(pg_stat_subscription_stats, PostgreSQL 15+; since its statistics were reset)", C, SUB)
-SUB_SYNC_ERRORS = counter("lagwatch_subscription_sync_errors", "Errors copying a table's initial data for the "
-                          "subscription (PostgreSQL 15+)", C, SUB)
-SUB_CONFLICTS = counter("lagwatch_subscription_conflicts", "Conflicts applying the subscription's changes, by type "
-                        "(insert_exists, update_missing, ...; PostgreSQL 18+)", C, SUB, "type")
 
 # -- WAL ----------------------------------------------------------------------------------
 _section = "WAL"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lagwatch.rooms import archiver, horizon, wal, wal_dir
+from lagwatch.rooms import archiver, horizon, slotsync, subscriptions, wal, wal_dir
 from lagwatch.rooms.base import Grant, Room
 from lagwatch.views.base import View
 from lagwatch.views.probe import Capabilities
@@ -19,6 +19,8 @@ ROOMS: tuple[Room[Any, Any], ...] = (
     wal_dir.ROOM,
     archiver.ROOM,
     horizon.ROOM,
+    subscriptions.ROOM,
+    slotsync.ROOM,
 )
 
 VIEWS: tuple[View[Any], ...] = tuple(room.view for room in ROOMS)

@@ -20,7 +20,6 @@ from lagwatch.estimate.snapshot import OBSERVED_ROLES, ClusterSnapshot, Snapshot
 from lagwatch.render import families as f
 from lagwatch.render.exposition import Family, collecting, quantile_label, to_prometheus
 from lagwatch.rooms import ROOMS
-from lagwatch.serve.logicalexport import logical_metrics
 from lagwatch.views.replication import STAGES
 
 if TYPE_CHECKING:
@@ -108,7 +107,7 @@ def _cluster_metrics(c: ClusterSnapshot) -> None:
     _diagnosis_metrics(c)
     _forecast_and_sla_metrics(c)
     _slot_metrics(c)
-    logical_metrics(c)
+    _logical_metrics(c)
     _wal_metrics(c)
     _pool_metrics(c)
     _sync_metrics(c)
@@ -244,6 +243,21 @@ def _slot_metrics(c: ClusterSnapshot) -> None:
     for s in c.slots:
         if s.idle_timeout_left is not None:
             f.SLOT_IDLE_LEFT.add([c.name, s.name], s.idle_timeout_left)
+
+
+def _logical_metrics(c: ClusterSnapshot) -> None:
+    """The logical consumers (logical.py): their own families, apart from the replicas'."""
+    for lc in c.logical:
+        key = [c.name, lc.consumer, lc.slot]
+        f.LOGICAL_ACTIVE.add(key, float(lc.active))
+        if lc.staleness is not None:
+            f.LOGICAL_STALENESS.add(key, lc.staleness)
+        if lc.window is not None:
+            quantiles = ((quantile_label(q), v) for q, v in lc.window.quantiles)
+            f.LOGICAL_WINDOW.make().add_metrics(key, quantiles)
+        if lc.lag_bytes is not None:
+            f.LOGICAL_BYTES.add(key, lc.lag_bytes)
+        f.LOGICAL_INFO.make().add_metric(key + [lc.state or "", lc.database or "", lc.plugin or "", lc.evidence or ""])
 
 
 def _wal_metrics(c: ClusterSnapshot) -> None:

@@ -66,9 +66,6 @@ def replica_status(r: ReplicaState, sla: ReplicaSla | None = None) -> dict[str, 
         "wal_receiver_status": r.wal_receiver_status,
         "last_replay_timestamp_age_seconds": r.last_replay_age_seconds,
         "why": why(r),
-        # 17+: its copies of the primary's failover slots (views/slotsync.py).
-        "slot_sync": None if r.slot_sync is None else {
-            "enabled": r.slot_sync.enabled, "worker": r.slot_sync.worker, "synced": sorted(r.slot_sync.synced)},
         "walsender": None if ws is None else {
             "state": ws.state,
             "sync_state": ws.sync_state,
@@ -126,10 +123,6 @@ def cluster_status(c: ClusterSnapshot) -> dict[str, Any]:
         "slots": [{**asdict(s), **_runway(c.slot_runways.get(s.name))} for s in c.slots],
         # Subscriptions and change-data-capture clients, by slot (logical.py): not replicas.
         "logical_consumers": [logical_status(lc) for lc in c.logical],
-        # The primary's own subscriptions (a subscriber), as last read (one poll in ten).
-        "subscriptions": [{**asdict(s), "received_lsn": format_lsn(s.received_lsn),
-                           "latest_end_lsn": format_lsn(s.latest_end_lsn), "conflicts": dict(s.conflicts)}
-                          for s in c.subscriptions],
         "walinspect": None if c.walinspect is None else asdict(c.walinspect),
         "nodes": [asdict(n) for n in c.nodes],
         "pool": None if c.pool is None else pool_status(c.pool),

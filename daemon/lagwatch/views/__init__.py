@@ -12,9 +12,7 @@ from lagwatch.views import (
     replication,
     server,
     slots,
-    slotsync,
     startup_io,
-    subscriptions,
     wal_receiver,
 )
 from lagwatch.views.base import View
@@ -25,9 +23,7 @@ CYCLE_VIEWS: tuple[View[Any], ...] = (
     wal_receiver.VIEW,
     recovery.VIEW,
     startup_io.VIEW,
-    slotsync.VIEW,
     slots.VIEW,
-    subscriptions.VIEW,
 )
 
 __all__ = ["CYCLE_VIEWS", "View"]
