@@ -13,8 +13,8 @@ The folders are the pipeline of one cycle, each stage importing only the ones be
 
 Below them: config/ (the frozen config), rooms/ and views/ (what is read from PostgreSQL,
 each with its families and status part), render/ (the families' catalogue and the text they
-are written in). On top: daemon.py and runtime.py (the composition of one cycle), runner.py,
-cli.py, check.py, grants.py. demo/ is a room of its own that nothing the daemon runs imports.
+are written in). On top: daemon.py and runtime.py (the composition of one cycle),
+reload.py, runner.py, cli.py, check.py, grants.py. demo/ is a room of its own that nothing the daemon runs imports.
 """
 
 __version__ = "0.1.0"

@@ -30,14 +30,14 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from lagwatch import runtime as runtime_module
 from lagwatch.act.leader import Leadership
 from lagwatch.act.poolcontrol import control_all
-from lagwatch.config import Config, load_config
+from lagwatch.config import Config
 from lagwatch.durations import format_duration
-from lagwatch.errors import ConfigError
 from lagwatch.estimate.cyclestats import CycleStats, watchdog_budget
 from lagwatch.estimate.evidence import Evidence
 from lagwatch.estimate.snapshot import ClusterSnapshot, Snapshot, SnapshotHolder
 from lagwatch.read.poll import poll_all
 from lagwatch.read.session import SessionContext
+from lagwatch.reload import ConfigReload
 from lagwatch.runtime import ReloadHook, Runtime
 from lagwatch.serve.cyclelog import log_cycle, status_line
 from lagwatch.serve.sdnotify import Notifier
@@ -49,8 +49,6 @@ class Daemon:
     def __init__(self, config: Config, config_path: Path | None = None,
                  holder: SnapshotHolder | None = None, notifier: Notifier | None = None,
                  web_config_file: Path | None = None) -> None:
-        self.config_path = config_path
-        self.web_config_file = web_config_file  # the command line's, kept for reloads
         self.holder = holder or SnapshotHolder()
         # systemd's notify protocol; a no-op unless given one built from NOTIFY_SOCKET.
         self.notifier = notifier or Notifier({})
@@ -65,8 +63,7 @@ class Daemon:
         self._runtime = Runtime.empty(config)
         self._commit(self._build(self.sources.effective()))
         self._stats = CycleStats(config.interval)
-        self._reload_ok = True
-        self._reload_success_at = time.time()  # the config loaded at start counts, as in Prometheus
+        self.reloads = ConfigReload(config_path, web_config_file, self.notifier)  # SIGHUP's (reload.py)
         self._background_errors = 0
         # Held by a cycle, by a reload while it puts its runtime in force, and by a change of
         # the sources being put in force: one at a time, each built on the last.
@@ -159,8 +156,8 @@ class Daemon:
                   connecting: list[tuple[str, str]]) -> Snapshot:
         stats, shard = self._stats, self.config.shard
         return Snapshot(taken_at=time.time(), cycle_duration=duration, cycles_total=stats.cycles,
-                        overruns_total=stats.overruns, clusters=clusters, reload_successful=self._reload_ok,
-                        reload_success_at=self._reload_success_at,
+                        overruns_total=stats.overruns, clusters=clusters, reload_successful=self.reloads.ok,
+                        reload_success_at=self.reloads.success_at,
                         background_errors_total=self._background_errors + self.sources.errors,
                         discovery=self.sources.statuses(), cluster_files=self.sources.cluster_files(),
                         shard=(shard.index, shard.count) if shard is not None else None,
@@ -291,29 +288,18 @@ class Daemon:
                              *(w.close() for w in runtime.heartbeats.values()), self.leadership.close())
 
     async def reload(self) -> bool:
-        """Re-read the config file (and its web config) and put it in force whole, or not
-        at all: a file that does not validate, or a runtime that cannot be built from it,
-        leaves everything running as it was, with one log line naming every problem."""
-        if self.config_path is None:
-            log.warning("reload requested but lagwatch was not started from a config file")
-            return False
-        self.notifier.reloading()
-        try:
-            new = load_config(self.config_path, self.web_config_file)
-        except ConfigError as exc:
-            return self._rejected(str(exc))
-        # Its sources read beside the running ones: a rejected reload leaves them as they were.
-        reloaded = self.sources.reloaded(new)
+        """Re-read the config file and put it in force whole, or not at all (reload.py)."""
+        return await self.reloads(self.put_in_force)
+
+    async def put_in_force(self, new: Config) -> None:
+        """Put a reloaded config in force: its sources read beside the running ones, a runtime
+        built from them and swapped in; raises (ConfigError) and changes nothing if the
+        runtime cannot be built."""
+        reloaded = self.sources.reloaded(new)  # a rejected reload leaves the running ones as they were
         # Built and put in force under the lock: a membership change committed by a cycle
         # meanwhile is then built upon, never undone by a runtime built before it.
         async with self.lock:
-            try:
-                runtime = self._build(self.sources.effective(reloaded.source))
-            except ConfigError as exc:
-                return self._rejected(str(exc))
-            except Exception as exc:  # a rule the schema missed: still nothing changes
-                log.exception("building the reloaded config failed")
-                return self._rejected(f"{self.config_path}: {type(exc).__name__}: {exc}")
+            runtime = self._build(self.sources.effective(reloaded.source))
             if new.listen != self.config.listen:
                 log.warning("listen changed to %s: takes effect on restart", new.listen)
             old = self._commit(runtime)
@@ -323,17 +309,3 @@ class Daemon:
                 if self._scheduler is not None:
                     self._add_job(new.interval)
         await self._close_replaced(old)
-        self._reload_ok, self._reload_success_at = True, time.time()
-        log.info("reloaded %s: %d cluster(s), interval %s", self.config_path, len(new.clusters),
-                 format_duration(new.interval))
-        # The interval may have changed, and with it how long a cycle may take.
-        self.notifier.ensure_watchdog(watchdog_budget(new.interval, new.effective_query_timeout))
-        self.notifier.ready(f"reloaded {self.config_path}")
-        return True
-
-    def _rejected(self, problems: str) -> bool:
-        self._reload_ok = False
-        log.error("reload rejected, keeping the running config: %s", problems)
-        self.notifier.ready("reload rejected, running the previous config")
-        return False
-

@@ -61,7 +61,7 @@ def test_check_accepts_every_good_file(corpus: list[Case]) -> None:
 
 def reload_lines(lw: Lagwatch) -> list[str]:
     return [line for line in lw.log_text().splitlines()
-            if "lagwatch.daemon: reloaded " in line or "lagwatch.daemon: reload rejected" in line]
+            if "lagwatch.reload: reloaded " in line or "lagwatch.reload: reload rejected" in line]
 
 
 def test_a_running_daemon_reloads_exactly_the_good_files(pg_cluster: ChaosCluster, corpus: list[Case],
@@ -81,7 +81,7 @@ def test_a_running_daemon_reloads_exactly_the_good_files(pg_cluster: ChaosCluste
                         timeout=10)
             last = reload_lines(lw)[-1]
             if case.good:
-                assert "lagwatch.daemon: reloaded " in last, (case.name, last)
+                assert "lagwatch.reload: reloaded " in last, (case.name, last)
                 # Its web config came with it: basic auth in force, or gone again.
                 auth_in_force = "web_config_file" in case.path.read_text().replace("#web_config_file", "")
             else:

@@ -163,10 +163,10 @@ def _with_heartbeat(config: dict[str, Any], heartbeat: dict[str, Any]) -> dict[s
 
 def _reloaded(lw: Lagwatch, config: dict[str, Any]) -> None:
     """``config`` written over the running daemon's and SIGHUP, until its reload is logged."""
-    before = lw.log_text().count("lagwatch.daemon: reload")
+    before = lw.log_text().count("lagwatch.reload: reload")
     lw.write_config(config)
     lw.signal(signal.SIGHUP)
-    lw.wait_for("the reload logged", lambda: lw.log_text().count("lagwatch.daemon: reload") > before, timeout=15)
+    lw.wait_for("the reload logged", lambda: lw.log_text().count("lagwatch.reload: reload") > before, timeout=15)
 
 
 @pytest.mark.parametrize("column", ["numeric", "bigint"])
