@@ -123,7 +123,8 @@ def missing_grants(caps: probe.Capabilities, user: str) -> tuple[dict[str, str],
     if caps.has_walinspect and not caps.can_walinspect_records and not caps.in_recovery:
         optional["wal_dating"] = grant("wal_dating")
     for room, needed in rooms.missing_grants(caps):  # each room's own (lagwatch.rooms)
-        (optional if needed.optional else missing)[room.name] = needed.statement.replace("ROLE", user)
+        missing[room.name] = needed.statement.replace("ROLE", user) + (
+            f" (without it, not read: {needed.reads})" if needed.reads else "")
     excess = []
     if caps.can_read_all_settings:
         excess.append("pg_read_all_settings (e.g. through pg_monitor): it shows each replica's primary_conninfo, "

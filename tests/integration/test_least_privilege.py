@@ -126,7 +126,8 @@ def test_monitoring_role_is_enough(pg_cluster: ChaosCluster, tmp_path: Path) -> 
             lines = check.stdout.splitlines()
             assert check.returncode == 2, check.stdout + check.stderr
             assert [line for line in lines if "MISSING" in line] == [
-                "main/primary: MISSING for archiver: GRANT EXECUTE ON FUNCTION pg_ls_archive_statusdir() TO lagwatch"]
+                "main/primary: MISSING for archiver: GRANT EXECUTE ON FUNCTION pg_ls_archive_statusdir() TO lagwatch "
+                "(without it, not read: the segments waiting to be archived (pg_wal/archive_status))"]
     finally:
         drop_role(primary)
 
@@ -233,9 +234,11 @@ def test_a_role_without_grants_is_told_what_it_lacks(pg_cluster: ChaosCluster, t
         assert grants.returncode == 2, grants.stdout + grants.stderr
         lines = grants.stdout.splitlines()
         assert "main/primary: MISSING for replication: GRANT pg_read_all_stats TO lagwatch" in lines, lines
-        assert "main/primary: MISSING for wal_dir: GRANT EXECUTE ON FUNCTION pg_ls_waldir() TO lagwatch" in lines
+        assert "main/primary: MISSING for wal_dir: GRANT EXECUTE ON FUNCTION pg_ls_waldir() TO lagwatch (without it, " \
+            "not read: the size of pg_wal)" in lines, lines
         assert "main/primary: MISSING for archiver: GRANT EXECUTE ON FUNCTION pg_ls_archive_statusdir() TO " \
-            "lagwatch" in lines, lines  # a room's grant, on the node that archives only
+            "lagwatch (without it, not read: the segments waiting to be archived (pg_wal/archive_status))" in lines, \
+            lines  # a room's grant, on the node that archives only
         assert sum("MISSING for archiver" in line for line in lines) == 1, lines
         assert sum("MISSING for wal_dir" in line for line in lines) == 1, lines  # pg_wal is the primary's alone
         # The daemon says a room's missing grant once at connect, and shows its view down.

@@ -47,3 +47,24 @@ def test_what_a_view_needs_is_a_grant_its_room_asks_for() -> None:
     asked = probe_columns()
     for room in ROOMS:
         assert set(room.view.needs) <= {grant.name for grant in room.grants} <= set(asked), room.name
+
+
+def test_check_grants_says_a_rooms_missing_grant_and_what_is_not_read_without_it() -> None:
+    """``check --grants`` (grants.py) learns the rooms' grants from them: a missing one is
+    MISSING (the role SQL gives it and an alert or panel reads it), with what it costs."""
+    from lagwatch.grants import missing_grants
+    from lagwatch.views.probe import Capabilities
+
+    asked = {column: True for column in probe_columns()} | {"archive_mode": "on"}
+    full = Capabilities(170000, False, False, False, True, asked=asked)
+    assert missing_grants(full, "watcher")[0] == {}
+    without = Capabilities(170000, False, False, False, True,
+                           asked=asked | {"archive_status": False, "wal_dir": False})
+    missing, optional, _ = missing_grants(without, "watcher")
+    assert missing == {
+        "archiver": "GRANT EXECUTE ON FUNCTION pg_ls_archive_statusdir() TO watcher (without it, not read: the "
+                    "segments waiting to be archived (pg_wal/archive_status))",
+        "wal_dir": "GRANT EXECUTE ON FUNCTION pg_ls_waldir() TO watcher (without it, not read: the size of pg_wal)"}
+    assert optional == {}
+    # A replica is never told of what only a primary reads (pg_wal's size; archive_mode on).
+    assert missing_grants(Capabilities(170000, True, False, False, True, asked=without.asked), "watcher")[0] == {}

@@ -78,8 +78,11 @@ class Grant:
     name: str  # what check --grants calls it
     held: str  # an SQL boolean: the login role has it (asked once per connection)
     statement: str  # the statement that gives it, to ROLE
-    optional: bool = False  # the room still reads without it (less)
-    reads: str = ""  # what it lets the room read (said when it is missing); "": the room's view
+    # What it lets the room read (said when it is missing); "": the room's view. A room's grant
+    # is never optional: the role SQL gives it, and an alert or a panel reads what it gives
+    # (the archiver reads its counts without its grant, but LagwatchArchiveBehind needs the
+    # segments waiting), so `check --grants` says MISSING, and what is not read without it.
+    reads: str = ""
 
 
 @dataclass(frozen=True)
