@@ -48,7 +48,7 @@ class ExtraReads:
     def __init__(self, scan_max_bytes: int, interval: float, query_timeout: float) -> None:
         self.interval = interval
         self.query_timeout = query_timeout
-        self.inspector = WalInspector(interval)
+        self.inspector = WalInspector(interval, time.monotonic())
         self.scanner = CommitScanner(scan_max_bytes)
         self._board: ReplayBoard | None = None  # the board of the last cycle read: what came after its read
 
@@ -68,7 +68,7 @@ class ExtraReads:
         if budget < MIN_EXTRA:
             return None  # still due: the next cycle with time makes it
         return await self.inspector.inspect(conn, caps, position.current_lsn, cluster, primary_dsn, resting,
-                                            note_failure, budget)
+                                            note_failure, budget, time.monotonic())
 
     async def dates(self, conn: psycopg.AsyncConnection[Any], cluster: ClusterConfig, position: ServerPosition,
                     senders: Senders, board: ReplayBoard | None, note_failure: Callable[[str, str], None],

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -38,11 +37,11 @@ NoteFailure = Callable[[str, str], None]
 
 
 class WalInspector:
-    def __init__(self, interval: float) -> None:
+    def __init__(self, interval: float, now: float) -> None:
         self.interval = interval
         self._from: int | None = None  # where the next inspection starts
         self._due = 0.0  # monotonic time of the next inspection
-        self._inspected_at = time.monotonic()
+        self._inspected_at = now
         self._failures = 0
         # Whether the last inspection worked (None: not a view of this node), for the
         # node's view health ("walinspect").
@@ -50,25 +49,26 @@ class WalInspector:
 
     async def inspect(self, conn: psycopg.AsyncConnection[Any], caps: Capabilities, current: int | None,
                       cluster: ClusterConfig, primary_dsn: bool, resting: Callable[[str], bool],
-                      note_failure: NoteFailure, budget: float) -> WalInspection | None:
+                      note_failure: NoteFailure, budget: float, now: float) -> WalInspection | None:
         """The inspection due this cycle of ``cluster``'s primary, if any (only the poller of
         its primary DSN inspects). ``resting(view)``: whether the node's poller rests that
         view after a failure; ``note_failure``: tell it of one; ``budget``: seconds each
-        statement may take before the server cancels it."""
+        statement may take before the server cancels it; ``now``: lagwatch's monotonic
+        time as it asks (what is due, and how many cycles' bytes it may read)."""
         if cluster.walinspect == "off" or caps.in_recovery or not caps.has_walinspect or not primary_dsn:
             self.state = None
             return None
         if not caps.can_walinspect or resting("walinspect"):
             self.state = False
             return None
-        if current is None or time.monotonic() < self._due:
+        if current is None or now < self._due:
             return None
         start = self._from
         if start is None or current <= start:
             self._from = start if start is not None else current
             return None
         try:
-            cycles = max(1, math.ceil((time.monotonic() - self._inspected_at) / self.interval))
+            cycles = max(1, math.ceil((now - self._inspected_at) / self.interval))
             cursor = await conn.execute(walinspect.statement(start, cluster.walinspect_max_bytes * cycles,
                                                              round(budget * 1000)))
             cursor.nextset()  # past SET LOCAL's empty result
@@ -90,8 +90,8 @@ class WalInspector:
             return None
         self._failures = 0
         self._from = inspection.flush_lsn
-        self._inspected_at = time.monotonic()
-        self._due = self._inspected_at + max(self.interval, WALINSPECT_EVERY) - self.interval / 2
+        self._inspected_at = now
+        self._due = now + max(self.interval, WALINSPECT_EVERY) - self.interval / 2
         self.state = True
         return await self._compression_saved(conn, caps, inspection, resting, note_failure, budget)
 
