@@ -23,7 +23,7 @@ from harness import Lagwatch, cluster_config
 from lagwatch.demo.ports import free_port
 from lagwatch.demo.servers import LocalServer
 from lagwatch.read.conninfo import poller_application_name
-from lagwatch.views import slotsync
+from lagwatch.rooms import slotsync
 
 pytestmark = pytest.mark.newest_pg_version
 

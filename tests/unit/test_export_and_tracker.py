@@ -9,10 +9,10 @@ from lagwatch.config import parse_config
 from lagwatch.estimate.snapshot import NodeObservation, Snapshot
 from lagwatch.estimate.tracker import ClusterTracker
 from lagwatch.estimate.windows import CYCLE_BUCKETS, LagHistogram
+from lagwatch.rooms.slots import Slot
 from lagwatch.serve.export import SnapshotCollector
 from lagwatch.views.replication import WalSender
 from lagwatch.views.server import ServerPosition
-from lagwatch.views.slots import Slot
 from lagwatch.views.wal_receiver import WalReceiver
 from prometheus_client import CollectorRegistry, generate_latest
 
@@ -30,7 +30,7 @@ def sender(name: str, current: int, replay: int, state: str = "streaming") -> Wa
 def primary(at: float, lsn: int, senders: tuple[WalSender, ...] = (), slots: tuple[Slot, ...] = ()) -> NodeObservation:
     return NodeObservation(cluster="main", node="primary", role="primary", observed_at=at, duration=0.001,
                            position=ServerPosition(False, lsn, None, None, None, None), walsenders=senders,
-                           slots=slots)
+                           rooms={"slots": slots})
 
 
 def replica(name: str, at: float, replay: int, paused: bool = False, streaming: bool = True) -> NodeObservation:
@@ -276,8 +276,8 @@ def test_a_slot_without_a_limit_shows_its_share_of_pg_wal_and_one_with_a_limit_i
                    None)
     tracker = ClusterTracker(CONFIG.clusters[0], 1.0, 60.0)
     for t in range(3):
-        obs = replace(primary(float(t), 1000 + t * 1000, slots=(unlimited, limited)),
-                      rooms={"wal_dir": WalDir(64 << 20, 4)})
+        obs = replace(primary(float(t), 1000 + t * 1000),
+                      rooms={"wal_dir": WalDir(64 << 20, 4), "slots": (unlimited, limited)})
         snap = tracker.update([obs, replica("replica1", float(t), 1000), replica("replica2", float(t), 1000)], float(t))
     registry, _ = render(Snapshot(1.0, 0.001, 1, 0, (snap,)))
     share = registry.get_sample_value("lagwatch_slot_wal_dir_share", {"cluster": "main", "slot": "archiver"})

@@ -3,9 +3,9 @@ replicas, positioned by what they applied or confirmed, dated like a replica."""
 
 from lagwatch.estimate.logical import LogicalConsumers
 from lagwatch.estimate.lsnclock import LsnClock, WalDates
+from lagwatch.rooms.slots import Slot
 from lagwatch.views import replication
 from lagwatch.views.replication import LogicalSender, logical_key
-from lagwatch.views.slots import Slot
 
 MB = 1 << 20
 

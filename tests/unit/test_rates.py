@@ -55,9 +55,9 @@ def test_the_tracker_forecasts_a_slot_runway_and_a_replicas_catch_up() -> None:
     from lagwatch.config import parse_config
     from lagwatch.estimate.snapshot import NodeObservation, Snapshot
     from lagwatch.estimate.tracker import ClusterTracker
+    from lagwatch.rooms.slots import Slot
     from lagwatch.serve.export import SnapshotCollector
     from lagwatch.views.server import ServerPosition
-    from lagwatch.views.slots import Slot
     from lagwatch.views.wal_receiver import WalReceiver
     from prometheus_client import CollectorRegistry
 
@@ -71,7 +71,8 @@ def test_the_tracker_forecasts_a_slot_runway_and_a_replicas_catch_up() -> None:
                     None, None, None, None)
         replay = 80 * MB + t * 3 * MB
         obs = [NodeObservation("main", "primary", "primary", float(t), 0.001, asked_at=float(t),
-                               position=ServerPosition(False, current, None, None, None, None), slots=(slot,)),
+                               position=ServerPosition(False, current, None, None, None, None),
+                               rooms={"slots": (slot,)}),
                NodeObservation("main", "replica1", "replica", float(t), 0.001, asked_at=float(t),
                                position=ServerPosition(True, None, replay, replay, "not paused", None),
                                receiver=WalReceiver("streaming"))]
@@ -80,7 +81,7 @@ def test_the_tracker_forecasts_a_slot_runway_and_a_replicas_catch_up() -> None:
     assert replica.catch_up is not None
     assert replica.catch_up.backlog_bytes == 107 * MB - 101 * MB
     assert replica.catch_up.replay_rate == pytest.approx(3 * MB) and replica.catch_up.eta_seconds == pytest.approx(3.0)
-    assert snap.slot_runways["idle"] == pytest.approx(57.0)  # 57 MB left at 1 MB/s
+    assert snap.rooms["slots"].runways["idle"] == pytest.approx(57.0)  # 57 MB left at 1 MB/s
     registry = CollectorRegistry()
     registry.register(SnapshotCollector(lambda: Snapshot(1.0, 0.01, 1, 0, (snap,))))
     assert registry.get_sample_value("lagwatch_slot_runway_seconds", {"cluster": "main", "slot": "idle"}) == \
@@ -150,8 +151,8 @@ def test_a_cycle_the_primary_misses_keeps_the_slots_rate_history() -> None:
     from lagwatch.config import parse_config
     from lagwatch.estimate.snapshot import NodeObservation
     from lagwatch.estimate.tracker import ClusterTracker
+    from lagwatch.rooms.slots import Slot
     from lagwatch.views.server import ServerPosition
-    from lagwatch.views.slots import Slot
 
     cluster = parse_config({"clusters": [{"name": "main", "primary": {"dsn": "host=p"}, "replicas": []}]}).clusters[0]
     tracker = ClusterTracker(cluster, 1.0, 60.0, horizon=10.0)
@@ -161,12 +162,13 @@ def test_a_cycle_the_primary_misses_keeps_the_slots_rate_history() -> None:
         slot = Slot("idle", "physical", None, None, False, False, "reserved", 64 * MB - t * MB, 5 * MB + t * MB,
                     None, None, None, None)
         return NodeObservation("main", "primary", "primary", float(t), 0.001, asked_at=float(t),
-                               position=ServerPosition(False, written, None, None, None, None), slots=(slot,))
+                               position=ServerPosition(False, written, None, None, None, None),
+                               rooms={"slots": (slot,)})
 
     for t in range(0, 6):
         snap = tracker.update([answered(t)], float(t))
-    assert snap.slot_runways["idle"] == pytest.approx(59.0)
+    assert snap.rooms["slots"].runways["idle"] == pytest.approx(59.0)
     late = NodeObservation("main", "primary", "primary", 6.0, 0.8, error_kind="timeout", error="no answer")
-    assert tracker.update([late], 6.0).slot_runways == {}  # nothing known this cycle
+    assert tracker.update([late], 6.0).rooms["slots"].runways == {}  # nothing known this cycle
     snap = tracker.update([answered(7)], 7.0)
-    assert snap.slot_runways["idle"] == pytest.approx(57.0)
+    assert snap.rooms["slots"].runways["idle"] == pytest.approx(57.0)

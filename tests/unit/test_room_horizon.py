@@ -9,13 +9,12 @@ from lagwatch.config.options import ClusterOptions
 from lagwatch.estimate.snapshot import ClusterSnapshot, Snapshot
 from lagwatch.estimate.xidclock import XidClock
 from lagwatch.render.exposition import render_text
-from lagwatch.rooms import horizon
+from lagwatch.rooms import horizon, slots
 from lagwatch.rooms.base import Cycle
 from lagwatch.rooms.horizon import Horizon, VacuumHorizon
 from lagwatch.serve.export import families
 from lagwatch.serve.status import cluster_status
 from lagwatch.serve.status_page import render
-from lagwatch.views import slots
 
 OPTIONS = ClusterOptions(name="main", horizon_alert_xids=500)
 

@@ -10,11 +10,11 @@ from lagwatch.estimate.snapshot import ClusterSnapshot, Snapshot
 from lagwatch.render.exposition import render_text
 from lagwatch.rooms import slotsync
 from lagwatch.rooms.base import Cycle
+from lagwatch.rooms.slots import Slot
 from lagwatch.serve.export import families
 from lagwatch.serve.status import cluster_status
 from lagwatch.serve.status_page import render
 from lagwatch.views.probe import Capabilities
-from lagwatch.views.slots import Slot
 
 FAILOVER = Slot("fo", "logical", "postgres", "pgoutput", True, False, "reserved", None, 1, None, None, None, None,
                 failover=True)

@@ -12,12 +12,12 @@ from lagwatch.estimate.snapshot import ClusterSnapshot, Snapshot
 from lagwatch.render.exposition import render_text
 from lagwatch.rooms import missing_grants, wal_dir
 from lagwatch.rooms.base import Cycle
+from lagwatch.rooms.slots import Slot
 from lagwatch.rooms.wal_dir import WalDir, WalDirs
 from lagwatch.serve.export import families
 from lagwatch.serve.status import cluster_status
 from lagwatch.serve.status_page import render
 from lagwatch.views.probe import Capabilities
-from lagwatch.views.slots import Slot
 
 MiB = 1 << 20
 

@@ -3,8 +3,8 @@
 import pytest
 from lagwatch.lsn import format_lsn, parse_lsn
 from lagwatch.rooms import VIEWS as ROOM_VIEWS
-from lagwatch.rooms import probe_columns
-from lagwatch.views import CYCLE_VIEWS, replication, server, slots, wal_receiver, walinspect
+from lagwatch.rooms import probe_columns, slots
+from lagwatch.views import CYCLE_VIEWS, replication, server, wal_receiver, walinspect
 from lagwatch.views.probe import Capabilities
 
 

@@ -31,8 +31,8 @@ from lagwatch.estimate.dating import Dated, date, gather
 from lagwatch.estimate.lsnclock import LsnClock, WalDates
 from lagwatch.estimate.snapshot import LogicalConsumer
 from lagwatch.estimate.windows import LagWindow, window_samples
+from lagwatch.rooms.slots import Slot
 from lagwatch.views.replication import LogicalSender, logical_key
-from lagwatch.views.slots import Slot
 
 
 class LogicalConsumers:

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from lagwatch.fastinit import fast_init
-from lagwatch.views.slots import Slot
+from lagwatch.rooms.slots import Slot
 
 
 class Progress:

@@ -18,11 +18,11 @@ from lagwatch.estimate.replayload import ReplayLoad
 from lagwatch.estimate.syncrep import SyncReplication
 from lagwatch.estimate.windows import HistogramCounts, WindowStats
 from lagwatch.fastinit import fast_init
+from lagwatch.rooms.slots import Slot
 from lagwatch.views.probe import Capabilities
 from lagwatch.views.recovery import Recovery
 from lagwatch.views.replication import LogicalSender, WalSender
 from lagwatch.views.server import ServerPosition
-from lagwatch.views.slots import Slot
 from lagwatch.views.wal_receiver import WalReceiver
 from lagwatch.views.walcommits import WalCommits, WalDatingTotals
 from lagwatch.views.walinspect import WalInspection, WalInspectTotals
@@ -63,7 +63,6 @@ class NodeObservation:
     position: ServerPosition | None = None
     walsenders: tuple[WalSender, ...] = ()
     receiver: WalReceiver | None = None
-    slots: tuple[Slot, ...] = ()
     walinspect: WalInspection | None = None
     # The primary's: the commits in its WAL just past each walsender's replay position
     # (by application_name), where lagwatch may read them (commitscan.py), on its clock;
@@ -84,6 +83,13 @@ class NodeObservation:
     error_kind: ErrorKind | None = None
     error: str | None = None  # one line, never containing a password
     pending: Pending | None = None  # no answer, and no evidence either way (see Pending)
+
+    @property
+    def slots(self) -> tuple[Slot, ...]:
+        """The primary's replication slots as its poll read them: the slots' room's reading
+        (rooms/slots.py), which the estimate stage reads too (forecasts, logical consumers)."""
+        slots: tuple[Slot, ...] = self.rooms.get("slots", ())
+        return slots
 
     def polled(self, *, observed_at: float, duration: float, asked_at: float, wal_dating: WalDatingTotals | None,
                wal_clock: tuple[tuple[float, float], ...], view_errors_total: dict[str, int],
@@ -306,7 +312,6 @@ class ClusterSnapshot:
     last_role_change: str | None = None
     last_role_change_ago: float | None = None
     sync: SyncReplication | None = None  # synchronous replication on the primary (None: no answer)
-    slot_runways: dict[str, float] = field(default_factory=dict)  # limited slots: seconds until safe_wal_size is 0
     # Cycles in a row this cluster was carried over as an earlier cycle left it, because
     # lagwatch got to some of its answers too late to count them (0: as of this cycle).
     carried_cycles: int = 0

@@ -115,13 +115,13 @@ class ClusterTracker:
         replicas = self._replicas(by_node, primary, roles, now, beats)
         slots = answered.slots if answered is not None else ()
         self.xids.record(primary.next_xid, primary.at)
+        runways = self.forecast.runways(slots, primary.lsn, primary.at)
         return ClusterSnapshot(
             name=self.cluster.name,
             primary_lsn=primary.lsn,
             wal_rate_bytes_per_second=self.forecast.generation_rate(),
             replicas=tuple(replicas),
             slots=slots,
-            slot_runways=self.forecast.runways(slots, primary.lsn, primary.at),
             walinspect=self.walinspect.add(answered.walinspect) if answered is not None else None,
             nodes=tuple(self.nodes.health(o, roles) for o in observations),
             slas=self.cluster.replica_slas,
@@ -139,7 +139,7 @@ class ClusterTracker:
             logical=() if answered is None or primary.standby else self.logical.update(
                 slots, answered.logical, primary.lsn, self.clock, primary.wal_dates, primary.senders_at, now),
             rooms=self._rooms(observations, Cycle(now, self.cluster, roles.primary.node if roles.primary else None,
-                                                  slots, self.xids.age)),
+                                                  slots, self.xids.age, runways)),
         )
 
     def _rooms(self, observations: Sequence[NodeObservation], cycle: Cycle) -> dict[str, Any]:

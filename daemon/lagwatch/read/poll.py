@@ -39,7 +39,6 @@ from lagwatch.views import (
     recovery,
     replication,
     server,
-    slots,
     startup_io,
     wal_receiver,
 )
@@ -319,7 +318,6 @@ class NodePoller:
         return NodeObservation(cluster=self.cluster.name, node=self.node, role=self.role, observed_at=answered_at,
                                duration=0.0, answered_at=answered_at, capabilities=caps, position=position,
                                walsenders=walsenders, receiver=read.of(wal_receiver.VIEW),
-                               slots=read.of(slots.VIEW) or (),
                                walinspect=inspection, wal_commits=wal_commits, heartbeat_seq=self._beat_read(read),
                                views=health, recovery=self._recovery(read),
                                logical=senders.logical,

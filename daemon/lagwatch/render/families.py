@@ -230,25 +230,6 @@ CONFLICT_HOLDER = gauge("lagwatch_replica_recovery_conflict_holder_xact_seconds"
                         C, R, "pid", "user", "conflict")
 
 # -- slots --------------------------------------------------------------------------------
-_section = "slots"
-SLOT_IDLE_LEFT = gauge("lagwatch_slot_idle_timeout_left_seconds", "Seconds until idle_replication_slot_timeout "
-                       "may invalidate the inactive slot, at the next checkpoint (PostgreSQL 18+; absent when off)",
-                       C, S)
-SLOT_RETAINED = gauge("lagwatch_slot_retained_bytes", "WAL the slot holds back: pg_current_wal_lsn() - restart_lsn",
-                      C, S)
-SLOT_ACTIVE = gauge("lagwatch_slot_active", "1 if a consumer is connected to the slot", C, S)
-SLOT_SAFE = gauge("lagwatch_slot_safe_wal_size_bytes", "WAL that can still be written before the slot is in "
-                  "danger of losing its WAL (absent when max_slot_wal_keep_size is unlimited)", C, S)
-SLOT_STATUS = gauge("lagwatch_slot_wal_status", "1 for the slot's current wal_status", C, S, "status")
-SLOT_INACTIVE = gauge("lagwatch_slot_inactive_seconds", "Time since the slot became inactive (PostgreSQL 17+)", C, S)
-SLOT_LOGICAL_LAG = gauge("lagwatch_slot_confirmed_flush_lag_bytes", "Logical slot: current LSN minus "
-                         "confirmed_flush_lsn", C, S)
-SLOT_INFO = _spec(Info, "lagwatch_slot", "Slot type and state", C, S, "slot_type", "database", "plugin",
-                  "temporary", "conflicting", "invalidation_reason", as_of=True)
-SLOT_RUNWAY = gauge("lagwatch_slot_runway_seconds", "Seconds until safe_wal_size reaches 0 at the current net rate "
-                    "(WAL written minus WAL the consumer releases, over forecast_horizon); +Inf when it does not "
-                    "shrink; absent when max_slot_wal_keep_size is unlimited", C, S)
-
 # -- logical consumers --------------------------------------------------------------------
 _section = "logical replication"
 LC = "consumer"

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from lagwatch.rooms import archiver, horizon, slotsync, subscriptions, wal, wal_dir
+from lagwatch.rooms import archiver, horizon, slots, slotsync, subscriptions, wal, wal_dir
 from lagwatch.rooms.base import Grant, Room
 from lagwatch.views.base import View
 from lagwatch.views.probe import Capabilities
 
 ROOMS: tuple[Room[Any, Any], ...] = (
+    slots.ROOM,
     wal.ROOM,
     wal_dir.ROOM,
     archiver.ROOM,

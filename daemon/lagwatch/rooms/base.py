@@ -13,12 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from lagwatch.config.options import ClusterOptions
 from lagwatch.render.families import Spec
 from lagwatch.views.base import View
-from lagwatch.views.slots import Slot
+
+if TYPE_CHECKING:  # the slots' room names Cycle and Room in turn
+    from lagwatch.rooms.slots import Slot
 
 R = TypeVar("R")  # what the view reads on one node, as its parser types it
 S = TypeVar("S")  # what the room says of a cluster
@@ -45,6 +47,9 @@ class Cycle:
     # least, in seconds (estimate/xidclock.py); None: not dated (older than lagwatch's history,
     # or no primary answered).
     xid_age: Callable[[int], float | None] = _undated
+    # The limited slots' runways (estimate/rates.py's forecast: seconds until safe_wal_size
+    # is 0; +Inf when it does not shrink), by slot.
+    slot_runways: Mapping[str, float] = field(default_factory=dict)
 
 
 class Keeper(Protocol[R_in, S_out]):

@@ -25,8 +25,8 @@ from lagwatch.fastinit import fast_init
 from lagwatch.render import families as f
 from lagwatch.render.html import dur, esc
 from lagwatch.rooms.base import Cycle, Room
+from lagwatch.rooms.slots import Slot
 from lagwatch.views.base import SLOW_EVERY, Row, View, opt_int
-from lagwatch.views.slots import Slot
 
 QUERIES = {
     130000: """SELECT json_build_object(

@@ -26,7 +26,6 @@ if TYPE_CHECKING:
     from prometheus_client.core import Metric
 
 ERROR_KINDS = ("connect", "timeout", "query")
-WAL_STATUSES = ("reserved", "extended", "unreserved", "lost")
 SYNC_STATES = ("async", "potential", "sync", "quorum")
 
 
@@ -106,7 +105,6 @@ def _cluster_metrics(c: ClusterSnapshot) -> None:
     _replica_metrics(c)
     _diagnosis_metrics(c)
     _forecast_and_sla_metrics(c)
-    _slot_metrics(c)
     _logical_metrics(c)
     _wal_metrics(c)
     _pool_metrics(c)
@@ -220,29 +218,6 @@ def _forecast_and_sla_metrics(c: ClusterSnapshot) -> None:
             f.SLA_P95.add([c.name, name], sla.p95)
     f.MIN_REPLICAS.add([c.name], c.min_replicas)
 
-
-def _slot_metrics(c: ClusterSnapshot) -> None:
-    if c.slots:
-        states = [f.SLOT_ACTIVE.make(), f.SLOT_RETAINED.make(), f.SLOT_SAFE.make(), f.SLOT_INACTIVE.make(),
-                  f.SLOT_LOGICAL_LAG.make()]
-        status, info = f.SLOT_STATUS.make(), f.SLOT_INFO.make()
-        for s in c.slots:
-            key = [c.name, s.name]
-            values = (float(s.active), s.retained_bytes, s.safe_wal_size, s.inactive_seconds,
-                      s.confirmed_flush_lag_bytes)
-            for family, value in zip(states, values, strict=True):
-                if value is not None:
-                    family.add_metric(key, value)
-            if s.wal_status is not None:
-                status.add_metrics(key, ((value, float(s.wal_status == value)) for value in WAL_STATUSES))
-            info.add_metric(key + [s.slot_type, s.database or "", s.plugin or "", str(s.temporary).lower(),
-                                   "" if s.conflicting is None else str(s.conflicting).lower(),
-                                   s.invalidation_reason or ""])
-    for name, seconds in sorted(c.slot_runways.items()):
-        f.SLOT_RUNWAY.add([c.name, name], seconds)
-    for s in c.slots:
-        if s.idle_timeout_left is not None:
-            f.SLOT_IDLE_LEFT.add([c.name, s.name], s.idle_timeout_left)
 
 
 def _logical_metrics(c: ClusterSnapshot) -> None:

@@ -120,7 +120,6 @@ def cluster_status(c: ClusterSnapshot) -> dict[str, Any]:
         "primary_lsn": format_lsn(c.primary_lsn),
         "wal_rate_bytes_per_second": c.wal_rate_bytes_per_second,
         "replicas": [replica_status(r, c.slas.get(r.name)) for r in c.replicas],
-        "slots": [{**asdict(s), **_runway(c.slot_runways.get(s.name))} for s in c.slots],
         # Subscriptions and change-data-capture clients, by slot (logical.py): not replicas.
         "logical_consumers": [logical_status(lc) for lc in c.logical],
         "walinspect": None if c.walinspect is None else asdict(c.walinspect),
@@ -142,12 +141,6 @@ def logical_status(lc: LogicalConsumer) -> dict[str, Any]:
             "lag_bytes": lc.lag_bytes, "staleness_seconds": lc.staleness, "staleness_evidence": lc.evidence,
             "staleness_measured_at_monotonic": lc.staleness_at,
             "staleness_p95_seconds": lc.window.p95 if lc.window is not None else None}
-
-
-def _runway(seconds: float | None) -> dict[str, Any]:
-    # JSON has no infinity: a slot whose safe_wal_size does not shrink has runway_seconds null.
-    return {"runway_seconds": None if seconds is None or math.isinf(seconds) else seconds,
-            "shrinking": None if seconds is None else not math.isinf(seconds)}
 
 
 def pool_status(p: PoolStatus) -> dict[str, Any]:

@@ -6,7 +6,6 @@ sparklines, a meta refresh. Readable on a phone. Everything shown is escaped.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Sequence
 
@@ -193,15 +192,6 @@ def _compression_line(c: ClusterSnapshot) -> str:
             f"full-page images would have made ({saved / 2**20:.1f} MiB since start)</div>")
 
 
-def _slots_line(c: ClusterSnapshot) -> str:
-    """Slots whose safe_wal_size shrinks: how long until they lose their WAL."""
-    shrinking = sorted((seconds, name) for name, seconds in c.slot_runways.items() if not math.isinf(seconds))
-    if not shrinking:
-        return ""
-    items = ", ".join(f'<span class="{"bad" if s < 3600 else "warn"}">{_e(n)}: {_e(_dur(s))}</span>'
-                      for s, n in shrinking)
-    return f'<div class="meta slots">slot runway (until safe_wal_size is 0): {items}</div>'
-
 
 def _logical_line(c: ClusterSnapshot) -> str:
     """The logical consumers (subscriptions, CDC clients), apart from the replicas."""
@@ -236,7 +226,7 @@ def _alerts_line(c: ClusterSnapshot) -> str:
 def _cluster(c: ClusterSnapshot) -> str:
     rows = "".join(_replica_row(c, r) for r in c.replicas)
     return (f'<section data-cluster="{_e(c.name)}"><h2>{_e(c.name)}</h2><div class="meta">nodes: {_nodes_line(c)}</div>'
-            f"{_sync_line(c)}{_slots_line(c)}{_logical_line(c)}{_compression_line(c)}{_rooms_lines(c)}{_pool_line(c)}"
+            f"{_sync_line(c)}{_logical_line(c)}{_compression_line(c)}{_rooms_lines(c)}{_pool_line(c)}"
             f"{_alerts_line(c)}"
             f"<div class=\"wrap\"><table><thead><tr><th>replica</th><th>state</th><th>pool</th><th>staleness</th>"
             f"<th>p95</th><th>SLA</th><th>window</th></tr></thead>"

@@ -11,7 +11,6 @@ from lagwatch.views import (
     recovery,
     replication,
     server,
-    slots,
     startup_io,
     wal_receiver,
 )
@@ -23,7 +22,6 @@ CYCLE_VIEWS: tuple[View[Any], ...] = (
     wal_receiver.VIEW,
     recovery.VIEW,
     startup_io.VIEW,
-    slots.VIEW,
 )
 
 __all__ = ["CYCLE_VIEWS", "View"]

@@ -1,0 +1,63 @@
+"""The slots' room (rooms/slots.py): the leading primary's slots with the tracker's runways,
+their families, /api/status part and /status line. Pure. Parsing by version:
+test_views.py; on real servers: test_lag_truth.py, test_forecasts.py, test_logical.py."""
+
+from __future__ import annotations
+
+import math
+
+from lagwatch.config.options import ClusterOptions
+from lagwatch.estimate.snapshot import ClusterSnapshot, Snapshot
+from lagwatch.render.exposition import render_text
+from lagwatch.rooms import slots
+from lagwatch.rooms.base import Cycle
+from lagwatch.rooms.slots import Slot, Slots
+from lagwatch.serve.export import families
+from lagwatch.serve.status import cluster_status
+from lagwatch.serve.status_page import render
+
+MAIN = ClusterOptions(name="main")
+CDC = Slot("cdc<x>", "logical", "app", "pgoutput", False, False, "extended", 4096, 10_000, 2_000, False, 30.0, None,
+           idle_timeout_left=90.0)
+R1 = Slot("replica1", "physical", None, None, True, False, "reserved", None, 512, None, None, None, None)
+
+
+def test_the_leading_primarys_slots_with_the_cycles_runways() -> None:
+    keeper = slots.ROOM.keeper()
+    value = keeper.update({"p1": (CDC, R1), "p0": (R1,)}, Cycle(1.0, MAIN, "p1", (), slot_runways={"cdc<x>": 60.0}))
+    assert value == Slots((CDC, R1), {"cdc<x>": 60.0})
+    # The leader did not answer: none said (its runways are none too), never another node's.
+    assert keeper.update({"p0": (R1,)}, Cycle(2.0, MAIN, "p1")) == Slots((), {})
+    assert keeper.update({"p0": (R1,)}, Cycle(2.0, MAIN, None)) == Slots((), {})
+
+
+def snapshot_with(value: Slots | None) -> Snapshot:
+    cluster = ClusterSnapshot("main", 1, None, (), value.slots if value else (), None, (),
+                              rooms={} if value is None else {"slots": value})
+    return Snapshot(1.0e9, 0.004, 5, 0, (cluster,))
+
+
+def test_exported_shown_and_its_runway_said() -> None:
+    value = Slots((CDC, R1), {"cdc<x>": 1800.0, "replica1": math.inf})
+    text = render_text(families(snapshot_with(value))).decode()
+    for line in ('lagwatch_slot_retained_bytes{cluster="main",slot="cdc<x>"} 10000.0',
+                 'lagwatch_slot_active{cluster="main",slot="replica1"} 1.0',
+                 'lagwatch_slot_safe_wal_size_bytes{cluster="main",slot="cdc<x>"} 4096.0',
+                 'lagwatch_slot_wal_status{cluster="main",slot="cdc<x>",status="extended"} 1.0',
+                 'lagwatch_slot_wal_status{cluster="main",slot="cdc<x>",status="lost"} 0.0',
+                 'lagwatch_slot_inactive_seconds{cluster="main",slot="cdc<x>"} 30.0',
+                 'lagwatch_slot_confirmed_flush_lag_bytes{cluster="main",slot="cdc<x>"} 2000.0',
+                 'lagwatch_slot_idle_timeout_left_seconds{cluster="main",slot="cdc<x>"} 90.0',
+                 'lagwatch_slot_runway_seconds{cluster="main",slot="cdc<x>"} 1800.0',
+                 'lagwatch_slot_runway_seconds{cluster="main",slot="replica1"} +Inf',
+                 'lagwatch_slot_info{cluster="main",slot="replica1",slot_type="physical",database="",plugin="",'
+                 'temporary="false",conflicting="",invalidation_reason=""} 1.0'):
+        assert line in text, line
+    assert 'lagwatch_slot_safe_wal_size_bytes{cluster="main",slot="replica1"}' not in text  # unlimited
+    cdc, r1 = cluster_status(snapshot_with(value).clusters[0])["slots"]
+    assert (cdc["name"], cdc["runway_seconds"], cdc["shrinking"]) == ("cdc<x>", 1800.0, True)
+    assert (r1["runway_seconds"], r1["shrinking"]) == (None, False)  # JSON has no infinity
+    assert cluster_status(snapshot_with(None).clusters[0])["slots"] == []
+    page = render(snapshot_with(value))
+    assert 'slot runway (until safe_wal_size is 0): <span class="bad">cdc&lt;x&gt;: 30m</span></div>' in page, page
+    assert "slot runway" not in render(snapshot_with(Slots((R1,), {"replica1": math.inf})))
