@@ -14,7 +14,9 @@ does (prepared, one round trip), in arms rotated every round so drift falls on e
   walsender on the primary, what reading logical replication adds to ``with``.
 
 Per arm: the primary backend's CPU per poll (/proc) and the wall time per poll, the median
-over rounds with the spread; ``without`` is the same-run reference. It prints; it asserts
+over rounds with the spread; ``without`` is the same-run reference. Every arm reads every
+view and room that applies to the primary (since the rooms, WAL generation, pg_wal's size
+and archiving too), so figures from before them are not comparable with these. It prints; it asserts
 nothing.
 
     python3 bench/primarycost.py [--pg-major 18] [--sessions 200] [--polls 2000] [--rounds 5]

@@ -11,10 +11,12 @@ The folders are the pipeline of one cycle, each stage importing only the ones be
                control (through poolers/)
     serve/     what it says: HTTP, the exposition, /status, /api/status, systemd's status
 
-Below them: config/ (the frozen config), rooms/ and views/ (what is read from PostgreSQL,
-each with its families and status part), render/ (the families' catalogue and the text they
-are written in). On top: daemon.py and runtime.py (the composition of one cycle),
-reload.py, runner.py, cli.py, check.py, grants.py. demo/ is a room of its own that nothing the daemon runs imports.
+Below them: config/ (the frozen config), rooms/ (each thing read from PostgreSQL beside the
+lag core, with its families, status part and page line), views/ (the lag core's views: their
+SQL and parsers; what they make is the estimate stage's), render/ (the families' catalogue
+and the text they are written in). On top: daemon.py and runtime.py (the composition of one
+cycle), reload.py, runner.py, cli.py, check.py, grants.py. demo/ is a room of its own that
+nothing the daemon runs imports.
 """
 
 __version__ = "0.1.0"

@@ -32,6 +32,7 @@ from lagwatch.act.leader import Leadership
 from lagwatch.act.poolcontrol import control_all
 from lagwatch.config import Config
 from lagwatch.durations import format_duration
+from lagwatch.errors import ConfigError
 from lagwatch.estimate.cyclestats import CycleStats, watchdog_budget
 from lagwatch.estimate.evidence import Evidence
 from lagwatch.estimate.snapshot import ClusterSnapshot, Snapshot, SnapshotHolder
@@ -293,13 +294,20 @@ class Daemon:
 
     async def put_in_force(self, new: Config) -> None:
         """Put a reloaded config in force: its sources read beside the running ones, a runtime
-        built from them and swapped in; raises (ConfigError) and changes nothing if the
-        runtime cannot be built."""
+        built from them and swapped in; raises ConfigError and changes nothing if the runtime
+        cannot be built (reload.py: the reload is rejected). Closing what it replaced comes
+        after: its failure is not a rejection."""
         reloaded = self.sources.reloaded(new)  # a rejected reload leaves the running ones as they were
         # Built and put in force under the lock: a membership change committed by a cycle
         # meanwhile is then built upon, never undone by a runtime built before it.
         async with self.lock:
-            runtime = self._build(self.sources.effective(reloaded.source))
+            try:
+                runtime = self._build(self.sources.effective(reloaded.source))
+            except ConfigError:
+                raise
+            except Exception as exc:  # a rule the schema missed: still nothing changes
+                log.exception("building the reloaded config failed")
+                raise ConfigError("the reloaded config", [f"{type(exc).__name__}: {exc}"]) from exc
             if new.listen != self.config.listen:
                 log.warning("listen changed to %s: takes effect on restart", new.listen)
             old = self._commit(runtime)

@@ -133,13 +133,26 @@ def test_a_refused_grant_is_said_as_the_views_failure_never_the_nodes(primary: C
         p.execute("DROP ROLE IF EXISTS lw_noinspect")
 
 
-def test_a_standby_or_walinspect_off_is_not_inspected(pg_cluster: ChaosCluster) -> None:
+def test_a_standby_or_walinspect_off_is_not_inspected(primary: ChaosCluster) -> None:
     failures: list[tuple[str, str]] = []
-    replica = pg_cluster.replicas[0]
-    inspector = WalInspector(interval=1.0, now=0.0)
-    inspection, _, caps = asyncio.run(inspect(replica.dsn(), inspector, cluster_config(), failures, now=1.0))
-    assert caps.in_recovery and inspection is None and inspector.state is None
+    dsn, cluster = primary.primary.dsn(), cluster_config()
+
+    def primed() -> WalInspector:
+        """An inspector that has inspected (state True) and would inspect again: due, WAL since."""
+        inspector = WalInspector(interval=1.0, now=0.0)
+        asyncio.run(inspect(dsn, inspector, cluster, failures, now=0.0))
+        write_wal(primary, 100)
+        assert asyncio.run(inspect(dsn, inspector, cluster, failures, now=1.0))[0] is not None
+        write_wal(primary, 100)
+        assert inspector.state is True
+        return inspector
+
+    inspector = primed()
+    inspection, _, caps = asyncio.run(inspect(primary.replicas[0].dsn(), inspector, cluster, failures,
+                                              now=1.0 + WALINSPECT_EVERY))
+    assert caps.in_recovery and inspection is None and inspector.state is None  # a standby: not a view of it
     off = parse_config({"clusters": [{"name": "main", "primary": {"dsn": "host=p"},
                                       "walinspect": "off"}]}).clusters[0]
-    inspection, _, _ = asyncio.run(inspect(pg_cluster.primary.dsn(), inspector, off, failures, now=2.0))
+    inspector = primed()
+    inspection, _, _ = asyncio.run(inspect(dsn, inspector, off, failures, now=1.0 + WALINSPECT_EVERY))
     assert inspection is None and inspector.state is None and failures == []

@@ -46,7 +46,7 @@ def replica(name: str, **kw: object) -> ReplicaState:
 
 
 def cluster(**kw: object) -> ClusterSnapshot:
-    base = ClusterSnapshot("main", 100, None, (replica("replica1"), replica("replica2")), (), None,
+    base = ClusterSnapshot("main", 100, None, (replica("replica1"), replica("replica2")), None,
                            (node("primary", role="primary"), node("replica1"), node("replica2")), primaries=1,
                            primary_node="primary")
     return replace(base, **kw)  # type: ignore[arg-type]

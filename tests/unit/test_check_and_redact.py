@@ -21,7 +21,7 @@ def replica(name: str, staleness: float | None, *, up: bool | None = True, strea
 
 def snapshot(*replicas: ReplicaState, primary_up: bool = True) -> Snapshot:
     nodes = (NodeHealth("primary", "primary", primary_up, 180000, 0.01, 1, {}, None, {}),)
-    cluster = ClusterSnapshot("main", 100, None, replicas, (), None, nodes)
+    cluster = ClusterSnapshot("main", 100, None, replicas, None, nodes)
     return Snapshot(0.0, 0.01, 1, 0, (cluster,))
 
 

@@ -47,7 +47,7 @@ def test_every_view_says_the_same(condition: str, fields: dict[str, object], che
     r = replica(**fields)
     assert replica_condition(r, SLA) == condition
     nodes = (NodeHealth("primary", "primary", True, 180000, 0.01, 1, {}, None, {}),)
-    cluster = ClusterSnapshot("main", 100, None, (r,), (), None, nodes, slas={"replica1": SLA})
+    cluster = ClusterSnapshot("main", 100, None, (r,), None, nodes, slas={"replica1": SLA})
     snapshot = Snapshot(0.0, 0.01, 1, 0, (cluster,))
     text = CONDITION_TEXT[condition]  # type: ignore[index]
     line = cycle_line(cluster)

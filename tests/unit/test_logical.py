@@ -90,7 +90,7 @@ def test_status_and_the_page_list_consumers_under_their_cluster_apart_from_repli
                                  "wal_commit", 5.0, None),
                  LogicalConsumer("cdc<x>", "pg_recvlogical", False, None, "app", "test_decoding", 0x2000000, 1 << 24,
                                  42.0, "lsn_clock", 5.0, None))
-    cluster = ClusterSnapshot("main", 0x3001000, None, (), (), None, (), logical=consumers)
+    cluster = ClusterSnapshot("main", 0x3001000, None, (), None, (), logical=consumers)
     snap = Snapshot(1.0e9, 0.004, 5, 0, (cluster,))
     status = snapshot_status(snap)["clusters"][0]
     assert status["replicas"] == []

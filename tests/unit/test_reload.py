@@ -83,19 +83,56 @@ def test_a_good_file_is_put_in_force_and_a_bad_one_changes_nothing(
     assert "STATUS=reload rejected, running the previous config" in said(sock)[-1]
 
 
-@pytest.mark.parametrize("error, named", [(ConfigError("main", ["pooler: its file is not writable"]), "not writable"),
-                                           (RuntimeError("a rule the schema missed"), "RuntimeError")])
 def test_a_config_that_cannot_be_put_in_force_is_rejected_whole(
-        tmp_path: Path, error: Exception, named: str, caplog: pytest.LogCaptureFixture) -> None:
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "lagwatch.yaml"
     path.write_text(GOOD.format(interval="1s"))
     reload, target = ConfigReload(path, None, Notifier({})), Target()
-    target.fail = error
+    target.fail = ConfigError("main", ["pooler: its file is not writable"])
     with caplog.at_level(logging.ERROR, logger="lagwatch.reload"):
         assert not asyncio.run(reload(target))
-    assert not reload.ok and named in caplog.records[-1].getMessage()
+    assert not reload.ok and "not writable" in caplog.records[-1].getMessage()
     target.fail = None  # the next good reload is put in force and says so
     assert asyncio.run(reload(target)) and reload.ok and len(target.put) == 1
+    # Anything else comes after the config was put in force (closing what it replaced): not
+    # a rejection, and it reaches the caller (the daemon counts it as a background error).
+    target.fail = RuntimeError("closing the replaced pollers failed")
+    with pytest.raises(RuntimeError):
+        asyncio.run(reload(target))
+    assert reload.ok
+
+
+def test_the_daemon_rejects_a_config_it_cannot_build_and_puts_a_good_one_in_force(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """No server needed: Daemon.put_in_force through a real reload; a runtime that cannot be
+    built (a rule the schema missed, made to happen here) leaves the running config."""
+    from lagwatch import daemon as daemon_module
+    from lagwatch.config import load_config
+    from lagwatch.daemon import Daemon
+
+    path = tmp_path / "lagwatch.yaml"
+    path.write_text(GOOD.format(interval="1s") + f"state_dir: {tmp_path / 'state'}\n")
+
+    async def run() -> None:
+        d = Daemon(load_config(path), path)
+        running = d.runtime
+        path.write_text(GOOD.format(interval="2s") + f"state_dir: {tmp_path / 'state'}\n")
+        real_build = daemon_module.runtime_module.build
+
+        def broken(*args: object, **kwargs: object) -> object:
+            raise RuntimeError("a rule the schema missed")
+
+        monkeypatch.setattr(daemon_module.runtime_module, "build", broken)
+        with caplog.at_level(logging.ERROR):
+            assert not await d.reload()
+        assert d.runtime is running and d.config.interval == 1.0 and not d.reloads.ok
+        assert "RuntimeError: a rule the schema missed" in caplog.text
+        monkeypatch.setattr(daemon_module.runtime_module, "build", real_build)
+        assert await d.reload()
+        assert d.runtime is not running and d.config.interval == 2.0 and d.reloads.ok
+        await d.close()
+
+    asyncio.run(run())
 
 
 def test_without_a_config_file_there_is_nothing_to_reload(caplog: pytest.LogCaptureFixture) -> None:

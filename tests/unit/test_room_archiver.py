@@ -93,7 +93,7 @@ def test_counts_carry_across_statistics_resets() -> None:
 
 
 def snapshot_with(nodes: tuple[NodeArchiving, ...]) -> Snapshot:
-    cluster = ClusterSnapshot(name="main", primary_lsn=None, wal_rate_bytes_per_second=None, replicas=(), slots=(),
+    cluster = ClusterSnapshot(name="main", primary_lsn=None, wal_rate_bytes_per_second=None, replicas=(),
                               walinspect=None, nodes=(), rooms={"archiver": nodes})
     return Snapshot(1.0, 0.01, 1, 0, (cluster,), interval=1.0, effective_interval=1.0)
 

@@ -24,15 +24,15 @@ R1 = Slot("replica1", "physical", None, None, True, False, "reserved", None, 512
 
 def test_the_leading_primarys_slots_with_the_cycles_runways() -> None:
     keeper = slots.ROOM.keeper()
-    value = keeper.update({"p1": (CDC, R1), "p0": (R1,)}, Cycle(1.0, MAIN, "p1", (), slot_runways={"cdc<x>": 60.0}))
+    # The cycle's slots are the leading primary's (the tracker's reading of this room's view).
+    value = keeper.update({"p1": (CDC, R1), "p0": (R1,)},
+                          Cycle(1.0, MAIN, "p1", (CDC, R1), slot_runways={"cdc<x>": 60.0}))
     assert value == Slots((CDC, R1), {"cdc<x>": 60.0})
-    # The leader did not answer: none said (its runways are none too), never another node's.
-    assert keeper.update({"p0": (R1,)}, Cycle(2.0, MAIN, "p1")) == Slots((), {})
-    assert keeper.update({"p0": (R1,)}, Cycle(2.0, MAIN, None)) == Slots((), {})
+    assert keeper.update({"p0": (R1,)}, Cycle(2.0, MAIN, None)) == Slots((), {})  # never another node's
 
 
 def snapshot_with(value: Slots | None) -> Snapshot:
-    cluster = ClusterSnapshot("main", 1, None, (), value.slots if value else (), None, (),
+    cluster = ClusterSnapshot("main", 1, None, (), None, (),
                               rooms={} if value is None else {"slots": value})
     return Snapshot(1.0e9, 0.004, 5, 0, (cluster,))
 
@@ -61,3 +61,28 @@ def test_exported_shown_and_its_runway_said() -> None:
     page = render(snapshot_with(value))
     assert 'slot runway (until safe_wal_size is 0): <span class="bad">cdc&lt;x&gt;: 30m</span></div>' in page, page
     assert "slot runway" not in render(snapshot_with(Slots((R1,), {"replica1": math.inf})))
+
+
+def test_through_the_tracker_the_leaders_slots_and_runways_or_none() -> None:
+    """The tracker hands the room the leading primary's slots and its forecast of their
+    runways; a cycle the primary does not answer has neither (never a stale one)."""
+    from dataclasses import replace as changed
+
+    from lagwatch.config import parse_config
+    from lagwatch.estimate.snapshot import NodeObservation, ServerPosition
+    from lagwatch.estimate.tracker import ClusterTracker
+
+    config = parse_config({"clusters": [{"name": "main", "primary": {"dsn": "host=p"}}]}).clusters[0]
+    tracker = ClusterTracker(config, 1.0, 60.0, horizon=10.0)
+    limited = changed(CDC, safe_wal_size=60 << 20)
+
+    def primary(t: int) -> NodeObservation:
+        return NodeObservation("main", "primary", "primary", float(t), 0.001, asked_at=float(t),
+                               position=ServerPosition(False, t << 20, None, None, None, None),
+                               rooms={"slots": (changed(limited, safe_wal_size=(60 - t) << 20),)})
+
+    for t in range(4):
+        value = tracker.update([primary(t)], float(t)).rooms["slots"]
+    assert [s.name for s in value.slots] == ["cdc<x>"] and value.runways["cdc<x>"] > 0
+    down = NodeObservation("main", "primary", "primary", 4.0, 0.001, error_kind="connect", error="refused")
+    assert tracker.update([down], 4.0).rooms["slots"] == Slots((), {})

@@ -41,7 +41,7 @@ def copies() -> slotsync.FailoverCopies | None:
 
 
 def snapshot_with(value: slotsync.FailoverCopies | None) -> Snapshot:
-    cluster = ClusterSnapshot("main", 1, None, (), (FAILOVER, OTHER), None, (),
+    cluster = ClusterSnapshot("main", 1, None, (), None, (),
                               rooms={} if value is None else {"slotsync": value})
     return Snapshot(1.0e9, 0.004, 5, 0, (cluster,))
 
@@ -64,3 +64,13 @@ def test_each_standby_judged_against_the_primarys_failover_slots_this_cycle() ->
     assert cluster_status(snapshot_with(None).clusters[0])["slotsync"] is None
     page = render(snapshot_with(value))
     assert 'failover slots on the standbys: r1: all synced; <span class="bad">r2: not syncing</span>' in page
+
+
+def test_the_leader_is_not_judged_and_a_former_primary_following_is() -> None:
+    """Every node in recovery but the one that leads (a standby cluster's leader reads the
+    view too): a former primary now following may be promoted again."""
+    syncing = slotsync.SlotSync(True, True, frozenset({"fo"}))
+    value = slotsync.ROOM.keeper().update({"standby_leader": syncing, "primary": syncing, "r1": syncing},
+                                          Cycle(1.0, ClusterOptions(name="main"), "standby_leader", (FAILOVER,)))
+    assert value is not None and list(value.by_standby) == ["primary", "r1"]
+    assert value.missing("primary") == [] and value.missing("r1") == []

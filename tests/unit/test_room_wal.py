@@ -40,7 +40,7 @@ def test_wal_stats_18_has_no_write_sync_and_unlimited_keep() -> None:
 
 
 def snapshot_with(by_node: dict[str, WalStats] | None) -> Snapshot:
-    cluster = ClusterSnapshot(name="main", primary_lsn=None, wal_rate_bytes_per_second=None, replicas=(), slots=(),
+    cluster = ClusterSnapshot(name="main", primary_lsn=None, wal_rate_bytes_per_second=None, replicas=(),
                               walinspect=None, nodes=(), rooms={} if by_node is None else {"wal": by_node})
     return Snapshot(1.0, 0.01, 1, 0, (cluster,), interval=1.0, effective_interval=1.0)
 

@@ -63,7 +63,7 @@ UNLIMITED = Slot("cdc", "logical", None, None, False, False, "reserved", None, 1
 def snapshot_with(dirs: dict[str, WalDir] | None, slots: tuple[Slot, ...] = ()) -> Snapshot:
     value = None if dirs is None else wal_dir.ROOM.keeper().update(
         dirs, Cycle(1.0, ClusterOptions(name="main"), "primary", slots))
-    cluster = ClusterSnapshot(name="main", primary_lsn=None, wal_rate_bytes_per_second=None, replicas=(), slots=slots,
+    cluster = ClusterSnapshot(name="main", primary_lsn=None, wal_rate_bytes_per_second=None, replicas=(),
                               walinspect=None, nodes=(), primary_node="primary",
                               rooms={} if value is None else {"wal_dir": value})
     return Snapshot(1.0, 0.01, 1, 0, (cluster,), interval=1.0, effective_interval=1.0)

@@ -32,7 +32,7 @@ def snapshot() -> Snapshot:
     nodes = (NodeHealth("primary", "primary", True, 180000, 0.01, 5, {}, None, {}),
              NodeHealth("replica1", "replica", True, 180000, 0.01, 5, {}, None, {}))
     cluster = ClusterSnapshot("main", 100, None, (replica("replica1", 9.0, replay_pause_state="paused"),
-                                                  replica("replica2", 0.0)), (), None, nodes,
+                                                  replica("replica2", 0.0)), None, nodes,
                               slas={"replica1": SLA, "replica2": SLA}, min_replicas=1, pool=pool)
     return Snapshot(1.0e9, 0.004, 5, 0, (cluster,))
 
@@ -193,7 +193,7 @@ def test_the_row_says_why_it_is_behind_escaped() -> None:
     why = Diagnosis("recovery_conflict", "replay waits on a lock conflict, held by pid 7 (<evil>, ...)",
                     (0.0, 0.0, 0.0, 9.0), (0, 0, 0, 100), (("recovery_conflict", 9.0),), "lock")
     page = render(Snapshot(1.0e9, 0.004, 5, 0, (ClusterSnapshot(
-        "main", 100, None, (replica("replica1", 9.0, diagnosis=why, replay_load=ReplayLoad(0.95, 60)),), (), None,
+        "main", 100, None, (replica("replica1", 9.0, diagnosis=why, replay_load=ReplayLoad(0.95, 60)),), None,
         (), slas={"replica1": SLA}, min_replicas=1),)))
     r1 = row(page, "replica1")
     assert 'data-cause="recovery_conflict"' in r1 and "held by pid 7 (&lt;evil&gt;" in r1
@@ -203,7 +203,7 @@ def test_the_row_says_why_it_is_behind_escaped() -> None:
 def test_each_reading_says_what_dated_it_and_the_bound_that_held_it() -> None:
     page = render(Snapshot(1.0e9, 0.004, 5, 0, (ClusterSnapshot(
         "main", 100, None, (replica("replica1", 0.2, staleness_evidence="wal_commit", staleness_bound="short_of"),
-                            replica("replica2", 0.0, staleness_evidence="caught_up")), (), None, (),
+                            replica("replica2", 0.0, staleness_evidence="caught_up")), None, (),
         slas={"replica1": SLA, "replica2": SLA}, min_replicas=1),)))
     assert "wal_commit, held by short_of" in row(page, "replica1")
     assert "caught_up<" in row(page, "replica2") and "held by" not in row(page, "replica2")

@@ -295,7 +295,6 @@ class ClusterSnapshot:
     primary_lsn: int | None
     wal_rate_bytes_per_second: float | None
     replicas: tuple[ReplicaState, ...]
-    slots: tuple[Slot, ...]
     walinspect: WalInspectTotals | None
     nodes: tuple[NodeHealth, ...]
     slas: dict[str, ReplicaSla] = field(default_factory=dict)  # configured replicas' SLAs

@@ -116,18 +116,18 @@ class ClusterTracker:
         slots = answered.slots if answered is not None else ()
         self.xids.record(primary.next_xid, primary.at)
         runways = self.forecast.runways(slots, primary.lsn, primary.at)
+        leader = roles.primary.node if roles.primary is not None else None
         return ClusterSnapshot(
             name=self.cluster.name,
             primary_lsn=primary.lsn,
             wal_rate_bytes_per_second=self.forecast.generation_rate(),
             replicas=tuple(replicas),
-            slots=slots,
             walinspect=self.walinspect.add(answered.walinspect) if answered is not None else None,
             nodes=tuple(self.nodes.health(o, roles) for o in observations),
             slas=self.cluster.replica_slas,
             min_replicas=self.cluster.sla.min_replicas,
             primaries=roles.primaries,
-            primary_node=roles.primary.node if roles.primary is not None else None,
+            primary_node=leader,
             writer_member=writer_member(roles.primary, observations),
             sync=self._sync(answered, by_node) if answered is not None and not primary.standby else None,
             timeline=roles.timeline,
@@ -138,8 +138,7 @@ class ClusterTracker:
             heartbeat=(beats.written, beats.failed) if beats is not None else None,
             logical=() if answered is None or primary.standby else self.logical.update(
                 slots, answered.logical, primary.lsn, self.clock, primary.wal_dates, primary.senders_at, now),
-            rooms=self._rooms(observations, Cycle(now, self.cluster, roles.primary.node if roles.primary else None,
-                                                  slots, self.xids.age, runways)),
+            rooms=self._rooms(observations, Cycle(now, self.cluster, leader, slots, self.xids.age, runways)),
         )
 
     def _rooms(self, observations: Sequence[NodeObservation], cycle: Cycle) -> dict[str, Any]:

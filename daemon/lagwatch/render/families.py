@@ -229,7 +229,6 @@ CONFLICT_HOLDER = gauge("lagwatch_replica_recovery_conflict_holder_xact_seconds"
                         "series per replica, absent otherwise: a new pid is a new series only once per conflict)",
                         C, R, "pid", "user", "conflict")
 
-# -- slots --------------------------------------------------------------------------------
 # -- logical consumers --------------------------------------------------------------------
 _section = "logical replication"
 LC = "consumer"

@@ -51,6 +51,10 @@ class Cycle:
     # is 0; +Inf when it does not shrink), by slot.
     slot_runways: Mapping[str, float] = field(default_factory=dict)
 
+    def leading(self, readings: Mapping[str, R]) -> R | None:
+        """The leading primary's reading (None: no node leads, or it read nothing of it)."""
+        return readings.get(self.primary) if self.primary is not None else None
+
 
 class Keeper(Protocol[R_in, S_out]):
     """One cluster's room across cycles (the tracker keeps one per cluster)."""
@@ -63,16 +67,19 @@ class Keeper(Protocol[R_in, S_out]):
         """A node gone from the cluster: nothing of it is kept."""
 
 
-class ByNode(Generic[R]):
-    """The keeper of a room that keeps nothing across cycles (the server's counters are
-    cumulative, or the value is what the last poll read): this cycle's readings by node, in
-    node order; None when no node answered with the view."""
-
-    def update(self, readings: Mapping[str, R], cycle: Cycle) -> Mapping[str, R] | None:
-        return dict(sorted(readings.items())) or None
+class KeepsNothing:
+    """A keeper whose value is this cycle's alone (the server's counters are cumulative, the
+    poll carries a slow view between its reads, the rest comes with the cycle)."""
 
     def forget(self, node: str) -> None:
         pass  # nothing kept: a node gone has no reading next cycle
+
+
+class ByNode(KeepsNothing, Generic[R]):
+    """This cycle's readings by node, in node order; None when no node answered with the view."""
+
+    def update(self, readings: Mapping[str, R], cycle: Cycle) -> Mapping[str, R] | None:
+        return dict(sorted(readings.items())) or None
 
 
 @dataclass(frozen=True)

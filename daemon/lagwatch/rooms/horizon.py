@@ -1,7 +1,7 @@
 """The vacuum horizon on the primary: who holds back the oldest row versions VACUUM may
 remove, in transactions (``age()``), and for how long.
 
-A slot's xmin and catalog_xmin come with the slots, every poll (views/slots.py, through the
+A slot's xmin and catalog_xmin come with the slots, every poll (rooms/slots.py, through the
 cycle: rooms/base.py's Cycle); this room's view reads the others: a replica's
 ``hot_standby_feedback`` through a walsender without a slot (its ``backend_xmin``), the
 primary's own sessions, and prepared transactions. ``pg_stat_activity`` builds a row for
@@ -24,7 +24,7 @@ from typing import Any
 from lagwatch.fastinit import fast_init
 from lagwatch.render import families as f
 from lagwatch.render.html import dur, esc
-from lagwatch.rooms.base import Cycle, Room
+from lagwatch.rooms.base import Cycle, KeepsNothing, Room
 from lagwatch.rooms.slots import Slot
 from lagwatch.views.base import SLOW_EVERY, Row, View, opt_int
 
@@ -88,17 +88,14 @@ def held_for(slots: Sequence[Slot], cycle: Cycle) -> dict[str, float]:
     return out
 
 
-class HorizonKeeper:
-    """Nothing kept across cycles: the poll carries the view between its reads, the slots
-    come each cycle, and the transaction ID clock is the tracker's."""
+class HorizonKeeper(KeepsNothing):
+    """The poll carries the view between its reads, the slots come each cycle, and the
+    transaction ID clock is the tracker's."""
 
     def update(self, readings: Mapping[str, Horizon], cycle: Cycle) -> VacuumHorizon:
         # The leading primary's answer: its slots are the cycle's (none when it did not answer).
-        read = readings.get(cycle.primary) if cycle.primary is not None else None
-        return VacuumHorizon(holders(read, cycle.slots), held_for(cycle.slots, cycle), cycle.options.horizon_alert_xids)
-
-    def forget(self, node: str) -> None:
-        pass  # nothing kept by node
+        return VacuumHorizon(holders(cycle.leading(readings), cycle.slots), held_for(cycle.slots, cycle),
+                             cycle.options.horizon_alert_xids)
 
 
 # -- what it exports ------------------------------------------------------------------------
@@ -134,14 +131,17 @@ def status(h: VacuumHorizon | None) -> dict[str, Any] | None:
 
 
 def page(h: VacuumHorizon | None) -> str:
-    """The holders, oldest first, the ones past the alert's threshold said so."""
+    """The holders, oldest first, replication's past the alert's threshold said so."""
     if h is None or not h.held_xids:
         return ""
     items = []
     for holder, xids in sorted(h.held_xids.items(), key=lambda kv: (-kv[1], kv[0])):
         seconds = h.held_seconds.get(holder)
-        item = f"{esc(holder)} {xids:,} xids" + ("" if seconds is None else f" for {dur(seconds)}+")
-        items.append(f'<span class="warn">{item} (over horizon_alert_xids)</span>' if xids > h.alert_xids else item)
+        item = f"{esc(holder)} {xids:,} xids" + ("" if seconds is None else f" for {esc(dur(seconds))}+")
+        # Marked as the alert marks it: replication's holders only (a session's or a prepared
+        # transaction's hold is shown, but LagwatchReplicationHoldsHorizon is about replication).
+        alerting = xids > h.alert_xids and holder.startswith(("slot/", "replica/"))
+        items.append(f'<span class="warn">{item} (over horizon_alert_xids)</span>' if alerting else item)
     return f'<div class="meta horizon">vacuum horizon held by: {"; ".join(items)}</div>'
 
 

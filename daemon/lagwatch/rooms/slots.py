@@ -19,7 +19,7 @@ from lagwatch.fastinit import fast_init
 from lagwatch.lsn import parse_lsn
 from lagwatch.render import families as f
 from lagwatch.render.html import dur, esc
-from lagwatch.rooms.base import Cycle, Room
+from lagwatch.rooms.base import Cycle, KeepsNothing, Room
 from lagwatch.views.base import Row, View, opt_float, opt_int
 
 _BASE = """SELECT slot_name, slot_type, database, plugin, active, temporary,
@@ -137,16 +137,12 @@ class Slots:
     runways: Mapping[str, float]
 
 
-class SlotsKeeper:
-    """Nothing kept across cycles: the leading primary's slots as read this poll, with the
-    tracker's runways."""
+class SlotsKeeper(KeepsNothing):
+    """The leading primary's slots as read this poll (the cycle's: the tracker read them
+    from this room's readings), with the tracker's runways."""
 
     def update(self, readings: Mapping[str, tuple[Slot, ...]], cycle: Cycle) -> Slots:
-        slots = readings.get(cycle.primary, ()) if cycle.primary is not None else ()
-        return Slots(slots, cycle.slot_runways)
-
-    def forget(self, node: str) -> None:
-        pass  # nothing kept by node
+        return Slots(cycle.slots, cycle.slot_runways)
 
 
 # -- what it exports ------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from typing import Any
 from lagwatch.fastinit import fast_init
 from lagwatch.render import families as f
 from lagwatch.render.html import esc
-from lagwatch.rooms.base import Cycle, Room
+from lagwatch.rooms.base import Cycle, KeepsNothing, Room
 from lagwatch.views.base import SLOW_EVERY, Row, View
 from lagwatch.views.probe import Capabilities
 
@@ -66,22 +66,27 @@ VIEW = View("slotsync", frozenset({"replica"}), QUERIES, parse, applies=applies,
 
 @dataclass(frozen=True)
 class FailoverCopies:
-    by_standby: Mapping[str, SlotSync]  # the standbys that answered with it (17+), in node order
+    # The standbys that answered with it (17+), in node order: every node in recovery but the
+    # one that leads (a standby cluster's leader), a former primary now following included:
+    # any of them may be promoted, and a promotion without a copy loses a consumer its place.
+    by_standby: Mapping[str, SlotSync]
     failover: tuple[str, ...]  # the primary's failover slots this cycle
 
+    def missing(self, standby: str) -> list[str]:
+        """The failover slots ``standby`` holds no usable, kept-in-sync copy of."""
+        sync = self.by_standby[standby]
+        return [slot for slot in self.failover if not (sync.syncing and slot in sync.synced)]
 
-class SlotSyncKeeper:
-    """Nothing kept across cycles: the poll carries the view between its reads, and the
-    primary's slots come with each cycle."""
+
+class SlotSyncKeeper(KeepsNothing):
+    """The poll carries the view between its reads; the primary's slots come with each cycle."""
 
     def update(self, readings: Mapping[str, SlotSync | None], cycle: Cycle) -> FailoverCopies | None:
-        by_standby = {node: sync for node, sync in sorted(readings.items()) if sync is not None}
+        by_standby = {node: sync for node, sync in sorted(readings.items())
+                      if sync is not None and node != cycle.primary}
         if not by_standby:
             return None
         return FailoverCopies(by_standby, tuple(s.name for s in cycle.slots if s.failover))
-
-    def forget(self, node: str) -> None:
-        pass  # nothing kept by node
 
 
 # -- what it exports ------------------------------------------------------------------------
@@ -110,8 +115,7 @@ def status(copies: FailoverCopies | None) -> list[dict[str, Any]] | None:
     if copies is None:
         return None
     return [{"node": node, "enabled": s.enabled, "worker": s.worker, "synced": sorted(s.synced),
-             "missing": [slot for slot in copies.failover if not (s.syncing and slot in s.synced)]}
-            for node, s in copies.by_standby.items()]
+             "missing": copies.missing(node)} for node, s in copies.by_standby.items()]
 
 
 def page(copies: FailoverCopies | None) -> str:
@@ -121,7 +125,7 @@ def page(copies: FailoverCopies | None) -> str:
         return ""
     items = []
     for node, s in copies.by_standby.items():
-        missing = [slot for slot in copies.failover if not (s.syncing and slot in s.synced)]
+        missing = copies.missing(node)
         if not s.syncing:
             items.append(f'<span class="bad">{esc(node)}: not syncing</span>')
         elif missing:

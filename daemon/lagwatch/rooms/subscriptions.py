@@ -21,7 +21,7 @@ from lagwatch.fastinit import fast_init
 from lagwatch.lsn import format_lsn, parse_lsn
 from lagwatch.render import families as f
 from lagwatch.render.html import dur, esc
-from lagwatch.rooms.base import Cycle, Room
+from lagwatch.rooms.base import Cycle, KeepsNothing, Room
 from lagwatch.views.base import SLOW_EVERY, Row, View, opt_float, opt_int
 
 # 18's conflict counters, by the type lagwatch labels them with.
@@ -101,14 +101,15 @@ VIEW = View("subscriptions", frozenset({"primary"}), QUERIES, parse, every=SLOW_
 Subscriptions = tuple[Subscription, ...]
 
 
-class SubscriptionsKeeper:
-    """Nothing kept across cycles: the poll carries the view between its reads."""
+class SubscriptionsKeeper(KeepsNothing):
+    """The leading primary's, as the poll read or carried them."""
 
     def update(self, readings: Mapping[str, Subscriptions], cycle: Cycle) -> Subscriptions | None:
-        return readings.get(cycle.primary) if cycle.primary is not None else None
-
-    def forget(self, node: str) -> None:
-        pass  # nothing kept by node
+        if cycle.primary is None:
+            return None  # no node leads: nothing is known
+        # A leader that answered without them (a standby cluster's leader, where the view does
+        # not apply; a failed read, which lagwatch_view_up says) has none that apply.
+        return cycle.leading(readings) or ()
 
 
 # -- what it exports ------------------------------------------------------------------------
@@ -150,8 +151,8 @@ def export(cluster: str, subs: Subscriptions) -> None:
 
 # -- what it shows ----------------------------------------------------------------------------
 def status(subs: Subscriptions | None) -> list[dict[str, Any]] | None:
-    """/api/status's "subscriptions": the leading primary's, as last read (null: it did not
-    answer; [] it has none)."""
+    """/api/status's "subscriptions": the leading primary's, as last read (null: no node
+    leads; [] none, or none read from it)."""
     if subs is None:
         return None
     return [{**asdict(s), "received_lsn": format_lsn(s.received_lsn), "latest_end_lsn": format_lsn(s.latest_end_lsn),
@@ -165,7 +166,7 @@ def page(subs: Subscriptions | None) -> str:
     items = []
     for s in subs:
         state = ("disabled" if not s.enabled else "applying" if s.worker else "no apply worker")
-        heard = "" if s.receipt_age is None else f", heard from its publisher {dur(s.receipt_age)} ago"
+        heard = "" if s.receipt_age is None else f", heard from its publisher {esc(dur(s.receipt_age))} ago"
         errors = "" if not s.apply_errors else f", {s.apply_errors} apply errors"
         item = f"{esc(s.name)}: {state}{heard}{errors}"
         items.append(item if s.enabled and s.worker and not s.apply_errors else f'<span class="bad">{item}</span>')

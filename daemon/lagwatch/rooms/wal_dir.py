@@ -18,7 +18,7 @@ from typing import Any
 from lagwatch.fastinit import fast_init
 from lagwatch.render import families as f
 from lagwatch.render.html import esc
-from lagwatch.rooms.base import Cycle, Grant, Room
+from lagwatch.rooms.base import Cycle, Grant, KeepsNothing, Room
 from lagwatch.views.base import Row, View
 
 QUERIES = {
@@ -53,20 +53,17 @@ class WalDirs:
     slot_shares: Mapping[str, float]
 
 
-class WalDirKeeper:
+class WalDirKeeper(KeepsNothing):
     """Nothing kept across cycles: pg_wal's size is what the last poll read."""
 
     def update(self, readings: Mapping[str, WalDir], cycle: Cycle) -> WalDirs | None:
         if not readings:
             return None
-        leading = readings.get(cycle.primary) if cycle.primary is not None else None
+        leading = cycle.leading(readings)
         shares = {} if leading is None or leading.bytes <= 0 else {
             s.name: min(1.0, s.retained_bytes / leading.bytes)
             for s in cycle.slots if s.safe_wal_size is None and s.retained_bytes is not None}
         return WalDirs(dict(sorted(readings.items())), shares)
-
-    def forget(self, node: str) -> None:
-        pass  # nothing kept: a node gone has no reading next cycle
 
 
 # -- what it exports ------------------------------------------------------------------------

@@ -78,8 +78,8 @@ def _by_version(queries: Mapping[int, str], server_version_num: int) -> str | No
     return queries[max(usable)] if usable else None
 
 
-# How often the views that build a row per session, or change slowly, are read (views/
-# horizon.py, subscriptions.py, slotsync.py, startup_io.py): one cadence, so that on the
+# How often the views that build a row per session, or change slowly, are read (rooms/
+# horizon.py, subscriptions.py, slotsync.py; views/startup_io.py): one cadence, so that on the
 # polls that read none of them the statement is the same, and each connection prepares two.
 SLOW_EVERY = 10
 
