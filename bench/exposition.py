@@ -7,7 +7,11 @@ constructor and ``add_metric`` calls: once with lagwatch.render.exposition's fam
 ``render_text``, once with prometheus_client's ``*MetricFamily`` classes and
 ``generate_latest`` on a registry. Rounds alternate between the two, so that both see the
 same machine; it prints microseconds a series for each round and the ratio of the
-medians. It prints; it asserts nothing. docs/benchmarks.md keeps what it measured.
+medians. Then what gzip does to lagwatch's text (what /metrics sends a scraper that asks
+for it, compressed once per snapshot: serve/web.py): its size and the time to compress it
+at levels 1 (lagwatch's) and 6 (gzip's default), each beside the time to render the same
+text, the median of ``--rounds``. It prints; it asserts nothing. docs/benchmarks.md keeps
+what it measured.
 
     python3 bench/exposition.py [--clusters 300] [--rounds 5]
 """
@@ -128,6 +132,32 @@ def render_theirs(clusters: int) -> tuple[int, int]:
     return len(prometheus_client.generate_latest(registry)), series
 
 
+def gzip_figures(clusters: int, rounds: int) -> None:
+    """lagwatch's text compressed at levels 1 and 6, beside its render, alternated."""
+    import gzip
+
+    def text() -> bytes:
+        with exposition.collecting():
+            families, _ = build(OURS, clusters)
+        return exposition.render_text(families)
+
+    body = text()
+    times: dict[str, list[float]] = {"render": [], "gzip 1": [], "gzip 6": []}
+    sizes = {}
+    for _ in range(rounds):
+        started = time.perf_counter()
+        text()
+        times["render"].append(time.perf_counter() - started)
+        for level in (1, 6):
+            started = time.perf_counter()
+            sizes[level] = len(gzip.compress(body, level, mtime=0))
+            times[f"gzip {level}"].append(time.perf_counter() - started)
+    print(f"gzip of lagwatch's text ({len(body) / 1e6:.1f} MB), median of {rounds}: render "
+          f"{statistics.median(times['render']) * 1000:.0f} ms; " + "; ".join(
+              f"level {level} {statistics.median(times[f'gzip {level}']) * 1000:.0f} ms, "
+              f"{sizes[level] / 1e6:.2f} MB ({len(body) / sizes[level]:.1f}x smaller)" for level in (1, 6)))
+
+
 def timed(render: Callable[[int], tuple[int, int]], clusters: int) -> tuple[float, int, int]:
     started = time.perf_counter()
     size, series = render(clusters)
@@ -155,6 +185,7 @@ def main() -> None:
     print(f"median: lagwatch.render.exposition {ours_median:.2f} µs a series ({min(ours):.2f}-{max(ours):.2f}), "
           f"prometheus_client {THEIRS_VERSION} {theirs_median:.2f} µs ({min(theirs):.2f}-{max(theirs):.2f}): "
           f"{theirs_median / ours_median:.1f}x")
+    gzip_figures(args.clusters, args.rounds)
 
 
 if __name__ == "__main__":

@@ -4,16 +4,22 @@
   clusters_dir) declares every family the shipped dashboard and alert rules query, so each
   can be checked against a live scrape;
 - `promtool check metrics` finds nothing to say about a scrape of a cluster with pool
-  control, synchronous replication and slots.
+  control, synchronous replication and slots;
+- a real Prometheus's scrapes are answered in gzip (it always asks), and read as the plain
+  text is; a client that refuses gzip gets the text as is.
 
 What is tested does not depend on the PostgreSQL version: one runs these.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gzip
 import json
 import re
+import socket
 import subprocess
+import threading
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +29,7 @@ import yaml
 from chaoscluster import ChaosCluster
 from harness import ROOT, Lagwatch, cluster_config
 from lagwatch.demo.ports import free_port
+from prom_stack import Prometheus
 
 pytestmark = pytest.mark.one_pg_version
 
@@ -97,3 +104,67 @@ def test_promtool_check_metrics_finds_nothing(cluster: ChaosCluster, tmp_path: P
     result = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True,
                             timeout=60)
     assert (result.returncode, result.stdout + result.stderr) == (0, "")
+
+
+class Relay:
+    """A TCP relay between a scraper and lagwatch that keeps what lagwatch answered: to see
+    the bytes a real Prometheus is sent. Bounded: one thread a connection, stops with the test."""
+
+    def __init__(self, upstream: int) -> None:
+        self.upstream = upstream
+        self.answers = bytearray()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.threads: list[threading.Thread] = []
+        self._serve = threading.Thread(target=self._accept, daemon=True)
+        self._serve.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return  # closed
+            server = socket.create_connection(("127.0.0.1", self.upstream))
+            for src, dst, keep in ((client, server, False), (server, client, True)):
+                t = threading.Thread(target=self._pump, args=(src, dst, keep), daemon=True)
+                t.start()
+                self.threads.append(t)
+
+    def _pump(self, src: socket.socket, dst: socket.socket, keep: bool) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                if keep and len(self.answers) < 4 << 20:
+                    self.answers += data
+                dst.sendall(data)
+        for sock in (src, dst):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_a_real_prometheus_is_answered_in_gzip_and_reads_it(cluster: ChaosCluster, tmp_path: Path) -> None:
+    with Lagwatch.for_cluster(tmp_path, cluster) as lw, contextlib.ExitStack() as stack:
+        lw.wait_ready()
+        relay = Relay(lw.port)
+        stack.callback(relay.close)
+        prometheus = Prometheus([f"127.0.0.1:{relay.port}"], [])
+        prometheus.start()
+        stack.callback(prometheus.stop)
+        lw.wait_for("Prometheus reading lagwatch's nodes up", lambda: len(
+            prometheus.query("lagwatch_up == 1").get("data", {}).get("result", [])) == 3, 20)
+        head = bytes(relay.answers[:4096]).split(b"\r\n\r\n", 1)[0].decode("latin-1").lower()
+        assert "content-encoding: gzip" in head and "vary: accept, accept-encoding" in head, head
+        # As a client sees it: the gzip, decompressed, is the text; gzip;q=0 gets the text.
+        plain = urllib.request.Request(lw.url("/metrics"), headers={"Accept-Encoding": "gzip;q=0"})
+        with urllib.request.urlopen(plain, timeout=10) as response:
+            assert response.headers.get("Content-Encoding") is None
+            text = response.read()
+        zipped = urllib.request.Request(lw.url("/metrics"), headers={"Accept-Encoding": "gzip"})
+        with urllib.request.urlopen(zipped, timeout=10) as response:
+            assert response.headers["Content-Encoding"] == "gzip"
+            body = response.read()
+        assert len(body) < len(text) / 3
+        assert gzip.decompress(body).startswith(b"# HELP") and b"lagwatch_up{" in gzip.decompress(body)

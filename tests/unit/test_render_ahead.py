@@ -79,3 +79,40 @@ def test_a_failing_hook_still_publishes() -> None:
     with pytest.raises(RuntimeError):
         holder.publish(snapshot(1))
     assert holder.get() is not None and holder.get().cycles_total == 1  # type: ignore[union-attr]
+
+
+def test_gzip_when_asked_compressed_once_per_snapshot_and_ahead_when_the_scraper_takes_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import gzip
+
+    from lagwatch.serve.httpmessages import Request
+
+    holder = SnapshotHolder()
+    web = WebServer("127.0.0.1", 0, holder, lambda: CONFIG)
+    holder.publish(snapshot(1))
+    compressions = []
+    real = gzip.compress
+    monkeypatch.setattr(web_module.gzip, "compress", lambda *a, **k: compressions.append(1) or real(*a, **k))
+
+    def scrape(**headers: str) -> tuple[int, bytes, dict[str, str]]:
+        answer = web.handle(Request("GET", "/metrics", headers, "127.0.0.1"))
+        return answer.status, answer.body, answer.headers
+
+    status, plain, headers = scrape()
+    assert status == 200 and headers == {"Vary": "Accept, Accept-Encoding"} and plain.startswith(b"# HELP")
+    for _ in range(3):  # Prometheus's header: gzip, the same bytes each time, compressed once
+        status, body, headers = scrape(**{"accept-encoding": "gzip"})
+        assert headers == {"Vary": "Accept, Accept-Encoding", "Content-Encoding": "gzip"}
+        assert gzip.decompress(body) == plain and len(body) < len(plain) / 3
+    assert len(compressions) == 1
+    assert scrape(**{"accept-encoding": "gzip;q=0"})[2] == {"Vary": "Accept, Accept-Encoding"}  # refused
+
+    # A scraper that takes gzip at a steady pace: the next snapshot is rendered and compressed
+    # before it is published, so its scrape does neither.
+    now = time.monotonic()
+    for ago in (45.0, 30.0, 15.0):
+        web._scrapes.scraped(now - ago, gzip=True)
+    holder.publish(snapshot(2))
+    assert len(compressions) == 2
+    body = scrape(**{"accept-encoding": "gzip"})[1]
+    assert b"lagwatch_cycles_total 2.0" in gzip.decompress(body) and len(compressions) == 2

@@ -6,9 +6,11 @@ behind basic auth.
 
 from __future__ import annotations
 
+import gzip
 import itertools
 import json
 import logging
+import threading
 import time
 import urllib.parse
 from collections import deque
@@ -25,6 +27,7 @@ from lagwatch.serve import status_page
 from lagwatch.serve.export import families
 from lagwatch.serve.httpmessages import Request, Response
 from lagwatch.serve.httpserver import HttpServer
+from lagwatch.serve.negotiation import accepts_gzip
 from lagwatch.serve.status import snapshot_status
 from lagwatch.serve.webauth import BasicAuth
 
@@ -52,15 +55,43 @@ class WebSettings:
         return client_has_allowed_san(cert, tls.client_allowed_sans)
 
 
+# gzip level 1: a fleet's exposition is label text repeated line after line, which the
+# fastest level already shrinks about tenfold; the higher levels cost several times the CPU
+# for a few percent more (docs/benchmarks.md, "gzip").
+GZIP_LEVEL = 1
+# Said on every /metrics answer: caches keep one per format and coding asked for.
+VARY = "Accept, Accept-Encoding"
+
+
+class Rendered:
+    """One snapshot's exposition, and its gzip, compressed once (by the first scrape that
+    asks for it, or ahead of it) however many scrapes then take it."""
+
+    def __init__(self, snapshot: Snapshot | None, body: bytes) -> None:
+        self.snapshot = snapshot
+        self.body = body
+        self._gzipped: bytes | None = None
+        self._lock = threading.Lock()  # scrapes come on the HTTP server's threads
+
+    def gzipped(self) -> bytes:
+        with self._lock:
+            if self._gzipped is None:
+                self._gzipped = gzip.compress(self.body, GZIP_LEVEL, mtime=0)
+            return self._gzipped
+
+
 class ScrapeRhythm:
     """When the next /metrics scrape is due, from the last ones: Prometheus scrapes each
-    target at a fixed interval, so the next comes a median gap after the last."""
+    target at a fixed interval, so the next comes a median gap after the last; and whether
+    the last one took gzip (the next, from the same scraper, will too)."""
 
     def __init__(self) -> None:
         self._at: deque[float] = deque(maxlen=5)
+        self.gzip = False
 
-    def scraped(self, at: float) -> None:
+    def scraped(self, at: float, gzip: bool = False) -> None:
         self._at.append(at)
+        self.gzip = gzip
 
     def due_within(self, now: float, horizon: float) -> bool:
         """Whether a scrape is expected from ``now`` to ``now + horizon`` (False while the
@@ -90,7 +121,7 @@ class WebServer:
         web = config().web
         self.settings = WebSettings.of(web)
         self._context = ssl_context(web) if web is not None else None
-        self._rendered: tuple[Snapshot | None, bytes] | None = None
+        self._rendered: Rendered | None = None
         self._scrapes = ScrapeRhythm()
         holder.on_publish.append(self._render_ahead)
         self.http = HttpServer(host, port, self.handle, limits=lambda: config().http,
@@ -145,8 +176,10 @@ class WebServer:
             return Response(405, b"method not allowed\n", headers={"Allow": "GET, HEAD"})
         path = request.path
         if path == "/metrics":
-            body, content_type = self.metrics(request.headers.get("accept", ""))
-            return Response(200, body, content_type)
+            body, content_type, coding = self.metrics(request.headers.get("accept", ""),
+                                                      request.headers.get("accept-encoding"))
+            headers = {"Vary": VARY} if coding is None else {"Vary": VARY, "Content-Encoding": coding}
+            return Response(200, body, content_type, headers=headers)
         if path == "/healthz":
             ok, why = self.healthy()
             return Response(200 if ok else 503, why.encode() + b"\n")
@@ -163,25 +196,30 @@ class WebServer:
             return Response(200, b"lagwatch: /status /metrics /healthz /readyz /api/status\n")
         return Response(404, b"not found\n")
 
-    def metrics(self, accept: str) -> tuple[bytes, str]:
-        """The exposition of the current snapshot, rendered once per snapshot: scrapes
-        between two cycles are served from memory. Always the text format (version 0.0.4),
-        which every Prometheus accepts whatever it prefers, written straight from the
-        snapshot (lagwatch.render.exposition: ~2 µs a series, a 300-cluster fleet's in ~120 ms,
-        where prometheus_client's encoders take 3-7 times that: bench/exposition.py)."""
-        self._scrapes.scraped(time.monotonic())
+    def metrics(self, accept: str, accept_encoding: str | None = None) -> tuple[bytes, str, str | None]:
+        """The exposition of the current snapshot, rendered once per snapshot (and gzipped
+        once, when asked: ``Accept-Encoding``): scrapes between two cycles are served from
+        memory. Always the text format (version 0.0.4), which every Prometheus accepts
+        whatever it prefers, written straight from the snapshot (lagwatch.render.exposition:
+        ~2 µs a series, a 300-cluster fleet's in ~120 ms, where prometheus_client's encoders
+        take 3-7 times that: bench/exposition.py). Returns the body, its type and its
+        content coding (None: as is)."""
+        wants_gzip = accepts_gzip(accept_encoding)
+        self._scrapes.scraped(time.monotonic(), wants_gzip)
         cached = self._rendered
         snapshot = self.holder.get()
-        if cached is not None and (cached[0] is snapshot or _later(cached[0], snapshot)):
-            return cached[1], CONTENT_TYPE  # this snapshot's, or the one being published (rendered ahead)
-        return self._render(snapshot), CONTENT_TYPE
+        if cached is None or not (cached.snapshot is snapshot or _later(cached.snapshot, snapshot)):
+            cached = self._render(snapshot)  # else this snapshot's, or the one being published (rendered ahead)
+        if wants_gzip:
+            return cached.gzipped(), CONTENT_TYPE, "gzip"
+        return cached.body, CONTENT_TYPE, None
 
-    def _render(self, snapshot: Snapshot | None) -> bytes:
-        body = render_text(families(snapshot, also=self._http_samples))
+    def _render(self, snapshot: Snapshot | None) -> Rendered:
+        rendered = Rendered(snapshot, render_text(families(snapshot, also=self._http_samples)))
         cached = self._rendered
-        if cached is None or not _later(cached[0], snapshot):  # never over a newer one rendered ahead meanwhile
-            self._rendered = (snapshot, body)
-        return body
+        if cached is None or not _later(cached.snapshot, snapshot):  # never over a newer one rendered ahead meanwhile
+            self._rendered = rendered
+        return rendered
 
     def _render_ahead(self, snapshot: Snapshot) -> None:
         """Render a snapshot before it is published when a scrape is due before the next one:
@@ -192,7 +230,9 @@ class WebServer:
         a scrape would, and nothing while nobody scrapes."""
         try:
             if self._scrapes.due_within(time.monotonic(), self._config().interval):
-                self._render(snapshot)
+                rendered = self._render(snapshot)
+                if self._scrapes.gzip:  # and compressed, as the last scrape took it
+                    rendered.gzipped()
         except Exception:  # the scrape will render it, and say what failed
             log.exception("rendering /metrics ahead of the next scrape failed")
 
