@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,15 +21,6 @@ clusters:
   - name: main
     primary: {{dsn: "host=127.0.0.1 port=55432 user=postgres dbname=postgres"}}
 """
-
-
-@pytest.fixture
-def sock(tmp_path: Path) -> Iterator[socket.socket]:
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    s.bind(str(tmp_path / "notify.sock"))
-    s.setblocking(False)
-    yield s
-    s.close()
 
 
 def said(s: socket.socket) -> list[str]:

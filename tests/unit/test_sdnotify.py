@@ -5,20 +5,10 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from lagwatch.serve.sdnotify import Notifier
-
-
-@pytest.fixture
-def sock(tmp_path: Path) -> Iterator[socket.socket]:
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    s.bind(str(tmp_path / "notify.sock"))
-    s.setblocking(False)
-    yield s
-    s.close()
 
 
 def received(s: socket.socket) -> list[dict[str, str]]:
