@@ -75,6 +75,17 @@ class Annotation:
 # -- field config helpers ------------------------------------------------------------------
 
 
+def _quantile(q: str, name: str, selector: str, by: tuple[str, ...] = ()) -> str:
+    """A histogram's quantile over its native series where Prometheus keeps them, else over its
+    classic ``_bucket`` series: one expression for a Prometheus with native histograms on
+    (which then keeps only the native series, unless 3.5+'s always_scrape_classic_histograms
+    says otherwise) and one without (which has only the classic ones)."""
+    native_by = f" by ({', '.join(by)})" if by else ""
+    classic_by = f" by ({', '.join((*by, 'le'))})"
+    return (f"histogram_quantile({q}, sum{native_by} (rate({name}{selector}[{RATE}]))) or "
+            f"histogram_quantile({q}, sum{classic_by} (rate({name}_bucket{selector}[{RATE}])))")
+
+
 def _thresholds(*steps: tuple[str, float | None]) -> Json:
     return {"mode": "absolute", "steps": [{"color": color, "value": value} for color, value in steps]}
 
@@ -238,11 +249,11 @@ def _lag_row() -> list[Panel]:
         Panel(
             "Staleness distribution (selected replicas together)", "timeseries",
             "p50/p95/p99 of every per-cycle staleness sample of the selected replicas, from the "
-            "lagwatch_replica_lag_sampled_seconds histogram summed over replicas (buckets 1 ms to 10 min, "
-            "so values are interpolated within a bucket). Shows how bad lag gets across the fleet, not per "
-            "replica.",
-            [Query(f"histogram_quantile({q}, sum by (le) "
-                   f"(rate(lagwatch_replica_lag_sampled_seconds_bucket{{{CR}}}[{RATE}])))", f"p{label}")
+            "lagwatch_replica_lag_sampled_seconds histogram summed over replicas: its native series where "
+            "Prometheus keeps them (exponential buckets, 0.3 % wide near a held replica's lag), else its "
+            "classic buckets (0.5 ms to 10 min, interpolated within a bucket). Shows how bad lag gets "
+            "across the fleet, not per replica.",
+            [Query(_quantile(q, "lagwatch_replica_lag_sampled_seconds", f"{{{CR}}}"), f"p{label}")
              for q, label in (("0.5", "50"), ("0.95", "95"), ("0.99", "99"))],
             12, 8, _timeseries("s", fill=0), TIMESERIES_OPTIONS),
         Panel(
@@ -662,8 +673,8 @@ def _lagwatch_row() -> list[Panel]:
             "second: cycles that took longer than the interval or were skipped because the previous one still ran.",
             [Query(f"lagwatch_cycle_duration_seconds and {this_cluster}", "{{instance}} cycle"),
              Query(f"rate(lagwatch_cycle_overruns_total[{RATE}]) and {this_cluster}", "{{instance}} overruns/s"),
-             Query(f"histogram_quantile(0.99, sum by (instance, le) (rate(lagwatch_cycle_seconds_bucket[{RATE}]))) "
-                   f"and {this_cluster}", "{{instance}} p99")],
+             Query(f"({_quantile('0.99', 'lagwatch_cycle_seconds', '', ('instance',))}) and {this_cluster}",
+                   "{{instance}} p99")],
             6, 7,
             _timeseries("s", overrides=[_override("B", ("unit", "short"), ("custom.axisPlacement", "right"))]),
             TIMESERIES_OPTIONS),

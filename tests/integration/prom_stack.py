@@ -104,8 +104,10 @@ def rules_with_shorter_for(rules: Path, folder: Path, factor: int = 4, floor: fl
 class Prometheus(_Process):
     """Scrapes the given targets every second and evaluates ``rule_files`` every second."""
 
-    def __init__(self, targets: list[str], rule_files: list[Path], alertmanager: str | None = None) -> None:
+    def __init__(self, targets: list[str], rule_files: list[Path], alertmanager: str | None = None,
+                 features: tuple[str, ...] = ()) -> None:
         super().__init__("prometheus")
+        self.features = features  # --enable-feature=...: native-histograms asks targets for protobuf
         config: dict[str, Any] = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "900ms"},
             "rule_files": [str(p) for p in rule_files],
@@ -118,11 +120,13 @@ class Prometheus(_Process):
 
     def start(self) -> None:
         self._start([PROMETHEUS, f"--config.file={self.config_file}", f"--storage.tsdb.path={self.folder}/data",
-                     f"--web.listen-address=127.0.0.1:{self.port}", "--web.enable-lifecycle"], "/-/ready")
+                     f"--web.listen-address=127.0.0.1:{self.port}", "--web.enable-lifecycle",
+                     *(f"--enable-feature={f}" for f in self.features)], "/-/ready")
 
-    def query(self, expr: str) -> dict[str, Any]:
-        """The raw API answer for an instant query (status, data or error)."""
-        url = f"{self.url}/api/v1/query?{urllib.parse.urlencode({'query': expr})}"
+    def query(self, expr: str, at: float | None = None) -> dict[str, Any]:
+        """The raw API answer for an instant query (status, data or error), now or ``at``."""
+        params = {"query": expr} if at is None else {"query": expr, "time": f"{at:.3f}"}
+        url = f"{self.url}/api/v1/query?{urllib.parse.urlencode(params)}"
         try:
             result: dict[str, Any] = _get_json(url)
         except urllib.error.HTTPError as exc:

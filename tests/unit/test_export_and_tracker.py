@@ -292,7 +292,8 @@ def test_the_text_exposition_reads_back_as_written_with_hostile_label_values() -
     help text, and a family made again under the same name while collecting is the one."""
     import math
 
-    from lagwatch.render.exposition import Counter, Gauge, Histogram, Info, collecting, render_text
+    from lagwatch.render.exposition import Counter, Gauge, Histogram, Info, collecting
+    from lagwatch.render.text import render_text
     from prometheus_client.parser import text_string_to_metric_families
 
     nasty = 'a "quoted"\\back\nslash'

@@ -10,7 +10,7 @@ from lagwatch.config import parse_config
 from lagwatch.estimate.snapshot import NodeObservation, Snapshot
 from lagwatch.estimate.tracker import ClusterTracker
 from lagwatch.render import families
-from lagwatch.render.exposition import render_text
+from lagwatch.render.text import render_text
 from lagwatch.serve.export import families as exported
 from lagwatch.views.server import ServerPosition
 

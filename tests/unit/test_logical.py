@@ -81,7 +81,7 @@ def test_a_stopped_consumer_keeps_its_name_and_its_furthest_position_and_grows_s
 
 def test_status_and_the_page_list_consumers_under_their_cluster_apart_from_replicas() -> None:
     from lagwatch.estimate.snapshot import ClusterSnapshot, LogicalConsumer, Snapshot
-    from lagwatch.render.exposition import render_text
+    from lagwatch.render.text import render_text
     from lagwatch.serve.export import families
     from lagwatch.serve.status import snapshot_status
     from lagwatch.serve.status_page import render

@@ -18,6 +18,14 @@ def snapshot(cycles: int) -> Snapshot:
     return Snapshot(taken_at=float(cycles), cycle_duration=0.01, cycles_total=cycles, overruns_total=0, clusters=())
 
 
+def counted(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Each time a snapshot's families are built (what a render costs, whatever the format)."""
+    renders: list[int] = []
+    real = web_module.families
+    monkeypatch.setattr(web_module, "families", lambda *a, **k: renders.append(1) or real(*a, **k))
+    return renders
+
+
 def test_a_due_scrape_is_served_what_was_rendered_before_publishing(monkeypatch: pytest.MonkeyPatch) -> None:
     holder = SnapshotHolder()
     web = WebServer("127.0.0.1", 0, holder, lambda: CONFIG)  # never started: metrics() is called directly
@@ -25,18 +33,16 @@ def test_a_due_scrape_is_served_what_was_rendered_before_publishing(monkeypatch:
     now = time.monotonic()
     for ago in (45.0, 30.0, 15.0):  # a scrape every 15 s; the next is due now
         web._scrapes.scraped(now - ago)
-    renders = []
-    real = web_module.render_text
-    monkeypatch.setattr(web_module, "render_text", lambda families: renders.append(1) or real(families))
+    renders = counted(monkeypatch)
 
     between = []  # what a scrape gets after the render ahead, before the snapshot is published
-    holder.on_publish.append(lambda s: between.append((holder.get(), web.metrics("")[0])))
+    holder.on_publish.append(lambda s: between.append((holder.get(), web.metrics(None)[0])))
     holder.publish(snapshot(2))
     assert len(renders) == 1  # ahead, and only ahead
     (seen, body), = between
     assert seen is not None and seen.cycles_total == 1  # readers did not see snapshot 2 yet...
     assert b"lagwatch_cycles_total 2.0" in body  # ...but its text was ready and served
-    assert b"lagwatch_cycles_total 2.0" in web.metrics("")[0]
+    assert b"lagwatch_cycles_total 2.0" in web.metrics(None)[0]
     assert len(renders) == 1
 
 
@@ -44,14 +50,12 @@ def test_nobody_scraping_renders_nothing_and_an_unexpected_scrape_renders_once(
         monkeypatch: pytest.MonkeyPatch) -> None:
     holder = SnapshotHolder()
     web = WebServer("127.0.0.1", 0, holder, lambda: CONFIG)
-    renders = []
-    real = web_module.render_text
-    monkeypatch.setattr(web_module, "render_text", lambda families: renders.append(1) or real(families))
+    renders = counted(monkeypatch)
     for cycles in range(1, 5):
         holder.publish(snapshot(cycles))
     assert renders == []
-    assert b"lagwatch_cycles_total 4.0" in web.metrics("")[0]
-    assert b"lagwatch_cycles_total 4.0" in web.metrics("")[0]
+    assert b"lagwatch_cycles_total 4.0" in web.metrics(None)[0]
+    assert b"lagwatch_cycles_total 4.0" in web.metrics(None)[0]
     assert len(renders) == 1
 
 
@@ -62,10 +66,8 @@ def test_a_slow_render_of_an_older_snapshot_never_replaces_a_newer_one(monkeypat
     web._render(newer)  # rendered ahead while a scrape was rendering the one before
     web._render(older)  # that scrape ends later
     holder.publish(newer)
-    renders = []
-    real = web_module.render_text
-    monkeypatch.setattr(web_module, "render_text", lambda families: renders.append(1) or real(families))
-    assert b"lagwatch_cycles_total 2.0" in web.metrics("")[0]
+    renders = counted(monkeypatch)
+    assert b"lagwatch_cycles_total 2.0" in web.metrics(None)[0]
     assert renders == []  # served what was rendered ahead
 
 
@@ -116,3 +118,37 @@ def test_gzip_when_asked_compressed_once_per_snapshot_and_ahead_when_the_scraper
     assert len(compressions) == 2
     body = scrape(**{"accept-encoding": "gzip"})[1]
     assert b"lagwatch_cycles_total 2.0" in gzip.decompress(body) and len(compressions) == 2
+
+
+PROMETHEUS_PROTO = ("application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited;"
+                    "q=0.6,application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.5,"
+                    "application/openmetrics-text;version=0.0.1;q=0.4,text/plain;version=1.0.0;"
+                    "escaping=allow-utf-8;q=0.3,text/plain;version=0.0.4;q=0.2,*/*;q=0.1")
+
+
+def test_the_format_and_coding_the_last_scrape_took_are_written_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Prometheus asking for protobuf in gzip is answered from memory: that body, compressed,
+    was written before the snapshot was published, and nothing else was."""
+    holder = SnapshotHolder()
+    web = WebServer("127.0.0.1", 0, holder, lambda: CONFIG)
+    holder.publish(snapshot(1))
+    for _ in range(3):
+        web.metrics(PROMETHEUS_PROTO, "gzip")
+    now = time.monotonic()
+    for ago in (45.0, 30.0, 15.0):
+        web._scrapes.scraped(now - ago, web._scrapes.format, web._scrapes.gzip)
+    written: list[str] = []
+    real = web_module.Rendered.body
+
+    def body(self: web_module.Rendered, fmt: web_module.Format) -> bytes:
+        if fmt.key not in self._bodies:
+            written.append(fmt.key)
+        return real(self, fmt)
+
+    monkeypatch.setattr(web_module.Rendered, "body", body)
+    holder.publish(snapshot(2))
+    assert written == ["protobuf"]
+    body, content_type, coding = web.metrics(PROMETHEUS_PROTO, "gzip")
+    assert written == ["protobuf"] and coding == "gzip"
+    assert content_type.startswith("application/vnd.google.protobuf;")
+    assert web._rendered is not None and web._rendered._gzipped.keys() == {"protobuf"}

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from lagwatch.config.options import ClusterOptions
 from lagwatch.estimate.snapshot import ClusterSnapshot, Snapshot
-from lagwatch.render.exposition import render_text
+from lagwatch.render.text import render_text
 from lagwatch.rooms import archiver
 from lagwatch.rooms.archiver import ArchiverKeeper, ArchiverReading, NodeArchiving
 from lagwatch.rooms.base import Cycle

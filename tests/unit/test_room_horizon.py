@@ -8,7 +8,7 @@ from __future__ import annotations
 from lagwatch.config.options import ClusterOptions
 from lagwatch.estimate.snapshot import ClusterSnapshot, Snapshot
 from lagwatch.estimate.xidclock import XidClock
-from lagwatch.render.exposition import render_text
+from lagwatch.render.text import render_text
 from lagwatch.rooms import horizon, slots
 from lagwatch.rooms.base import Cycle
 from lagwatch.rooms.horizon import Horizon, VacuumHorizon

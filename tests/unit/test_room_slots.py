@@ -8,7 +8,7 @@ import math
 
 from lagwatch.config.options import ClusterOptions
 from lagwatch.estimate.snapshot import ClusterSnapshot, Snapshot
-from lagwatch.render.exposition import render_text
+from lagwatch.render.text import render_text
 from lagwatch.rooms import slots
 from lagwatch.rooms.base import Cycle
 from lagwatch.rooms.slots import Slot, Slots

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from lagwatch.config.options import ClusterOptions
 from lagwatch.estimate.snapshot import ClusterSnapshot, Snapshot
-from lagwatch.render.exposition import render_text
+from lagwatch.render.text import render_text
 from lagwatch.rooms import slotsync
 from lagwatch.rooms.base import Cycle
 from lagwatch.rooms.slots import Slot

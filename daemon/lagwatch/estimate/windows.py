@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import overload
 
+from lagwatch.estimate.nativehistogram import NativeCounts, NativeHistogram
 from lagwatch.fastinit import fast_init
 
 # Histogram buckets, 0.5 ms to 10 min: fine where lag SLAs sit (tens of milliseconds),
@@ -184,30 +185,37 @@ class LagWindow:
 @fast_init
 @dataclass(frozen=True)
 class HistogramCounts:
-    """Cumulative counts per upper bound (Prometheus style, +Inf last), sum and count."""
+    """Cumulative counts per upper bound (Prometheus style, +Inf last), sum and count; and
+    the same samples in a native histogram's buckets."""
 
     bounds: tuple[float, ...]
     cumulative: tuple[int, ...]
     total: float
     count: int
+    native: NativeCounts | None = None
 
 
 class LagHistogram:
     """Every staleness sample since start, bucketed: a counter, never reset (the cycles'
-    durations are kept the same way, with ``CYCLE_BUCKETS``)."""
+    durations are kept the same way, with ``CYCLE_BUCKETS``); in the classic buckets
+    (``bounds``) and in a native histogram's (estimate/nativehistogram.py) side by side,
+    for the scrapers that take either."""
 
     def __init__(self, bounds: tuple[float, ...] = LAG_BUCKETS) -> None:
         self._bounds = bounds
         self._counts = [0] * (len(bounds) + 1)
         self._sum = 0.0
+        self._native = NativeHistogram()
 
     def observe(self, value: float) -> None:
         self._counts[bisect.bisect_left(self._bounds, value)] += 1
         self._sum += value
+        self._native.observe(value)
 
     def snapshot(self) -> HistogramCounts:
         cumulative, running = [], 0
         for count in self._counts:
             running += count
             cumulative.append(running)
-        return HistogramCounts(self._bounds + (math.inf,), tuple(cumulative), self._sum, running)
+        return HistogramCounts(self._bounds + (math.inf,), tuple(cumulative), self._sum, running,
+                               self._native.snapshot())

@@ -70,7 +70,7 @@ def _daemon_metrics(snapshot: Snapshot) -> None:
     if snapshot.cycle_histogram is not None:
         h = snapshot.cycle_histogram
         f.CYCLES_HISTOGRAM.make().add_metric([], list(zip(_les(h.bounds), h.cumulative, strict=True)),
-                                             sum_value=h.total)
+                                             sum_value=h.total, native=h.native)
     if snapshot.first_cycle_duration is not None:
         f.FIRST_CYCLE.add([], snapshot.first_cycle_duration)
     f.CYCLES.add([], snapshot.cycles_total)
@@ -161,7 +161,8 @@ def _replica_metrics(c: ClusterSnapshot) -> None:
         if r.window is not None:
             window.add_metric(key, ((quantile_label(q), v) for q, v in r.window.quantiles), h.count, h.total)
             samples.add_metric(key, r.window.count)
-        hist.add_metric(key, list(zip(_les(h.bounds), h.cumulative, strict=True)), sum_value=h.total)
+        hist.add_metric(key, list(zip(_les(h.bounds), h.cumulative, strict=True)), sum_value=h.total,
+                        native=h.native)
         ws = r.walsender
         if ws is not None:
             lag_bytes.add_metrics(key, _present((stage, ws.lag_bytes(stage)) for stage in STAGES))

@@ -21,13 +21,15 @@ from typing import Any
 from lagwatch.config import Config
 from lagwatch.config.web import WebConfig, client_has_allowed_san, ssl_context
 from lagwatch.estimate.snapshot import Snapshot, SnapshotHolder
-from lagwatch.render.exposition import CONTENT_TYPE, render_text
+from lagwatch.render import formats
+from lagwatch.render.exposition import Family
 from lagwatch.render.families import HTTP_CAP, HTTP_CLOSED, HTTP_CONNECTIONS
+from lagwatch.render.formats import Format
 from lagwatch.serve import status_page
 from lagwatch.serve.export import families
 from lagwatch.serve.httpmessages import Request, Response
 from lagwatch.serve.httpserver import HttpServer
-from lagwatch.serve.negotiation import accepts_gzip
+from lagwatch.serve.negotiation import accepts_gzip, choose_format
 from lagwatch.serve.status import snapshot_status
 from lagwatch.serve.webauth import BasicAuth
 
@@ -64,33 +66,46 @@ VARY = "Accept, Accept-Encoding"
 
 
 class Rendered:
-    """One snapshot's exposition, and its gzip, compressed once (by the first scrape that
-    asks for it, or ahead of it) however many scrapes then take it."""
+    """One snapshot's families, and each format scrapers ask of it written once (and gzipped
+    once), by the first scrape that asks for it or ahead of it, however many scrapes then
+    take it."""
 
-    def __init__(self, snapshot: Snapshot | None, body: bytes) -> None:
+    def __init__(self, snapshot: Snapshot | None, families: list[Family]) -> None:
         self.snapshot = snapshot
-        self.body = body
-        self._gzipped: bytes | None = None
+        self._families = families
+        self._bodies: dict[str, bytes] = {}
+        self._gzipped: dict[str, bytes] = {}
         self._lock = threading.Lock()  # scrapes come on the HTTP server's threads
 
-    def gzipped(self) -> bytes:
+    def body(self, fmt: Format) -> bytes:
         with self._lock:
-            if self._gzipped is None:
-                self._gzipped = gzip.compress(self.body, GZIP_LEVEL, mtime=0)
-            return self._gzipped
+            body = self._bodies.get(fmt.key)
+            if body is None:
+                body = self._bodies[fmt.key] = fmt.render(self._families)
+            return body
+
+    def gzipped(self, fmt: Format) -> bytes:
+        body = self.body(fmt)
+        with self._lock:
+            packed = self._gzipped.get(fmt.key)
+            if packed is None:
+                packed = self._gzipped[fmt.key] = gzip.compress(body, GZIP_LEVEL, mtime=0)
+            return packed
 
 
 class ScrapeRhythm:
     """When the next /metrics scrape is due, from the last ones: Prometheus scrapes each
-    target at a fixed interval, so the next comes a median gap after the last; and whether
-    the last one took gzip (the next, from the same scraper, will too)."""
+    target at a fixed interval, so the next comes a median gap after the last; and the
+    format and coding the last one took (the next, from the same scraper, will too)."""
 
     def __init__(self) -> None:
         self._at: deque[float] = deque(maxlen=5)
+        self.format: Format = formats.TEXT
         self.gzip = False
 
-    def scraped(self, at: float, gzip: bool = False) -> None:
+    def scraped(self, at: float, fmt: Format = formats.TEXT, gzip: bool = False) -> None:
         self._at.append(at)
+        self.format = fmt
         self.gzip = gzip
 
     def due_within(self, now: float, horizon: float) -> bool:
@@ -176,7 +191,7 @@ class WebServer:
             return Response(405, b"method not allowed\n", headers={"Allow": "GET, HEAD"})
         path = request.path
         if path == "/metrics":
-            body, content_type, coding = self.metrics(request.headers.get("accept", ""),
+            body, content_type, coding = self.metrics(request.headers.get("accept"),
                                                       request.headers.get("accept-encoding"))
             headers = {"Vary": VARY} if coding is None else {"Vary": VARY, "Content-Encoding": coding}
             return Response(200, body, content_type, headers=headers)
@@ -196,26 +211,28 @@ class WebServer:
             return Response(200, b"lagwatch: /status /metrics /healthz /readyz /api/status\n")
         return Response(404, b"not found\n")
 
-    def metrics(self, accept: str, accept_encoding: str | None = None) -> tuple[bytes, str, str | None]:
-        """The exposition of the current snapshot, rendered once per snapshot (and gzipped
-        once, when asked: ``Accept-Encoding``): scrapes between two cycles are served from
-        memory. Always the text format (version 0.0.4), which every Prometheus accepts
-        whatever it prefers, written straight from the snapshot (lagwatch.render.exposition:
-        ~2 µs a series, a 300-cluster fleet's in ~120 ms, where prometheus_client's encoders
-        take 3-7 times that: bench/exposition.py). Returns the body, its type and its
+    def metrics(self, accept: str | None, accept_encoding: str | None = None) -> tuple[bytes, str, str | None]:
+        """The exposition of the current snapshot in the format ``Accept`` asks for
+        (serve/negotiation.py: protobuf, OpenMetrics, text 1.0.0 or 0.0.4), each written once
+        per snapshot (and gzipped once, when ``Accept-Encoding`` takes it): scrapes between
+        two cycles are served from memory. Returns the body, its exact content type and its
         content coding (None: as is)."""
+        choice = choose_format(accept)
         wants_gzip = accepts_gzip(accept_encoding)
-        self._scrapes.scraped(time.monotonic(), wants_gzip)
+        self._scrapes.scraped(time.monotonic(), choice.format, wants_gzip)
         cached = self._rendered
         snapshot = self.holder.get()
         if cached is None or not (cached.snapshot is snapshot or _later(cached.snapshot, snapshot)):
             cached = self._render(snapshot)  # else this snapshot's, or the one being published (rendered ahead)
         if wants_gzip:
-            return cached.gzipped(), CONTENT_TYPE, "gzip"
-        return cached.body, CONTENT_TYPE, None
+            return cached.gzipped(choice.format), choice.content_type, "gzip"
+        return cached.body(choice.format), choice.content_type, None
 
     def _render(self, snapshot: Snapshot | None) -> Rendered:
-        rendered = Rendered(snapshot, render_text(families(snapshot, also=self._http_samples)))
+        """A snapshot's families (lagwatch.render.exposition, ~1 µs a series; a format writes
+        them in about as long again: a 300-cluster fleet's in ~0.1 s each, bench/exposition.py),
+        kept for the formats scrapes ask of it."""
+        rendered = Rendered(snapshot, families(snapshot, also=self._http_samples))
         cached = self._rendered
         if cached is None or not _later(cached.snapshot, snapshot):  # never over a newer one rendered ahead meanwhile
             self._rendered = rendered
@@ -226,13 +243,16 @@ class WebServer:
         Prometheus scrapes at a steady pace, so the scrape that follows is served from
         memory instead of waiting for a fleet's render (~0.1 s for 300 clusters). Before,
         not after: a scrape arriving meanwhile is served the previous snapshot's text rather
-        than rendering the new one a second time beside this render. Renders no more than
-        a scrape would, and nothing while nobody scrapes."""
+        than rendering the new one a second time beside this render. Renders the format and
+        coding the last scrape took, no more than a scrape would, and nothing while nobody
+        scrapes."""
         try:
             if self._scrapes.due_within(time.monotonic(), self._config().interval):
                 rendered = self._render(snapshot)
-                if self._scrapes.gzip:  # and compressed, as the last scrape took it
-                    rendered.gzipped()
+                if self._scrapes.gzip:
+                    rendered.gzipped(self._scrapes.format)
+                else:
+                    rendered.body(self._scrapes.format)
         except Exception:  # the scrape will render it, and say what failed
             log.exception("rendering /metrics ahead of the next scrape failed")
 

@@ -1,0 +1,60 @@
+"""The expositions /metrics can answer in, and the content type each is answered with.
+
+A ``Format`` is one body (rendered once per snapshot, whichever scrapes ask for it); a
+``Choice`` is that body and the exact ``Content-Type`` a scraper's ``Accept`` earned: the
+text formats 0.0.4 and 1.0.0 are one body for lagwatch's names, and so are OpenMetrics
+1.0.0 and its 0.0.1 draft (no exemplars, no ``_created``: nothing in which they differ).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from lagwatch.render.exposition import Family
+from lagwatch.render.protobuf import render_protobuf
+from lagwatch.render.text import render_openmetrics, render_text
+
+# What Prometheus's escaping parameter may name (the scheme a scraper wants names
+# escaped with). lagwatch's names are legacy names, which every scheme leaves as they are.
+ESCAPING_SCHEMES = ("allow-utf-8", "underscores", "dots", "values")
+
+
+@dataclass(frozen=True)
+class Format:
+    key: str  # one per body: the rendered cache's key
+    render: Callable[[Iterable[Family]], bytes]
+
+
+TEXT = Format("text", render_text)
+OPENMETRICS = Format("openmetrics", render_openmetrics)
+PROTOBUF = Format("protobuf", render_protobuf)
+
+
+@dataclass(frozen=True)
+class Choice:
+    format: Format
+    content_type: str
+
+
+def text(version: str = "0.0.4", escaping: str | None = None) -> Choice:
+    return Choice(TEXT, f"text/plain; version={version}; charset=utf-8" + _escaping(version, escaping))
+
+
+def openmetrics(version: str = "1.0.0", escaping: str | None = None) -> Choice:
+    return Choice(OPENMETRICS, f"application/openmetrics-text; version={version}; charset=utf-8"
+                  + _escaping(version, escaping))
+
+
+def protobuf(escaping: str | None = None) -> Choice:
+    return Choice(PROTOBUF, "application/vnd.google.protobuf; proto=io.prometheus.client.MetricFamily; "
+                  "encoding=delimited" + _escaping("1.0.0", escaping))
+
+
+def _escaping(version: str, escaping: str | None) -> str:
+    """The escaping said back, where the format has it (text and OpenMetrics 1.0.0,
+    protobuf) and the scraper named a scheme there is."""
+    return f"; escaping={escaping}" if escaping in ESCAPING_SCHEMES and version == "1.0.0" else ""
+
+
+DEFAULT = text()
