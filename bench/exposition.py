@@ -13,6 +13,13 @@ at levels 1 (lagwatch's) and 6 (gzip's default), each beside the time to render 
 text, the median of ``--rounds``. It prints; it asserts nothing. docs/benchmarks.md keeps
 what it measured.
 
+Then each format /metrics answers in (serve/negotiation.py), written from the same
+families (their histograms with native buckets too, as a held replica's fill them): text
+(0.0.4 and 1.0.0 are one body), OpenMetrics 1.0.0, and protobuf twice, lagwatch's
+hand-written encoder (render/protobuf.py) against the ``protobuf`` runtime building the
+classes protoc generates from Prometheus's metrics.proto (tests/proto) and serializing
+them: the time to write each, alternated round by round, its size and its size in gzip.
+
     python3 bench/exposition.py [--clusters 300] [--rounds 5]
 """
 
@@ -31,7 +38,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "daemon"))
 
 import prometheus_client  # noqa: E402
-from lagwatch.render import exposition  # noqa: E402
+from lagwatch.estimate.windows import LagHistogram  # noqa: E402
+from lagwatch.render import exposition, protobuf, text  # noqa: E402
 from prometheus_client.core import (  # noqa: E402
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -117,7 +125,7 @@ THEIRS = {"gauge": GaugeMetricFamily, "counter": CounterMetricFamily, "summary":
 def render_ours(clusters: int) -> tuple[int, int]:
     with exposition.collecting():
         families, series = build(OURS, clusters)
-    return len(exposition.render_text(families)), series
+    return len(text.render_text(families)), series
 
 
 def render_theirs(clusters: int) -> tuple[int, int]:
@@ -139,7 +147,7 @@ def gzip_figures(clusters: int, rounds: int) -> None:
     def text() -> bytes:
         with exposition.collecting():
             families, _ = build(OURS, clusters)
-        return exposition.render_text(families)
+        return text.render_text(families)
 
     body = text()
     times: dict[str, list[float]] = {"render": [], "gzip 1": [], "gzip 6": []}
@@ -156,6 +164,118 @@ def gzip_figures(clusters: int, rounds: int) -> None:
           f"{statistics.median(times['render']) * 1000:.0f} ms; " + "; ".join(
               f"level {level} {statistics.median(times[f'gzip {level}']) * 1000:.0f} ms, "
               f"{sizes[level] / 1e6:.2f} MB ({len(body) / sizes[level]:.1f}x smaller)" for level in (1, 6)))
+
+
+def _native_counts() -> Any:
+    """A held replica's native buckets: 2,000 samples around 1 s, a few caught up."""
+    h = LagHistogram()
+    for i in range(2000):
+        h.observe(0.0 if i % 50 == 0 else 1.0 + (i % 97) / 10_000)
+    return h.snapshot().native
+
+
+def _with_native(families: list[Any]) -> list[Any]:
+    native = _native_counts()
+    for f in families:
+        if f.kind == "histogram":
+            f.samples = [(labels, buckets, total, native) for labels, buckets, total, _ in f.samples]
+    return families
+
+
+def library_protobuf(families: list[Any]) -> bytes:
+    """The same families through the protobuf runtime and protoc's classes: a message object
+    per family, series and label, then SerializeToString."""
+    from google.protobuf.internal.encoder import _VarintBytes
+
+    pb = _metrics_pb2()
+    kinds = {"counter": pb.COUNTER, "gauge": pb.GAUGE, "info": pb.GAUGE, "summary": pb.SUMMARY,
+             "histogram": pb.HISTOGRAM}
+    out = []
+    for f in families:
+        if not f.samples and not f.groups:
+            continue
+        mf = pb.MetricFamily(name=f.series, help=f.documentation, type=kinds[f.kind])
+        names = f.labelnames
+        rows = [(labels, sample) for labels, *sample in f.samples]
+        rows += [((*labels, last), [value]) for labels, pairs in f.groups for last, value in pairs]
+        for labels, sample in rows:
+            m = mf.metric.add()
+            for name, value in zip(names, labels, strict=True):
+                m.label.add(name=name, value=value)
+            if f.kind in ("gauge", "info"):
+                m.gauge.value = sample[0]
+            elif f.kind == "counter":
+                m.counter.value = sample[0]
+            elif f.kind == "summary":
+                quantiles, count, total = sample
+                m.summary.sample_count, m.summary.sample_sum = count, total
+                for q, v in quantiles:
+                    m.summary.quantile.add(quantile=float(q), value=v)
+            else:
+                buckets, total, native = sample
+                h = m.histogram
+                h.sample_count, h.sample_sum = buckets[-1][1], total
+                for le, c in buckets[:-1]:
+                    h.bucket.add(cumulative_count=c, upper_bound=float(le))
+                if native is not None:
+                    h.schema, h.zero_threshold, h.zero_count = native.schema, native.zero_threshold, native.zero_count
+                    previous_index, previous = None, 0
+                    for index, c in native.buckets:
+                        if previous_index is not None and index == previous_index + 1:
+                            h.positive_span[-1].length += 1
+                        else:
+                            h.positive_span.add(offset=index if previous_index is None else index - previous_index - 1,
+                                                length=1)
+                        h.positive_delta.append(c - previous)
+                        previous_index, previous = index, c
+        body = mf.SerializeToString()
+        out += [_VarintBytes(len(body)), body]
+    return b"".join(out)
+
+
+def _metrics_pb2() -> Any:
+    sys.path.insert(0, str(ROOT / "tests" / "proto"))
+    import metrics_pb2
+
+    return metrics_pb2
+
+
+def format_figures(clusters: int, rounds: int) -> None:
+    """Each format written from the same families, alternated; sizes plain and in gzip."""
+    import gzip
+
+    def families() -> list[Any]:
+        with exposition.collecting():
+            built, _ = build(OURS, clusters)
+        return _with_native(built)
+
+    writers: dict[str, Callable[[list[Any]], bytes]] = {
+        "text": text.render_text, "openmetrics": text.render_openmetrics,
+        "protobuf (lagwatch's)": protobuf.render_protobuf, "protobuf (runtime)": library_protobuf}
+    check = families()
+    assert library_protobuf(check) == protobuf.render_protobuf(check), "the two encoders disagree"
+    times: dict[str, list[float]] = {name: [] for name in writers}
+    sizes: dict[str, tuple[int, int]] = {}
+    for round_ in range(rounds):
+        order = list(writers) if round_ % 2 == 0 else list(reversed(writers))
+        for name in order:
+            fams = families()  # fresh: the text formats keep their lines on the family
+            started = time.perf_counter()
+            body = writers[name](fams)
+            times[name].append(time.perf_counter() - started)
+            sizes[name] = (len(body), len(gzip.compress(body, 1, mtime=0)))
+    build_times = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        families()
+        build_times.append(time.perf_counter() - started)
+    print(f"formats, {clusters} clusters, median of {rounds} (building the families: "
+          f"{statistics.median(build_times) * 1000:.0f} ms, not counted below):")
+    for name in writers:
+        plain, packed = sizes[name]
+        print(f"  {name:<22} {statistics.median(times[name]) * 1000:6.0f} ms "
+              f"({min(times[name]) * 1000:.0f}-{max(times[name]) * 1000:.0f}), {plain / 1e6:5.2f} MB, "
+              f"gzip level 1 {packed / 1e6:5.2f} MB")
 
 
 def timed(render: Callable[[int], tuple[int, int]], clusters: int) -> tuple[float, int, int]:
@@ -186,6 +306,7 @@ def main() -> None:
           f"prometheus_client {THEIRS_VERSION} {theirs_median:.2f} µs ({min(theirs):.2f}-{max(theirs):.2f}): "
           f"{theirs_median / ours_median:.1f}x")
     gzip_figures(args.clusters, args.rounds)
+    format_figures(args.clusters, args.rounds)
 
 
 if __name__ == "__main__":

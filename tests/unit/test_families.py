@@ -64,3 +64,15 @@ def test_docs_metrics_is_the_catalogue() -> None:
         "run: PYTHONPATH=daemon python3 -m lagwatch.serve.export > docs/metrics.md"
     names = set(re.findall(r"^\| `(lagwatch_\w+)` \|", documented, re.M))
     assert names == {spec.series for spec in families.CATALOGUE.values()}
+
+
+LEGACY = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+
+
+def test_every_name_is_a_legacy_name_which_every_escaping_scheme_leaves_alone() -> None:
+    """docs/http.md: whatever escaping a Prometheus 3 asks for (allow-utf-8, underscores,
+    dots, values), lagwatch's bytes are the same, because no metric or label name needs
+    escaping; the label names a histogram or summary adds (le, quantile) are legacy too."""
+    for spec in families.CATALOGUE.values():
+        assert LEGACY.fullmatch(spec.series), spec.name
+        assert spec.labels == tuple(n for n in spec.labels if LEGACY.fullmatch(n) and not n.startswith("__")), spec

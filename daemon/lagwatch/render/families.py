@@ -320,9 +320,11 @@ def markdown() -> str:
     out = ["# Metrics", "",
            "Every family lagwatch exports, generated from `daemon/lagwatch/render/families.py` and the rooms' "
            "(`daemon/lagwatch/rooms/`: `python3 -m lagwatch.serve.export > docs/metrics.md`). Each is declared "
-           "(`# HELP`, `# TYPE`) on every scrape, whatever its series. A counter's samples end in `_total`, "
-           "an info's in `_info`; a histogram has `_bucket`, `_count` and `_sum`; a summary `quantile` samples, "
-           "`_count` and `_sum`.",
+           "(`# HELP`, `# TYPE`) on every scrape, whatever its series (in the text formats; protobuf leaves "
+           "out a family with no series). A counter's samples end in `_total`, an info's in `_info`; a "
+           "histogram has `_bucket`, `_count` and `_sum`, and in protobuf a native histogram beside them "
+           "(a Prometheus with native histograms on keeps the native series under the family's own name: "
+           "docs/http.md, \"/metrics formats\"); a summary `quantile` samples, `_count` and `_sum`.",
            ""]
     for section, specs in groupby(CATALOGUE.values(), key=lambda spec: spec.section):
         out += [f"## {section}", "", "| name | type | labels | what |", "|---|---|---|---|"]

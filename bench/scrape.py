@@ -1,0 +1,114 @@
+"""Benchmark: a fleet's /metrics as an outside scraper sees it, in every format and coding.
+
+One lagwatch watching ``--clusters`` clusters of 3 nodes (the same primary and two
+replicas, as bench/fleet.py) at ``interval: 1s``. A scraper keeps Prometheus's habit: a
+fixed pace (``--every``, 3 s by default: a 15 s pace gives the same per-scrape figures, five
+times slower to gather), started three scrapes before measuring so that lagwatch knows
+the pace. Each variant is a format (the ``Accept`` header Prometheus sends for it) with and
+without ``Accept-Encoding: gzip``; the variants take turns, one scrape each, so every one
+sees the same host. Each scrape is made by curl (the process's start is not counted:
+curl's own ``time_total``, from its connect to the last byte), and ``--compressed`` where
+gzip is asked (curl then also inflates it, as Prometheus does).
+
+Printed for each variant: the scrapes' median and p95 (ms), the bytes on the wire, the
+content type answered. ``--busy 1`` runs one CPU-bound neighbour (a busy loop) for the whole
+measurement. It prints; it asserts nothing. Targets (issue 5/6): paced median under 25 ms
+on a quiet host and under 50 ms beside one CPU-bound process, in every format.
+
+    python3 bench/scrape.py [--clusters 300] [--scrapes 15] [--every 3] [--busy 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from fleet import CONVERGE_TIMEOUT, Commits, FleetCluster, Neighbours, fleet_config, wait_converged
+from harness import Lagwatch
+from lagwatch.demo.binaries import find_binaries
+from lagwatch.demo.ports import free_port
+
+# The Accept header Prometheus sends for each format (tests/unit/test_negotiation.py quotes them).
+FORMATS = {
+    "text 0.0.4": "text/plain;version=0.0.4",
+    "text 1.0.0": "text/plain;version=1.0.0;escaping=allow-utf-8;q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2",
+    "openmetrics": ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+                    "text/plain;version=0.0.4;q=0.5,*/*;q=0.1"),
+    "protobuf": ("application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited,"
+                 "application/openmetrics-text;version=1.0.0;q=0.8,application/openmetrics-text;version=0.0.1;"
+                 "q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"),
+}
+
+
+def curl(url: str, accept: str, gzip: bool) -> tuple[float, int, str]:
+    """One scrape: curl's time_total (s), the bytes it received, the content type."""
+    argv = ["curl", "-s", "-o", "/dev/null", "-H", f"Accept: {accept}",
+            "-w", "%{time_total} %{size_download} %{content_type}", url]
+    if gzip:
+        argv.insert(1, "--compressed")
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True).stdout
+    took, size, content_type = out.split(" ", 2)
+    return float(took), int(size), content_type
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--clusters", type=int, default=300)
+    parser.add_argument("--scrapes", type=int, default=15, help="measured scrapes per variant")
+    parser.add_argument("--every", type=float, default=3.0, help="the scrape pace, seconds (at least the interval)")
+    parser.add_argument("--busy", type=int, default=0, help="CPU-bound neighbours through the measurement")
+    parser.add_argument("--pg-major", type=int, default=None)
+    args = parser.parse_args()
+    variants = [(name, gzip) for name in FORMATS for gzip in (False, True)]
+    binaries = find_binaries(args.pg_major)
+    print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+          f"PostgreSQL {binaries.major}; {args.clusters} x 3 nodes at interval 1s; a scrape every {args.every:g} s, "
+          f"variants in turn, {args.scrapes} each; {args.busy} busy neighbours", flush=True)
+    seen: dict[tuple[str, bool], list[tuple[float, int, str]]] = {v: [] for v in variants}
+    with FleetCluster(binaries, replicas=2) as cluster, Commits(cluster.primary), \
+            tempfile.TemporaryDirectory(prefix="lagwatch-scrape-") as tmp:
+        workdir = Path(tmp)
+        (workdir / "pools").mkdir()
+        config = fleet_config(cluster, args.clusters, free_port(["127.0.0.1"]), workdir, pool=False)
+        lw = Lagwatch(workdir, config, log_level="info")
+        neighbours = None
+        try:
+            wait_converged(lw, time.monotonic(), args.clusters * 3, 0)
+            lw.wait_ready(timeout=CONVERGE_TIMEOUT)
+            url = lw.url("/metrics")
+            rounds = 3 + args.scrapes * len(variants)
+            neighbours = Neighbours(args.busy, rounds * args.every + 60)
+            start = time.monotonic()
+            for n in range(rounds):
+                time.sleep(max(0.0, start + n * args.every - time.monotonic()))
+                variant = variants[(n - 3) % len(variants)] if n >= 3 else ("text 0.0.4", True)
+                result = curl(url, FORMATS[variant[0]], variant[1])
+                if n >= 3:  # the first three teach lagwatch the pace
+                    seen[variant].append(result)
+        finally:
+            if neighbours is not None:
+                neighbours.stop()
+            lw.stop()
+    print("| format | gzip | median ms | p95 ms | bytes | content type |")
+    print("|---|---|---|---|---|---|")
+    for (name, gzip), results in seen.items():
+        times = [t * 1000 for t, _, _ in results]
+        print(f"| {name} | {'yes' if gzip else 'no'} | {statistics.median(times):.1f} | {percentile(times, 0.95):.1f} "
+              f"| {statistics.median(s for _, s, _ in results):,.0f} | {results[-1][2]} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
