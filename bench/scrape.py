@@ -11,9 +11,12 @@ curl's own ``time_total``, from its connect to the last byte), and ``--compresse
 gzip is asked (curl then also inflates it, as Prometheus does).
 
 Printed for each variant: the scrapes' median and p95 (ms), the bytes on the wire, the
-content type answered. ``--busy 1`` runs one CPU-bound neighbour (a busy loop) for the whole
-measurement. It prints; it asserts nothing. Targets (issue 5/6): paced median under 25 ms
-on a quiet host and under 50 ms beside one CPU-bound process, in every format.
+content type answered. Then, alone at the same pace, a real Prometheus (Debian's 2.42:
+OpenMetrics in gzip, then with native histograms on: protobuf in gzip) for
+``--scrapes`` scrapes: the median and p95 of its own ``scrape_duration_seconds``.
+``--busy 1`` runs one CPU-bound neighbour (a busy loop) for the whole measurement. It
+prints; it asserts nothing. Targets (issue 5/6): paced median under 25 ms on a quiet host
+and under 50 ms beside one CPU-bound process, in every format.
 
     python3 bench/scrape.py [--clusters 300] [--scrapes 15] [--every 3] [--busy 0]
 """
@@ -34,6 +37,7 @@ from fleet import CONVERGE_TIMEOUT, Commits, FleetCluster, Neighbours, fleet_con
 from harness import Lagwatch
 from lagwatch.demo.binaries import find_binaries
 from lagwatch.demo.ports import free_port
+from prom_stack import Prometheus
 
 # The Accept header Prometheus sends for each format (tests/unit/test_negotiation.py quotes them).
 FORMATS = {
@@ -97,6 +101,10 @@ def main() -> int:
                 result = curl(url, FORMATS[variant[0]], variant[1])
                 if n >= 3:  # the first three teach lagwatch the pace
                     seen[variant].append(result)
+            by_prometheus = {label: prometheus_scrapes(lw, features, args.every, args.scrapes)
+                             for label, features in (("Prometheus 2.42 (OpenMetrics, gzip)", ()),
+                                                     ("Prometheus 2.42 native histograms (protobuf, gzip)",
+                                                      ("native-histograms",)))}
         finally:
             if neighbours is not None:
                 neighbours.stop()
@@ -107,7 +115,29 @@ def main() -> int:
         times = [t * 1000 for t, _, _ in results]
         print(f"| {name} | {'yes' if gzip else 'no'} | {statistics.median(times):.1f} | {percentile(times, 0.95):.1f} "
               f"| {statistics.median(s for _, s, _ in results):,.0f} | {results[-1][2]} |")
+    print()
+    print("| scraper | scrape_duration_seconds median ms | p95 ms |")
+    print("|---|---|---|")
+    for label, (median, p95) in by_prometheus.items():
+        print(f"| {label} | {median * 1000:.1f} | {p95 * 1000:.1f} |")
     return 0
+
+
+def prometheus_scrapes(lw: Lagwatch, features: tuple[str, ...], every: float, scrapes: int) -> tuple[float, float]:
+    """A real Prometheus scraping lagwatch alone at ``every`` for ``scrapes`` scrapes after three
+    to teach the pace: the median and p95 of its ``scrape_duration_seconds``."""
+    prometheus = Prometheus([f"127.0.0.1:{lw.port}"], [], features=features, scrape_interval=every)
+    prometheus.start()
+    try:
+        time.sleep(every * (scrapes + 4))
+        span = f"{every * scrapes:g}s"
+        quantiles = []
+        for q in (0.5, 0.95):
+            result = prometheus.query(f"quantile_over_time({q}, scrape_duration_seconds[{span}])")["data"]["result"]
+            quantiles.append(float(result[0]["value"][1]) if result else float("nan"))
+        return quantiles[0], quantiles[1]
+    finally:
+        prometheus.stop()
 
 
 if __name__ == "__main__":

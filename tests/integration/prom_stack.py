@@ -102,14 +102,16 @@ def rules_with_shorter_for(rules: Path, folder: Path, factor: int = 4, floor: fl
 
 
 class Prometheus(_Process):
-    """Scrapes the given targets every second and evaluates ``rule_files`` every second."""
+    """Scrapes the given targets every second (or ``scrape_interval``) and evaluates
+    ``rule_files`` every second."""
 
     def __init__(self, targets: list[str], rule_files: list[Path], alertmanager: str | None = None,
-                 features: tuple[str, ...] = ()) -> None:
+                 features: tuple[str, ...] = (), scrape_interval: float = 1.0) -> None:
         super().__init__("prometheus")
         self.features = features  # --enable-feature=...: native-histograms asks targets for protobuf
         config: dict[str, Any] = {
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "900ms"},
+            "global": {"scrape_interval": f"{scrape_interval:g}s", "evaluation_interval": "1s",
+                       "scrape_timeout": f"{min(0.9 * scrape_interval, 10):g}s"},
             "rule_files": [str(p) for p in rule_files],
             "scrape_configs": [{"job_name": "lagwatch", "static_configs": [{"targets": targets}]}],
         }
