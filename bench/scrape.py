@@ -101,6 +101,7 @@ def main() -> int:
                 result = curl(url, FORMATS[variant[0]], variant[1])
                 if n >= 3:  # the first three teach lagwatch the pace
                     seen[variant].append(result)
+            print_curl(seen)
             by_prometheus = {label: prometheus_scrapes(lw, features, args.every, args.scrapes)
                              for label, features in (("Prometheus 2.42 (OpenMetrics, gzip)", ()),
                                                      ("Prometheus 2.42 native histograms (protobuf, gzip)",
@@ -109,18 +110,21 @@ def main() -> int:
             if neighbours is not None:
                 neighbours.stop()
             lw.stop()
-    print("| format | gzip | median ms | p95 ms | bytes | content type |")
-    print("|---|---|---|---|---|---|")
-    for (name, gzip), results in seen.items():
-        times = [t * 1000 for t, _, _ in results]
-        print(f"| {name} | {'yes' if gzip else 'no'} | {statistics.median(times):.1f} | {percentile(times, 0.95):.1f} "
-              f"| {statistics.median(s for _, s, _ in results):,.0f} | {results[-1][2]} |")
     print()
     print("| scraper | scrape_duration_seconds median ms | p95 ms |")
     print("|---|---|---|")
     for label, (median, p95) in by_prometheus.items():
         print(f"| {label} | {median * 1000:.1f} | {p95 * 1000:.1f} |")
     return 0
+
+
+def print_curl(seen: dict[tuple[str, bool], list[tuple[float, int, str]]]) -> None:
+    print("| format | gzip | median ms | p95 ms | bytes | content type |")
+    print("|---|---|---|---|---|---|")
+    for (name, gzip), results in seen.items():
+        times = [t * 1000 for t, _, _ in results]
+        print(f"| {name} | {'yes' if gzip else 'no'} | {statistics.median(times):.1f} | {percentile(times, 0.95):.1f} "
+              f"| {statistics.median(s for _, s, _ in results):,.0f} | {results[-1][2]} |", flush=True)
 
 
 def prometheus_scrapes(lw: Lagwatch, features: tuple[str, ...], every: float, scrapes: int) -> tuple[float, float]:

@@ -110,8 +110,8 @@ class Prometheus(_Process):
         super().__init__("prometheus")
         self.features = features  # --enable-feature=...: native-histograms asks targets for protobuf
         config: dict[str, Any] = {
-            "global": {"scrape_interval": f"{scrape_interval:g}s", "evaluation_interval": "1s",
-                       "scrape_timeout": f"{min(0.9 * scrape_interval, 10):g}s"},
+            "global": {"scrape_interval": f"{round(scrape_interval * 1000)}ms", "evaluation_interval": "1s",
+                       "scrape_timeout": f"{round(min(0.9 * scrape_interval, 10) * 1000)}ms"},
             "rule_files": [str(p) for p in rule_files],
             "scrape_configs": [{"job_name": "lagwatch", "static_configs": [{"targets": targets}]}],
         }
