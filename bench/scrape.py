@@ -5,10 +5,12 @@ replicas, as bench/fleet.py) at ``interval: 1s``. A scraper keeps Prometheus's h
 fixed pace (``--every``, 3 s by default: a 15 s pace gives the same per-scrape figures, five
 times slower to gather), started three scrapes before measuring so that lagwatch knows
 the pace. Each variant is a format (the ``Accept`` header Prometheus sends for it) with and
-without ``Accept-Encoding: gzip``; the variants take turns, one scrape each, so every one
-sees the same host. Each scrape is made by curl (the process's start is not counted:
-curl's own ``time_total``, from its connect to the last byte), and ``--compressed`` where
-gzip is asked (curl then also inflates it, as Prometheus does).
+without ``Accept-Encoding: gzip``; the variants take turns in blocks of five scrapes (as a
+Prometheus keeps one format; the first scrape of a block, a change of format, not counted),
+their order reversed every other round, so every one sees the same host. Each scrape is
+made by curl (the process's start is not counted: curl's own ``time_total``, from its
+connect to the last byte), and ``--compressed`` where gzip is asked (curl then also
+inflates it, as Prometheus does).
 
 Printed for each variant: the scrapes' median and p95 (ms), the bytes on the wire, the
 content type answered. Then, alone at the same pace, a real Prometheus (Debian's 2.42:
@@ -18,7 +20,7 @@ OpenMetrics in gzip, then with native histograms on: protobuf in gzip) for
 prints; it asserts nothing. Targets (issue 5/6): paced median under 25 ms on a quiet host
 and under 50 ms beside one CPU-bound process, in every format.
 
-    python3 bench/scrape.py [--clusters 300] [--scrapes 15] [--every 3] [--busy 0]
+    python3 bench/scrape.py [--clusters 300] [--scrapes 8] [--every 3] [--busy 0]
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ from lagwatch.demo.ports import free_port
 from prom_stack import Prometheus
 
 # The Accept header Prometheus sends for each format (tests/unit/test_negotiation.py quotes them).
+BLOCK = 5  # consecutive scrapes of one variant, the first of them not counted
+
 FORMATS = {
     "text 0.0.4": "text/plain;version=0.0.4",
     "text 1.0.0": "text/plain;version=1.0.0;escaping=allow-utf-8;q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2",
@@ -70,7 +74,7 @@ def percentile(values: list[float], q: float) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clusters", type=int, default=300)
-    parser.add_argument("--scrapes", type=int, default=15, help="measured scrapes per variant")
+    parser.add_argument("--scrapes", type=int, default=8, help="measured scrapes per variant (a multiple of 4)")
     parser.add_argument("--every", type=float, default=3.0, help="the scrape pace, seconds (at least the interval)")
     parser.add_argument("--busy", type=int, default=0, help="CPU-bound neighbours through the measurement")
     parser.add_argument("--pg-major", type=int, default=None)
@@ -92,14 +96,21 @@ def main() -> int:
             wait_converged(lw, time.monotonic(), args.clusters * 3, 0)
             lw.wait_ready(timeout=CONVERGE_TIMEOUT)
             url = lw.url("/metrics")
-            rounds = 3 + args.scrapes * len(variants)
-            neighbours = Neighbours(args.busy, rounds * args.every + 60)
+            # Blocks of BLOCK scrapes per variant, the order of the variants reversed every
+            # other round: a Prometheus keeps one format, and lagwatch writes ahead the format
+            # and coding the last scrape took, so the first scrape of a block (a change of
+            # format) is not counted. Three scrapes first teach lagwatch the pace.
+            rounds = max(1, round(args.scrapes / (BLOCK - 1)))
+            plan = [("text 0.0.4", True)] * 3
+            for r in range(rounds):
+                for variant in variants if r % 2 == 0 else list(reversed(variants)):
+                    plan += [variant] * BLOCK
+            neighbours = Neighbours(args.busy, len(plan) * args.every + 60)
             start = time.monotonic()
-            for n in range(rounds):
+            for n, variant in enumerate(plan):
                 time.sleep(max(0.0, start + n * args.every - time.monotonic()))
-                variant = variants[(n - 3) % len(variants)] if n >= 3 else ("text 0.0.4", True)
                 result = curl(url, FORMATS[variant[0]], variant[1])
-                if n >= 3:  # the first three teach lagwatch the pace
+                if n >= 3 and plan[n - 1] == variant:
                     seen[variant].append(result)
             print_curl(seen)
             by_prometheus = {label: prometheus_scrapes(lw, features, args.every, args.scrapes)
