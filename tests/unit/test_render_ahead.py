@@ -152,3 +152,28 @@ def test_the_format_and_coding_the_last_scrape_took_are_written_ahead(monkeypatc
     assert written == ["protobuf"] and coding == "gzip"
     assert content_type.startswith("application/vnd.google.protobuf;")
     assert web._rendered is not None and web._rendered._gzipped.keys() == {"protobuf"}
+
+
+def test_a_scrape_due_inside_the_next_cycles_render_is_served_this_cycles_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Renders take 0.5 s here (as a fleet's on a busy host) and the scrape is due now: the
+    next cycle's render could not be ready for it, so this cycle's snapshot is rendered for
+    it, the next cycle renders nothing, and the scrape is served the one rendered (a cycle
+    older than the one published by then), without a render of its own."""
+    holder = SnapshotHolder()
+    web = WebServer("127.0.0.1", 0, holder, lambda: CONFIG)
+    holder.publish(snapshot(1))
+    now = time.monotonic()
+    for ago in (45.0, 30.0, 15.0):
+        web._scrapes.scraped(now - ago)
+    web._ahead_seconds = 0.5
+    renders = counted(monkeypatch)
+    holder.publish(snapshot(2))  # rendered ahead: the next cycle's render would end after the scrape
+    holder.publish(snapshot(3))  # the same scrape still to come: nothing rendered
+    assert len(renders) == 1
+    assert b"lagwatch_cycles_total 2.0" in web.metrics(None)[0]
+    assert len(renders) == 1
+    holder.publish(snapshot(4))  # the scrape came: the next is due in 15 s, nothing now
+    assert len(renders) == 1
+    assert b"lagwatch_cycles_total 4.0" in web.metrics(None)[0]  # off the pace: rendered when asked
+    assert len(renders) == 2

@@ -70,8 +70,9 @@ class Rendered:
     once), by the first scrape that asks for it or ahead of it, however many scrapes then
     take it."""
 
-    def __init__(self, snapshot: Snapshot | None, families: list[Family]) -> None:
+    def __init__(self, snapshot: Snapshot | None, families: list[Family], ahead: bool = False) -> None:
         self.snapshot = snapshot
+        self.ahead = ahead  # rendered ahead of a scrape the scrapers' pace said was due
         self._families = families
         self._bodies: dict[str, bytes] = {}
         self._gzipped: dict[str, bytes] = {}
@@ -108,17 +109,21 @@ class ScrapeRhythm:
         self.format = fmt
         self.gzip = gzip
 
-    def due_within(self, now: float, horizon: float) -> bool:
-        """Whether a scrape is expected from ``now`` to ``now + horizon`` (False while the
-        pace is not known, and once an expected scrape is more than half a period late:
-        scrapes stopped, or changed pace)."""
+    def expected(self, now: float) -> float | None:
+        """When the next scrape is expected (None while the pace is not known, and once an
+        expected scrape is more than half a period late: scrapes stopped, or changed pace)."""
         at = list(self._at)  # one step in C: scrapes append from the HTTP threads meanwhile
         if len(at) < 3:
-            return False
+            return None
         gaps = sorted(b - a for a, b in itertools.pairwise(at))
         period = gaps[len(gaps) // 2]
         expected = at[-1] + period
-        return now - period / 2 <= expected <= now + horizon
+        return expected if now - period / 2 <= expected else None
+
+    def due_within(self, now: float, horizon: float) -> bool:
+        """Whether a scrape is expected from ``now`` to ``now + horizon``."""
+        expected = self.expected(now)
+        return expected is not None and expected <= now + horizon
 
 
 class WebServer:
@@ -138,6 +143,10 @@ class WebServer:
         self._context = ssl_context(web) if web is not None else None
         self._rendered: Rendered | None = None
         self._scrapes = ScrapeRhythm()
+        self._ahead_for: float | None = None  # the expected scrape the last render ahead was for
+        self._ahead_seconds = 0.0  # how long that render took (the next is assumed to take as long)
+        self._ahead_done = threading.Event()  # clear while a render ahead is under way
+        self._ahead_done.set()
         holder.on_publish.append(self._render_ahead)
         self.http = HttpServer(host, port, self.handle, limits=lambda: config().http,
                                tls_context=lambda: self._context,
@@ -220,39 +229,55 @@ class WebServer:
         choice = choose_format(accept)
         wants_gzip = accepts_gzip(accept_encoding)
         self._scrapes.scraped(time.monotonic(), choice.format, wants_gzip)
-        cached = self._rendered
         snapshot = self.holder.get()
-        if cached is None or not (cached.snapshot is snapshot or _later(cached.snapshot, snapshot)):
-            cached = self._render(snapshot)  # else this snapshot's, or the one being published (rendered ahead)
+        cached = self._rendered
+        if not _serves(cached, snapshot) and not self._ahead_done.is_set():
+            # A render ahead is under way, for this very scrape: wait for it rather than
+            # render another snapshot beside it on the same cores.
+            self._ahead_done.wait(self._config().interval)
+            cached = self._rendered
+        if cached is None or not _serves(cached, snapshot):
+            cached = self._render(snapshot)
         if wants_gzip:
             return cached.gzipped(choice.format), choice.content_type, "gzip"
         return cached.body(choice.format), choice.content_type, None
 
-    def _render(self, snapshot: Snapshot | None) -> Rendered:
+    def _render(self, snapshot: Snapshot | None, ahead: bool = False) -> Rendered:
         """A snapshot's families (lagwatch.render.exposition, ~1 µs a series; a format writes
         them in about as long again: a 300-cluster fleet's in ~0.1 s each, bench/exposition.py),
         kept for the formats scrapes ask of it."""
-        rendered = Rendered(snapshot, families(snapshot, also=self._http_samples))
+        rendered = Rendered(snapshot, families(snapshot, also=self._http_samples), ahead)
         cached = self._rendered
         if cached is None or not _later(cached.snapshot, snapshot):  # never over a newer one rendered ahead meanwhile
             self._rendered = rendered
         return rendered
 
     def _render_ahead(self, snapshot: Snapshot) -> None:
-        """Render a snapshot before it is published when a scrape is due before the next one:
-        Prometheus scrapes at a steady pace, so the scrape that follows is served from
-        memory instead of waiting for a fleet's render (~0.1 s for 300 clusters). Before,
-        not after: a scrape arriving meanwhile is served the previous snapshot's text rather
-        than rendering the new one a second time beside this render. Renders the format and
-        coding the last scrape took, no more than a scrape would, and nothing while nobody
-        scrapes."""
+        """Render a snapshot before it is published when the next scrape is due before the
+        next cycle's render could be ready: Prometheus scrapes at a steady pace, so that
+        scrape is served from memory instead of waiting for a fleet's render (~0.1-0.3 s for
+        300 clusters). One render for each expected scrape: when it is due inside the next
+        cycle's render, this cycle's snapshot is rendered and served to it (a cycle older,
+        at once) and the next cycle renders nothing. Before publishing, not after: a scrape
+        arriving meanwhile waits for this render rather than render the snapshot before it
+        beside it. Renders the format and coding the last scrape took, no more than a scrape
+        would, and nothing while nobody scrapes."""
         try:
-            if self._scrapes.due_within(time.monotonic(), self._config().interval):
-                rendered = self._render(snapshot)
+            now = time.monotonic()
+            expected = self._scrapes.expected(now)
+            if (expected is None or expected == self._ahead_for
+                    or expected > now + self._config().interval + self._ahead_seconds):
+                return
+            self._ahead_done.clear()
+            try:
+                rendered = self._render(snapshot, ahead=True)
                 if self._scrapes.gzip:
                     rendered.gzipped(self._scrapes.format)
                 else:
                     rendered.body(self._scrapes.format)
+                self._ahead_for, self._ahead_seconds = expected, time.monotonic() - now
+            finally:
+                self._ahead_done.set()
         except Exception:  # the scrape will render it, and say what failed
             log.exception("rendering /metrics ahead of the next scrape failed")
 
@@ -279,6 +304,18 @@ class WebServer:
         connections, cap = HTTP_CONNECTIONS.make(), HTTP_CAP.make()
         connections.add_metric([], http.open_connections)
         cap.add_metric([], http.connection_cap())
+
+
+def _serves(cached: Rendered | None, current: Snapshot | None) -> bool:
+    """Whether a scrape now may be served ``cached``: the current snapshot's, the one about
+    to be published (rendered ahead), or the one before the current when it was rendered
+    ahead for this scrape (it was due inside the current one's render)."""
+    if cached is None:
+        return False
+    if cached.snapshot is current or _later(cached.snapshot, current):
+        return True
+    return (cached.ahead and cached.snapshot is not None and current is not None
+            and cached.snapshot.cycles_total == current.cycles_total - 1)
 
 
 def _later(rendered: Snapshot | None, current: Snapshot | None) -> bool:
