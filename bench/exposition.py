@@ -223,7 +223,7 @@ def library_protobuf(families: list[Any]) -> bytes:
                 if native is not None:
                     h.schema, h.zero_threshold, h.zero_count = native.schema, native.zero_threshold, native.zero_count
                     previous_index, previous = None, 0
-                    for index, c in native.buckets:
+                    for index, c in sorted(native.buckets):
                         if previous_index is not None and index == previous_index + 1:
                             h.positive_span[-1].length += 1
                         else:

@@ -78,8 +78,9 @@ class Annotation:
 def _quantile(q: str, name: str, selector: str, by: tuple[str, ...] = ()) -> str:
     """A histogram's quantile over its native series where Prometheus keeps them, else over its
     classic ``_bucket`` series: one expression for a Prometheus with native histograms on
-    (which then keeps only the native series, unless 3.5+'s always_scrape_classic_histograms
-    says otherwise) and one without (which has only the classic ones)."""
+    (which then keeps only the native series, unless always_scrape_classic_histograms, 2.x's
+    scrape_classic_histograms, says otherwise) and one without (which has only the classic
+    ones)."""
     native_by = f" by ({', '.join(by)})" if by else ""
     classic_by = f" by ({', '.join((*by, 'le'))})"
     return (f"histogram_quantile({q}, sum{native_by} (rate({name}{selector}[{RATE}]))) or "

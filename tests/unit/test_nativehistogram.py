@@ -75,3 +75,13 @@ def test_whatever_comes_the_counts_are_those_of_the_schema_it_ends_at(values: li
     assert dict(counts.buckets) == expected
     assert counts.zero_count == sum(1 for v in values if v <= ZERO_THRESHOLD)
 
+
+
+def test_a_sample_without_a_bucket_is_left_to_the_count() -> None:
+    """NaN and infinities have no native bucket (the classic histogram counts them in +Inf,
+    and the exposition's count is the classic one's)."""
+    h = NativeHistogram()
+    for value in (math.nan, math.inf, 0.5):
+        h.observe(value)
+    counts = h.snapshot()
+    assert counts.zero_count == 0 and counts.buckets == ((bucket_index(0.5, 8), 1),)

@@ -83,6 +83,17 @@ PROTOBUF = "application/vnd.google.protobuf; proto=io.prometheus.client.MetricFa
     # an unknown scheme is not said back
     ('application/openmetrics-text;version="1.0.0";escaping=bogus', OPENMETRICS, "openmetrics"),
     (",,;;=,text/plain;;version=1.0.0", "text/plain; version=1.0.0; charset=utf-8", "text"),
+    # The most specific range gives a format its weight: text/* (0.1) over */* (0.9)...
+    ("text/*;q=0.1,*/*;q=0.9,application/openmetrics-text;q=0.5", OPENMETRICS, "openmetrics"),
+    # ...and a type with parameters over the bare type: 0.0.4 refused, OpenMetrics taken
+    ("text/plain;version=0.0.4;q=0,text/plain,application/openmetrics-text;q=0.2", OPENMETRICS, "openmetrics"),
+    ("application/openmetrics-text;version=1.0.0;q=0.9,application/openmetrics-text;q=0", OPENMETRICS,
+     "openmetrics"),
+    # dots would escape lagwatch_up to lagwatch__up: what is sent is said, underscores
+    ("text/plain;version=1.0.0;escaping=dots", "text/plain; version=1.0.0; charset=utf-8; escaping=underscores",
+     "text"),
+    ("application/openmetrics-text;version=1.0.0;escaping=values", OPENMETRICS + "; escaping=values",
+     "openmetrics"),
 ])
 def test_each_accept_header_gets_the_format_it_prefers(accept: str | None, content_type: str, body: str) -> None:
     choice = choose_format(accept)

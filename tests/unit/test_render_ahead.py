@@ -8,7 +8,9 @@ import time
 import pytest
 from lagwatch.config import parse_config
 from lagwatch.estimate.snapshot import Snapshot, SnapshotHolder
+from lagwatch.render import formats
 from lagwatch.serve import web as web_module
+from lagwatch.serve.negotiation import choose_format
 from lagwatch.serve.web import WebServer
 
 CONFIG = parse_config({"clusters": [{"name": "m", "primary": {"dsn": "host=a"}}]})
@@ -132,11 +134,11 @@ def test_the_format_and_coding_the_last_scrape_took_are_written_ahead(monkeypatc
     holder = SnapshotHolder()
     web = WebServer("127.0.0.1", 0, holder, lambda: CONFIG)
     holder.publish(snapshot(1))
-    for _ in range(3):
-        web.metrics(PROMETHEUS_PROTO, "gzip")
+    asked = choose_format(PROMETHEUS_PROTO).format
+    assert asked is formats.PROTOBUF
     now = time.monotonic()
-    for ago in (45.0, 30.0, 15.0):
-        web._scrapes.scraped(now - ago, web._scrapes.format, web._scrapes.gzip)
+    for ago in (45.0, 30.0, 15.0):  # as the scrapes with that header record themselves
+        web._scrapes.scraped(now - ago, asked, True)
     written: list[str] = []
     real = web_module.Rendered.body
 
@@ -156,24 +158,42 @@ def test_the_format_and_coding_the_last_scrape_took_are_written_ahead(monkeypatc
 
 def test_a_scrape_due_inside_the_next_cycles_render_is_served_this_cycles_once(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Renders take 0.5 s here (as a fleet's on a busy host) and the scrape is due now: the
-    next cycle's render could not be ready for it, so this cycle's snapshot is rendered for
-    it, the next cycle renders nothing, and the scrape is served the one rendered (a cycle
-    older than the one published by then), without a render of its own."""
+    """Renders take 0.5 s here (as a fleet's on a busy host) and the scrape is due 1.3 s from
+    now, inside the next cycle's render (interval 1 s + 0.5 s): this cycle's snapshot is
+    rendered for it, the next cycle renders nothing, and that scrape is served the one
+    rendered (a cycle older than the one published by then) without a render of its own;
+    a second scrape then is not (it is not the one expected)."""
+    holder = SnapshotHolder()
+    web = WebServer("127.0.0.1", 0, holder, lambda: CONFIG)
+    assert CONFIG.interval == 1.0
+    holder.publish(snapshot(1))
+    now = time.monotonic()
+    for ago in (45.0, 30.0, 15.0):
+        web._scrapes.scraped(now + 1.3 - ago)
+    web._ahead_seconds = 0.5
+    renders = counted(monkeypatch)
+    holder.publish(snapshot(2))  # rendered ahead: the next cycle's render would end after the scrape
+    assert len(renders) == 1
+    web._ahead_seconds = 0.5  # (the render here took no time)
+    holder.publish(snapshot(3))  # the same scrape still to come: nothing rendered
+    assert len(renders) == 1
+    time.sleep(1.3 - (time.monotonic() - now))
+    assert b"lagwatch_cycles_total 2.0" in web.metrics(None)[0]  # the expected scrape, at once
+    assert len(renders) == 1
+    assert b"lagwatch_cycles_total 3.0" in web.metrics(None)[0]  # another: the current one, rendered
+    assert len(renders) == 2
+
+
+def test_without_the_next_cycles_render_in_the_way_nothing_is_rendered_a_cycle_early(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same, with renders that take no time: the scrape due in 1.3 s waits for the next
+    cycle's snapshot (fresher), rendered ahead of it then."""
     holder = SnapshotHolder()
     web = WebServer("127.0.0.1", 0, holder, lambda: CONFIG)
     holder.publish(snapshot(1))
     now = time.monotonic()
     for ago in (45.0, 30.0, 15.0):
-        web._scrapes.scraped(now - ago)
-    web._ahead_seconds = 0.5
+        web._scrapes.scraped(now + 1.3 - ago)
     renders = counted(monkeypatch)
-    holder.publish(snapshot(2))  # rendered ahead: the next cycle's render would end after the scrape
-    holder.publish(snapshot(3))  # the same scrape still to come: nothing rendered
-    assert len(renders) == 1
-    assert b"lagwatch_cycles_total 2.0" in web.metrics(None)[0]
-    assert len(renders) == 1
-    holder.publish(snapshot(4))  # the scrape came: the next is due in 15 s, nothing now
-    assert len(renders) == 1
-    assert b"lagwatch_cycles_total 4.0" in web.metrics(None)[0]  # off the pace: rendered when asked
-    assert len(renders) == 2
+    holder.publish(snapshot(2))
+    assert renders == []

@@ -38,7 +38,7 @@ class NativeBuckets(Protocol):
     @property
     def zero_count(self) -> int: ...
     @property
-    def buckets(self) -> tuple[tuple[int, int], ...]: ...  # (index, its own count), by index
+    def buckets(self) -> tuple[tuple[int, int], ...]: ...  # (index, its own count), in no order
 
 
 _SHAPES: dict[tuple[str, str, tuple[str, ...]], tuple[str, str]] = {}  # (name, kind, labels) -> (series, template)
@@ -64,16 +64,14 @@ class Family:
     ``samples`` holds one tuple per label set, its shape the kind's (a gauge's
     ``(labels, value)``, a histogram's ``(labels, buckets, sum, native)``...); a gauge's
     ``groups`` holds the label sets that differ only in their last label, added together
-    (``add_metrics``). ``text`` is the sample lines once a text format has written them,
-    kept for the next text format asked of the same snapshot."""
+    (``add_metrics``)."""
 
     kind = "gauge"
-    __slots__ = ("documentation", "groups", "labelnames", "name", "samples", "series", "template", "text")
+    __slots__ = ("documentation", "groups", "labelnames", "name", "samples", "series", "template")
     series: str  # the name its samples carry: a counter's _total, an info's _info
     template: str  # its labels for str.format: cluster="{}",replica="{}" (values escaped)
     samples: list[Any]
     groups: list[tuple[tuple[str, ...], list[tuple[str, float]]]]
-    text: list[str] | None
 
     def __new__(cls, name: str, documentation: str, value: float | None = None,
                 labels: Sequence[str] | None = None) -> Family:
@@ -103,7 +101,6 @@ class Family:
         self.series, self.template = shape
         self.samples = []
         self.groups = []
-        self.text = None
         if value is not None:
             self.samples.append(((), float(value)))
 

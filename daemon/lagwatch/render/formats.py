@@ -15,9 +15,11 @@ from lagwatch.render.exposition import Family
 from lagwatch.render.protobuf import render_protobuf
 from lagwatch.render.text import render_openmetrics, render_text
 
-# What Prometheus's escaping parameter may name (the scheme a scraper wants names
-# escaped with). lagwatch's names are legacy names, which every scheme leaves as they are.
-ESCAPING_SCHEMES = ("allow-utf-8", "underscores", "dots", "values")
+# The escaping schemes (Prometheus's escaping= parameter) whose output for a legacy name
+# (every name lagwatch writes) is the name as it is: said back when asked. "dots" is not
+# among them: it escapes underscores too (lagwatch_up would be lagwatch__up), so a scraper
+# asking for it is told "underscores", which is what it is sent.
+AS_WRITTEN = ("allow-utf-8", "underscores", "values")
 
 
 @dataclass(frozen=True)
@@ -53,8 +55,14 @@ def protobuf(escaping: str | None = None) -> Choice:
 
 def _escaping(version: str, escaping: str | None) -> str:
     """The escaping said back, where the format has it (text and OpenMetrics 1.0.0,
-    protobuf) and the scraper named a scheme there is."""
-    return f"; escaping={escaping}" if escaping in ESCAPING_SCHEMES and version == "1.0.0" else ""
+    protobuf) and the scraper named a scheme: the one it asked for when lagwatch's names are
+    what that scheme makes of them, else "underscores" (what they are); nothing for a
+    scheme there is not."""
+    if version != "1.0.0" or escaping is None:
+        return ""
+    if escaping in AS_WRITTEN:
+        return f"; escaping={escaping}"
+    return "; escaping=underscores" if escaping == "dots" else ""
 
 
 DEFAULT = text()

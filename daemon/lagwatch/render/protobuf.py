@@ -17,7 +17,8 @@ runtime and ``tests/proto/metrics.proto`` (vendored from prometheus/client_model
 Classic histograms are written as client_golang writes them: the buckets without +Inf
 (Prometheus adds it from the count). A histogram with native buckets has both: its
 schema, zero bucket and spans of positive buckets with each count as a delta from the
-one before; one with no sample yet gets client_golang's empty span, which marks it native.
+one before; one with no sample yet also gets client_golang's no-op span (metrics.proto asks
+for it where the zero threshold is 0; lagwatch's is not, so it is only belt and braces).
 """
 
 from __future__ import annotations
@@ -116,7 +117,7 @@ def _native(native: NativeBuckets) -> bytes:
     previous_index: int | None = None
     previous_count = 0
     span_start, span_length = 0, 0
-    for index, count in native.buckets:
+    for index, count in sorted(native.buckets):
         if previous_index is not None and index == previous_index + 1:
             span_length += 1
         else:

@@ -1,8 +1,9 @@
 """The text expositions: Prometheus text 0.0.4 and 1.0.0, and OpenMetrics 1.0.0.
 
-The three share every sample line (one family's lines are written once per snapshot,
-``Family.text``, whichever of them is asked first); they differ in the family's head and
-the end:
+The three write the same sample lines (written again for each format asked of a
+snapshot: two text formats asked of one snapshot are rare, and keeping a fleet's 57,600
+lines for them would hold megabytes a snapshot); they differ in the family's head and the
+end:
 
 - **text 0.0.4** (as prometheus_client writes it, but for the order of labels and Python's
   way of writing floats): ``# HELP`` (backslash and newline escaped) and ``# TYPE`` under the
@@ -10,7 +11,8 @@ the end:
 - **text 1.0.0** is 0.0.4 with UTF-8 metric and label names allowed (quoted inside the
   braces) and the ``escaping`` a scraper asks for. Every name lagwatch writes is a legacy
   name (``[a-zA-Z_:][a-zA-Z0-9_:]*``, checked for the whole catalogue by a test), which
-  every escaping scheme leaves as it is: the bytes are 0.0.4's.
+  the escaping schemes but "dots" leave as it is: the bytes are 0.0.4's (render/formats.py
+  says which scheme was written).
 - **OpenMetrics 1.0.0**: ``# TYPE``, ``# UNIT`` (where the name ends in its unit, as the spec
   requires) and ``# HELP`` (quotes escaped too) under the family's own name (a counter's
   without ``_total``, an info's without ``_info``, both of type ``counter``/``info``), and
@@ -53,10 +55,8 @@ _ESCAPED = _Escaped()
 
 
 def sample_lines(family: Family) -> list[str]:
-    """A family's sample lines, written once (kept on the family for the next format)."""
-    if family.text is None:
-        family.text = _WRITERS[family.kind](family)
-    return family.text
+    """A family's sample lines."""
+    return _WRITERS[family.kind](family)
 
 
 def _gauge_lines(f: Family) -> list[str]:

@@ -6,10 +6,13 @@ formats apart by ``version``, ``proto`` and ``encoding``):
 
 - ``Accept`` is a list of media ranges with parameters and an optional ``q`` weight. Each
   format lagwatch writes (render/formats.py) takes the weight of the most specific range
-  that matches it; the heaviest above 0 wins, and on a tie the cheapest to send (protobuf,
-  then OpenMetrics, then text 1.0.0, then 0.0.4). ``*/*`` and ``text/*`` match text 0.0.4,
-  what every scraper reads. No header, a header nothing matches, or one that cannot be
-  read: text 0.0.4 (never 406: a scraper that reads anything reads that).
+  that matches it (a type with parameters, over the bare type, over ``type/*``, over
+  ``*/*``); the heaviest above 0 wins, and on a tie the cheapest to send (protobuf, then
+  OpenMetrics, then text 1.0.0, then 0.0.4). Where lagwatch reads less than RFC 9110
+  allows, it reads as client_golang does: ``*/*``, ``text/*`` and a bare ``text/plain``
+  match text 0.0.4 only (what every scraper reads), a bare OpenMetrics type 1.0.0. No
+  header, a header nothing matches, or one that cannot be read: text 0.0.4 (never 406: a
+  scraper that reads anything reads that).
 - ``Accept-Encoding`` is a list of codings with optional ``q`` weights; a coding with
   ``q=0`` is refused, ``*`` stands for every coding not named, and an absent header means
   the client takes any coding but has asked for none (identity is then the answer).
@@ -83,25 +86,28 @@ def _media_range(item: str) -> tuple[str, dict[str, str], float] | None:
 
 def _offered(kind: str, params: dict[str, str]) -> tuple[str, Choice, int] | None:
     """What lagwatch writes that a range matches: the variant, the answer, and how specific
-    the match is (a type named with its parameters, 2, over a wildcard, 0)."""
+    the match is (3: the type with parameters, 2: the bare type, 1: ``text/*``, 0: ``*/*``)."""
     escaping = params.get("escaping")
+    specificity = 3 if params else 2
     if kind == PROTOBUF_TYPE:
         if params.get("proto") == "io.prometheus.client.MetricFamily" and params.get("encoding") == "delimited":
-            return "protobuf", formats.protobuf(escaping), 2
+            return "protobuf", formats.protobuf(escaping), 3
         return None  # the text and compact-text encodings are not written
     if kind == OPENMETRICS_TYPE:
         version = params.get("version", "1.0.0")
         if version in OPENMETRICS_VERSIONS:
-            return "openmetrics", formats.openmetrics(version, escaping), 2
+            return "openmetrics", formats.openmetrics(version, escaping), specificity
         return None
     if kind == "text/plain":
         version = params.get("version", "0.0.4")
         if version == "0.0.4":
-            return "text-0.0.4", formats.text(), 2
+            return "text-0.0.4", formats.text(), specificity
         if version == "1.0.0":
-            return "text-1.0.0", formats.text("1.0.0", escaping), 2
+            return "text-1.0.0", formats.text("1.0.0", escaping), specificity
         return None
-    if kind in ("*/*", "text/*"):
+    if kind == "text/*":
+        return "text-0.0.4", formats.DEFAULT, 1
+    if kind == "*/*":
         return "text-0.0.4", formats.DEFAULT, 0
     return None
 

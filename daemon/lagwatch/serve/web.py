@@ -70,9 +70,11 @@ class Rendered:
     once), by the first scrape that asks for it or ahead of it, however many scrapes then
     take it."""
 
-    def __init__(self, snapshot: Snapshot | None, families: list[Family], ahead: bool = False) -> None:
+    def __init__(self, snapshot: Snapshot | None, families: list[Family], ahead_of: float | None = None) -> None:
         self.snapshot = snapshot
-        self.ahead = ahead  # rendered ahead of a scrape the scrapers' pace said was due
+        # Rendered ahead of the scrape expected then (the scrapers' pace): that scrape may be
+        # served it once, even after the next snapshot is published (a cycle older at most).
+        self.ahead_of = ahead_of
         self._families = families
         self._bodies: dict[str, bytes] = {}
         self._gzipped: dict[str, bytes] = {}
@@ -109,14 +111,21 @@ class ScrapeRhythm:
         self.format = fmt
         self.gzip = gzip
 
+    def period(self) -> float:
+        """The scrapers' pace: the median gap between the last scrapes (0 while unknown)."""
+        at = list(self._at)  # one step in C: scrapes append from the HTTP threads meanwhile
+        if len(at) < 3:
+            return 0.0
+        gaps = sorted(b - a for a, b in itertools.pairwise(at))
+        return gaps[len(gaps) // 2]
+
     def expected(self, now: float) -> float | None:
         """When the next scrape is expected (None while the pace is not known, and once an
         expected scrape is more than half a period late: scrapes stopped, or changed pace)."""
-        at = list(self._at)  # one step in C: scrapes append from the HTTP threads meanwhile
-        if len(at) < 3:
+        at = list(self._at)
+        period = self.period()
+        if not period or not at:
             return None
-        gaps = sorted(b - a for a, b in itertools.pairwise(at))
-        period = gaps[len(gaps) // 2]
         expected = at[-1] + period
         return expected if now - period / 2 <= expected else None
 
@@ -145,8 +154,10 @@ class WebServer:
         self._scrapes = ScrapeRhythm()
         self._ahead_for: float | None = None  # the expected scrape the last render ahead was for
         self._ahead_seconds = 0.0  # how long that render took (the next is assumed to take as long)
-        self._ahead_done = threading.Event()  # clear while a render ahead is under way
-        self._ahead_done.set()
+        # Held by whoever renders a snapshot (a scrape, or the cycle rendering ahead): a
+        # scrape that finds a render under way waits for it and takes what it made, rather
+        # than render another snapshot beside it on the same cores.
+        self._rendering = threading.Lock()
         holder.on_publish.append(self._render_ahead)
         self.http = HttpServer(host, port, self.handle, limits=lambda: config().http,
                                tls_context=lambda: self._context,
@@ -229,24 +240,37 @@ class WebServer:
         choice = choose_format(accept)
         wants_gzip = accepts_gzip(accept_encoding)
         self._scrapes.scraped(time.monotonic(), choice.format, wants_gzip)
-        snapshot = self.holder.get()
-        cached = self._rendered
-        if not _serves(cached, snapshot) and not self._ahead_done.is_set():
-            # A render ahead is under way, for this very scrape: wait for it rather than
-            # render another snapshot beside it on the same cores.
-            self._ahead_done.wait(self._config().interval)
-            cached = self._rendered
-        if cached is None or not _serves(cached, snapshot):
-            cached = self._render(snapshot)
+        now = time.monotonic()
+        cached = self._usable(self.holder.get(), now)
+        if cached is None:
+            with self._rendering:  # a render under way (ahead, or another scrape's) ends first
+                snapshot = self.holder.get()
+                cached = self._usable(snapshot, now) or self._render(snapshot)
         if wants_gzip:
             return cached.gzipped(choice.format), choice.content_type, "gzip"
         return cached.body(choice.format), choice.content_type, None
 
-    def _render(self, snapshot: Snapshot | None, ahead: bool = False) -> Rendered:
+    def _usable(self, current: Snapshot | None, now: float) -> Rendered | None:
+        """What a scrape now may be served without a render: the current snapshot's, the one
+        about to be published (rendered ahead), or the one before the current when it was
+        rendered ahead of this very scrape (expected within half a period of now; once)."""
+        cached = self._rendered
+        if cached is None:
+            return None
+        if cached.snapshot is current or _later(cached.snapshot, current):
+            return cached
+        if (cached.ahead_of is not None and cached.snapshot is not None and current is not None
+                and cached.snapshot.cycles_total == current.cycles_total - 1
+                and abs(now - cached.ahead_of) <= self._scrapes.period() / 2):
+            cached.ahead_of = None  # once: the next scrape is another
+            return cached
+        return None
+
+    def _render(self, snapshot: Snapshot | None, ahead_of: float | None = None) -> Rendered:
         """A snapshot's families (lagwatch.render.exposition, ~1 µs a series; a format writes
         them in about as long again: a 300-cluster fleet's in ~0.1 s each, bench/exposition.py),
         kept for the formats scrapes ask of it."""
-        rendered = Rendered(snapshot, families(snapshot, also=self._http_samples), ahead)
+        rendered = Rendered(snapshot, families(snapshot, also=self._http_samples), ahead_of)
         cached = self._rendered
         if cached is None or not _later(cached.snapshot, snapshot):  # never over a newer one rendered ahead meanwhile
             self._rendered = rendered
@@ -261,23 +285,25 @@ class WebServer:
         at once) and the next cycle renders nothing. Before publishing, not after: a scrape
         arriving meanwhile waits for this render rather than render the snapshot before it
         beside it. Renders the format and coding the last scrape took, no more than a scrape
-        would, and nothing while nobody scrapes."""
+        would, nothing while nobody scrapes, and nothing while a scrape is rendering (the
+        cycle never waits on the HTTP side)."""
         try:
             now = time.monotonic()
             expected = self._scrapes.expected(now)
             if (expected is None or expected == self._ahead_for
                     or expected > now + self._config().interval + self._ahead_seconds):
                 return
-            self._ahead_done.clear()
+            if not self._rendering.acquire(blocking=False):
+                return  # a scrape is rendering: the cycle does not wait for it
             try:
-                rendered = self._render(snapshot, ahead=True)
+                rendered = self._render(snapshot, ahead_of=expected)
                 if self._scrapes.gzip:
                     rendered.gzipped(self._scrapes.format)
                 else:
                     rendered.body(self._scrapes.format)
                 self._ahead_for, self._ahead_seconds = expected, time.monotonic() - now
             finally:
-                self._ahead_done.set()
+                self._rendering.release()
         except Exception:  # the scrape will render it, and say what failed
             log.exception("rendering /metrics ahead of the next scrape failed")
 
@@ -304,18 +330,6 @@ class WebServer:
         connections, cap = HTTP_CONNECTIONS.make(), HTTP_CAP.make()
         connections.add_metric([], http.open_connections)
         cap.add_metric([], http.connection_cap())
-
-
-def _serves(cached: Rendered | None, current: Snapshot | None) -> bool:
-    """Whether a scrape now may be served ``cached``: the current snapshot's, the one about
-    to be published (rendered ahead), or the one before the current when it was rendered
-    ahead for this scrape (it was due inside the current one's render)."""
-    if cached is None:
-        return False
-    if cached.snapshot is current or _later(cached.snapshot, current):
-        return True
-    return (cached.ahead and cached.snapshot is not None and current is not None
-            and cached.snapshot.cycles_total == current.cycles_total - 1)
 
 
 def _later(rendered: Snapshot | None, current: Snapshot | None) -> bool:
