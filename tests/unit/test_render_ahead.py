@@ -46,6 +46,9 @@ def test_a_due_scrape_is_served_what_was_rendered_before_publishing(monkeypatch:
     assert b"lagwatch_cycles_total 2.0" in body  # ...but its text was ready and served
     assert b"lagwatch_cycles_total 2.0" in web.metrics(None)[0]
     assert len(renders) == 1
+    # Said in lagwatch_http_metrics_renders/_served: one render, ahead; both scrapes served ready.
+    assert (web.renders, web.served) == ({"ahead": 1, "asked": 0}, {"ready": 2, "waited": 0})
+    assert b'lagwatch_http_metrics_renders_total{when="ahead"} 1.0' in web._render(holder.get()).body(formats.TEXT)
 
 
 def test_nobody_scraping_renders_nothing_and_an_unexpected_scrape_renders_once(

@@ -125,6 +125,12 @@ HTTP_CONNECTIONS = _spec(Gauge, "lagwatch_http_connections", "Open HTTP connecti
 HTTP_CAP = _spec(Gauge, "lagwatch_http_connection_cap", "Open HTTP connections allowed (kept below the descriptor "
                  "limit).")
 HTTP_CLOSED = counter("lagwatch_http_connections_closed", "HTTP connections closed early, by reason.", "reason")
+METRICS_RENDERS = counter("lagwatch_http_metrics_renders", "Snapshots rendered for /metrics: ahead of a scrape the "
+                          "scrapers' pace said was due (ahead), or when a scrape asked (asked: each such scrape "
+                          "waited for it).", "when")
+METRICS_SERVED = counter("lagwatch_http_metrics_served", "/metrics answers, by what they were served from: a render "
+                         "ready in memory (ready), one they waited for (waited: under way when they came, or "
+                         "their own).", "how")
 
 # -- discovery ----------------------------------------------------------------------------
 _section = "Patroni discovery"

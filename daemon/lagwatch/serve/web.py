@@ -23,7 +23,7 @@ from lagwatch.config.web import WebConfig, client_has_allowed_san, ssl_context
 from lagwatch.estimate.snapshot import Snapshot, SnapshotHolder
 from lagwatch.render import formats
 from lagwatch.render.exposition import Family
-from lagwatch.render.families import HTTP_CAP, HTTP_CLOSED, HTTP_CONNECTIONS
+from lagwatch.render.families import HTTP_CAP, HTTP_CLOSED, HTTP_CONNECTIONS, METRICS_RENDERS, METRICS_SERVED
 from lagwatch.render.formats import Format
 from lagwatch.serve import status_page
 from lagwatch.serve.export import families
@@ -158,6 +158,10 @@ class WebServer:
         # scrape that finds a render under way waits for it and takes what it made, rather
         # than render another snapshot beside it on the same cores.
         self._rendering = threading.Lock()
+        # Counted for lagwatch_http_metrics_renders/_served (updated under the GIL: a lost
+        # count on a race is possible and harmless).
+        self.renders = {"ahead": 0, "asked": 0}
+        self.served = {"ready": 0, "waited": 0}
         holder.on_publish.append(self._render_ahead)
         self.http = HttpServer(host, port, self.handle, limits=lambda: config().http,
                                tls_context=lambda: self._context,
@@ -245,7 +249,13 @@ class WebServer:
         if cached is None:
             with self._rendering:  # a render under way (ahead, or another scrape's) ends first
                 snapshot = self.holder.get()
-                cached = self._usable(snapshot, now) or self._render(snapshot)
+                cached = self._usable(snapshot, now)
+                if cached is None:
+                    cached = self._render(snapshot)
+                    self.renders["asked"] += 1
+            self.served["waited"] += 1
+        else:
+            self.served["ready"] += 1
         if wants_gzip:
             return cached.gzipped(choice.format), choice.content_type, "gzip"
         return cached.body(choice.format), choice.content_type, None
@@ -302,6 +312,7 @@ class WebServer:
                 else:
                     rendered.body(self._scrapes.format)
                 self._ahead_for, self._ahead_seconds = expected, time.monotonic() - now
+                self.renders["ahead"] += 1
             finally:
                 self._rendering.release()
         except Exception:  # the scrape will render it, and say what failed
@@ -327,6 +338,11 @@ class WebServer:
         for reason in ("deadline", "evicted", "refused", "handshake", "client_cert", "reset", "bad_request",
                        "slow_reader"):
             closed.add_metric([reason], http.closed[reason])
+        renders, served = METRICS_RENDERS.make(), METRICS_SERVED.make()
+        for when, count in self.renders.items():
+            renders.add_metric([when], count)
+        for how, count in self.served.items():
+            served.add_metric([how], count)
         connections, cap = HTTP_CONNECTIONS.make(), HTTP_CAP.make()
         connections.add_metric([], http.open_connections)
         cap.add_metric([], http.connection_cap())
