@@ -66,6 +66,23 @@ def curl(url: str, accept: str, gzip: bool) -> tuple[float, int, str]:
     return float(took), int(size), content_type
 
 
+def counters(url: str) -> dict[str, float]:
+    """lagwatch's own count of how /metrics was served (ready / waited) and rendered (ahead /
+    asked), read from a plain scrape (which counts itself too)."""
+    text = subprocess.run(["curl", "-s", url], capture_output=True, text=True, timeout=30, check=True).stdout
+    out = {}
+    for line in text.splitlines():
+        if line.startswith(("lagwatch_http_metrics_served_total{", "lagwatch_http_metrics_renders_total{")):
+            out[line.split('"')[1]] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def said(before: dict[str, float], after: dict[str, float]) -> str:
+    delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    return (f"served from a ready render {delta.get('ready', 0):.0f}, after waiting {delta.get('waited', 0):.0f}; "
+            f"renders ahead {delta.get('ahead', 0):.0f}, asked {delta.get('asked', 0):.0f}")
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
@@ -106,6 +123,7 @@ def main() -> int:
                 for variant in variants if r % 2 == 0 else list(reversed(variants)):
                     plan += [variant] * BLOCK
             neighbours = Neighbours(args.busy, len(plan) * args.every + 60)
+            before = counters(url)
             start = time.monotonic()
             for n, variant in enumerate(plan):
                 time.sleep(max(0.0, start + n * args.every - time.monotonic()))
@@ -113,6 +131,7 @@ def main() -> int:
                 if n >= 3 and plan[n - 1] == variant:
                     seen[variant].append(result)
             print_curl(seen)
+            print(f"curl: {said(before, counters(url))}", flush=True)
             by_prometheus = {label: prometheus_scrapes(lw, features, args.every, args.scrapes)
                              for label, features in (("Prometheus 2.42 (OpenMetrics, gzip)", ()),
                                                      ("Prometheus 2.42 native histograms (protobuf, gzip)",
@@ -142,9 +161,11 @@ def prometheus_scrapes(lw: Lagwatch, features: tuple[str, ...], every: float, sc
     """A real Prometheus scraping lagwatch alone at ``every`` for ``scrapes`` scrapes after three
     to teach the pace: the median and p95 of its ``scrape_duration_seconds``."""
     prometheus = Prometheus([f"127.0.0.1:{lw.port}"], [], features=features, scrape_interval=every)
+    before = counters(lw.url("/metrics"))
     prometheus.start()
     try:
         time.sleep(every * (scrapes + 4))
+        print(f"{features or 'OpenMetrics'}: {said(before, counters(lw.url('/metrics')))}", flush=True)
         span = f"{every * scrapes:g}s"
         quantiles = []
         for q in (0.5, 0.95):
