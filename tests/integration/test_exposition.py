@@ -217,8 +217,10 @@ def test_a_prometheus_with_native_histograms_stores_them_and_agrees_with_lagwatc
         assert "content-type: application/vnd.google.protobuf; proto=io.prometheus.client.metricfamily; " \
                "encoding=delimited" in head, head
 
-        # One instant for both numbers: a scrape's, so lagwatch's p95 is the one that scrape
-        # stored, and the histogram's increase over (at - window, at] holds the same samples.
+        # One evaluation instant for both numbers: each reads the last scrape at or before it,
+        # so lagwatch's p95 is the one that scrape stored, and the histogram's increase over
+        # the window before that scrape holds about the same samples (one scrape's worth of
+        # difference at the window's start).
         name = "lagwatch_replica_lag_sampled_seconds"
         selector = name + '{replica="replica1"}'
         stored = native.query(selector)["data"]["result"]
