@@ -200,3 +200,17 @@ def test_without_the_next_cycles_render_in_the_way_nothing_is_rendered_a_cycle_e
     renders = counted(monkeypatch)
     holder.publish(snapshot(2))
     assert renders == []
+
+
+def test_a_second_format_of_one_snapshot_builds_the_families_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The families are let go once a format is written: another format asked of the same
+    snapshot builds them again (and both answers are that snapshot's)."""
+    holder = SnapshotHolder()
+    web = WebServer("127.0.0.1", 0, holder, lambda: CONFIG)
+    holder.publish(snapshot(7))
+    renders = counted(monkeypatch)
+    text, _, _ = web.metrics(None)
+    openmetrics, content_type, _ = web.metrics("application/openmetrics-text;version=1.0.0")
+    assert b"lagwatch_cycles_total 7.0" in text and b"lagwatch_cycles_total 7.0" in openmetrics
+    assert content_type.startswith("application/openmetrics-text") and openmetrics.endswith(b"# EOF\n")
+    assert len(renders) == 2 and web.metrics(None)[0] is text  # each body kept, written once

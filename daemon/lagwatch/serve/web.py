@@ -66,16 +66,20 @@ VARY = "Accept, Accept-Encoding"
 
 
 class Rendered:
-    """One snapshot's families, and each format scrapers ask of it written once (and gzipped
+    """One snapshot's exposition: each format scrapers ask of it written once (and gzipped
     once), by the first scrape that asks for it or ahead of it, however many scrapes then
-    take it."""
+    take it. The families are let go once a format is written (a fleet's are megabytes
+    of tuples, and scrapers keep to one format): another format asked of the same snapshot
+    builds them again."""
 
-    def __init__(self, snapshot: Snapshot | None, families: list[Family], ahead_of: float | None = None) -> None:
+    def __init__(self, snapshot: Snapshot | None, build: Callable[[], list[Family]],
+                 ahead_of: float | None = None) -> None:
         self.snapshot = snapshot
         # Rendered ahead of the scrape expected then (the scrapers' pace): that scrape may be
         # served it once, even after the next snapshot is published (a cycle older at most).
         self.ahead_of = ahead_of
-        self._families = families
+        self._build = build
+        self._families: list[Family] | None = build()
         self._bodies: dict[str, bytes] = {}
         self._gzipped: dict[str, bytes] = {}
         self._lock = threading.Lock()  # scrapes come on the HTTP server's threads
@@ -84,7 +88,9 @@ class Rendered:
         with self._lock:
             body = self._bodies.get(fmt.key)
             if body is None:
-                body = self._bodies[fmt.key] = fmt.render(self._families)
+                built = self._families if self._families is not None else self._build()
+                body = self._bodies[fmt.key] = fmt.render(built)
+                self._families = None
             return body
 
     def gzipped(self, fmt: Format) -> bytes:
@@ -280,7 +286,7 @@ class WebServer:
         """A snapshot's families (lagwatch.render.exposition, ~1 µs a series; a format writes
         them in about as long again: a 300-cluster fleet's in ~0.1 s each, bench/exposition.py),
         kept for the formats scrapes ask of it."""
-        rendered = Rendered(snapshot, families(snapshot, also=self._http_samples), ahead_of)
+        rendered = Rendered(snapshot, lambda: families(snapshot, also=self._http_samples), ahead_of)
         cached = self._rendered
         if cached is None or not _later(cached.snapshot, snapshot):  # never over a newer one rendered ahead meanwhile
             self._rendered = rendered
