@@ -16,8 +16,8 @@ end:
 - **OpenMetrics 1.0.0**: ``# TYPE``, ``# UNIT`` (where the name ends in its unit, as the spec
   requires) and ``# HELP`` (quotes escaped too) under the family's own name (a counter's
   without ``_total``, an info's without ``_info``, both of type ``counter``/``info``), and
-  ``# EOF`` last. ``_created`` is left out (the spec allows it; lagwatch's counters start
-  with the process, which ``process_start_time_seconds``-style gauges already say).
+  ``# EOF`` last. ``_created`` is left out (the spec allows it: every lagwatch counter
+  starts at 0 with the process).
 """
 
 from __future__ import annotations
