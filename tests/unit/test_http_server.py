@@ -241,12 +241,11 @@ def test_the_scrape_rhythm_says_when_the_next_scrape_is_due() -> None:
     rhythm = ScrapeRhythm()
     for at in (100.0, 115.0):
         rhythm.scraped(at)
-    assert not rhythm.due_within(129.5, 1.0)  # two scrapes: no pace yet
+    assert rhythm.expected(129.5) is None  # two scrapes: no pace yet
     rhythm.scraped(130.2)  # Prometheus' own jitter
-    assert rhythm.due_within(144.5, 1.0)  # expected at 145.2
-    assert not rhythm.due_within(140.0, 1.0)  # not before the next cycle
-    assert rhythm.due_within(150.0, 1.0)  # a little late is still due
-    assert not rhythm.due_within(160.0, 1.0)  # half a period late: scrapes stopped
+    assert rhythm.expected(144.5) == pytest.approx(145.4)  # the upper median gap (15.2 s) after the last
+    assert rhythm.expected(150.0) == pytest.approx(145.4)  # a little late is still expected
+    assert rhythm.expected(160.0) is None  # half a period late: scrapes stopped
 
 
 def test_a_large_answer_on_a_closing_connection_arrives_whole_to_a_slow_reader() -> None:

@@ -135,11 +135,6 @@ class ScrapeRhythm:
         expected = at[-1] + period
         return expected if now - period / 2 <= expected else None
 
-    def due_within(self, now: float, horizon: float) -> bool:
-        """Whether a scrape is expected from ``now`` to ``now + horizon``."""
-        expected = self.expected(now)
-        return expected is not None and expected <= now + horizon
-
 
 class WebServer:
     """lagwatch's endpoints on an ``HttpServer``; every response is rendered from the last
