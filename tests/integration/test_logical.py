@@ -80,8 +80,13 @@ def subscriber(pg_major: int, publisher: LogicalCluster) -> Iterator[LocalCluste
         publisher.primary.execute(ddl)
         cluster.primary.execute(ddl)
         publisher.primary.execute(f"CREATE PUBLICATION {PUBLICATION} FOR TABLE {TABLE}")
+        # synchronous_commit on: the apply worker confirms (flush) a change once it has
+        # applied it, not when the subscriber's WAL writer next flushes (up to its 200 ms
+        # delay, more on a busy host), so the position lagwatch dates (the confirmed one) and
+        # the one the oracle sees (the applied one) differ by a reply's way, which the
+        # disabled readings' bound allows (a CI run read 64 ms over the oracle with the default).
         cluster.primary.execute(f"CREATE SUBSCRIPTION {SUBSCRIPTION} CONNECTION '{publisher.primary.dsn()}' "
-                                f"PUBLICATION {PUBLICATION}")
+                                f"PUBLICATION {PUBLICATION} WITH (synchronous_commit = 'on')")
         deadline = time.monotonic() + 30
         while cluster.primary.scalar("SELECT count(*) FROM pg_subscription_rel WHERE srsubstate <> 'r'") != 0 \
                 or not publisher.primary.scalar("SELECT active FROM pg_replication_slots WHERE slot_name = %s",

@@ -358,3 +358,20 @@ def test_a_departed_members_state_is_dropped_under_churn() -> None:
     grown = sum(stat.size_diff for stat in after.compare_to(before, "filename"))
     print(f"lagwatch's own memory grew {grown} bytes over 320 departed names")
     assert grown < 320 * 50, [str(s) for s in after.compare_to(before, "lineno")[:8]]
+
+
+def test_the_wal_rate_dates_the_primarys_answers_by_its_clock_not_by_when_they_came_in() -> None:
+    """1 MB/s written, the primary read every second: its answers are taken in 1 to 90 ms
+    late (a busy host), unevenly. Dated when they came in, the rate over a few seconds
+    would be off by the difference (up to 3 %); dated when the primary's own clock says
+    they were true (readinstant.py), it is the rate written."""
+    tracker = ClusterTracker(CONFIG.clusters[0], 1.0, 60.0)
+    rate, epoch0 = 1 << 20, 1_700_000_000.0
+    late = [0.001, 0.090, 0.001, 0.060, 0.001, 0.002, 0.090]
+    for t, delay in enumerate(late):
+        lsn = rate * t
+        obs = replace(primary(float(t), lsn), asked_at=float(t) - 0.0005, answered_at=t + delay,
+                      position=ServerPosition(False, lsn, None, None, None, None, clock_epoch=epoch0 + t))
+        snap = tracker.update([obs, replica("replica1", t + delay, lsn), replica("replica2", t + delay, lsn)],
+                              now=t + delay)
+    assert snap.wal_rate_bytes_per_second == pytest.approx(rate, rel=1e-3)

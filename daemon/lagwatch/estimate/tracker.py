@@ -60,6 +60,7 @@ class _PrimaryView:
     standby: bool  # the primary is a standby cluster's leader
     wal_dates: Mapping[str, WalDates]  # by application_name (commitscan.py)
     next_xid: int | None = None  # its transaction ID clock (xidclock.py)
+    true_at: float | None = None  # when its position was true (readinstant.py): the forecasts' rates
 
 
 _NO_PRIMARY: dict[str, WalSender] = {}
@@ -93,6 +94,10 @@ class ClusterTracker:
         # the runtime is put in force.
         self.beats: Callable[[], Beats] | None = None
         self._primary_clock = PrimaryClock()  # the primary's wall clock on lagwatch's (the one converter)
+        # When the primary's position was true, for the forecasts' rates (readinstant.py): a
+        # rate over answers dated when they arrived is off by how late each one was taken in,
+        # which a busy host makes tens of milliseconds (a percent of a 5 s horizon).
+        self._primary_instants = ReadInstants()
         self.rooms = {room.name: room.keeper() for room in ROOMS}  # each room's keeper (lagwatch.rooms)
         # Everything kept of a replica, each answering forget(name) once it is gone; and of a
         # node (the rooms' keepers read any node), forgotten only once it is gone from the
@@ -115,7 +120,7 @@ class ClusterTracker:
         replicas = self._replicas(by_node, primary, roles, now, beats)
         slots = answered.slots if answered is not None else ()
         self.xids.record(primary.next_xid, primary.at)
-        runways = self.forecast.runways(slots, primary.lsn, primary.at)
+        runways = self.forecast.runways(slots, primary.lsn, primary.at if primary.true_at is None else primary.true_at)
         leader = roles.primary.node if roles.primary is not None else None
         return ClusterSnapshot(
             name=self.cluster.name,
@@ -157,6 +162,7 @@ class ClusterTracker:
             self.history.forget_xacts()
             self.forecast.reset()
             self._primary_clock = PrimaryClock()
+            self._primary_instants = ReadInstants()
         primary = roles.primary
         standby = roles.standby_leader is not None  # the primary is the standby leader, in recovery
         if primary is None or primary.position is None:
@@ -166,12 +172,13 @@ class ClusterTracker:
             return _PrimaryView(None, now, _NO_PRIMARY, now, self._primary_clock if not standby else None, standby, {})
         position = primary.position
         read_at = primary.answered_at or primary.observed_at  # not later by the extra reads that follow
+        true_at = self._primary_instants.instant("primary", primary.asked_at or read_at, read_at, position.clock_epoch)
         lsn = position.current_lsn if not standby else position.received_lsn
         if lsn is not None:
             if self.history.record_primary(lsn, read_at, primary.asked_at,
                                            roles.fork.lsn if roles.fork is not None else None):
                 self.forecast.reset()
-            self.forecast.note_primary(read_at, lsn)
+            self.forecast.note_primary(true_at, lsn)
         if not standby:  # a standby's transactions are its readers', not the writes to replicate
             self.history.note_xacts(read_at, position.xacts_total)
         clock = self._primary_clock
@@ -183,7 +190,8 @@ class ClusterTracker:
         dated = {name: clock.dated(read) for name, read in primary.wal_commits.items()}
         return _PrimaryView(lsn, read_at, {s.application_name: s for s in primary.walsenders},
                             primary.asked_at or primary.observed_at, clock if clock.offset is not None else None,
-                            standby, {name: d for name, d in dated.items() if d is not None}, position.next_xid)
+                            standby, {name: d for name, d in dated.items() if d is not None}, position.next_xid,
+                            true_at=true_at)
 
     # -- replicas -------------------------------------------------------------------------
 
