@@ -3,6 +3,7 @@
 #
 #   bash deploy/debian/build.sh            # VERSION: lagwatch.__version__
 #   LAGWATCH_DEB_VERSION=0.1.0-2 LAGWATCH_DEB_OUT=/tmp/out bash deploy/debian/build.sh
+#   LAGWATCH_DEB_WHEEL=dist/lagwatch-0.1.0-py3-none-any.whl bash deploy/debian/build.sh
 #
 # What it needs is what tests/setup-machine.sh installs: Debian's python3 with venv and its
 # headers, libpq-dev and gcc (psycopg's C implementation is compiled against Debian's
@@ -35,8 +36,15 @@ started=$(date +%s)
 $PY -m venv "$STAGE$PREFIX"
 VPY="$STAGE$PREFIX/bin/python3"
 "$VPY" -m pip install -q --disable-pip-version-check --no-compile --no-deps -r "$HERE/requirements.txt"
-"$VPY" -m pip wheel -q --disable-pip-version-check --no-deps -w "$WORK/wheel" "$ROOT"
-"$VPY" -m pip install -q --disable-pip-version-check --no-compile --no-deps "$WORK"/wheel/lagwatch-*.whl
+# lagwatch's own wheel: built from the checkout, or the one LAGWATCH_DEB_WHEEL names (the
+# wheel a release, or the test suite, has already built from this tree's sdist).
+if [ -n "${LAGWATCH_DEB_WHEEL:-}" ]; then
+  WHEEL=$LAGWATCH_DEB_WHEEL
+else
+  "$VPY" -m pip wheel -q --disable-pip-version-check --no-deps -w "$WORK/wheel" "$ROOT"
+  WHEEL=$(echo "$WORK"/wheel/lagwatch-*.whl)
+fi
+"$VPY" -m pip install -q --disable-pip-version-check --no-compile --no-deps "$WHEEL"
 "$VPY" -m pip uninstall -q -y pip setuptools 2>/dev/null || true
 "$VPY" -c 'import psycopg; assert psycopg.pq.__impl__ == "c", psycopg.pq.__impl__'
 

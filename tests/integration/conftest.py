@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import failure_logs
+import prebuilt
 import pytest
 from chaoscluster import ChaosCluster
 from lagwatch.demo.binaries import find_binaries
@@ -38,6 +39,16 @@ def _majors() -> list[int]:
 
 _MAJORS = _majors()
 _MAJOR_PARAMS = [pytest.param(m, id=f"pg{m}") for m in _MAJORS]
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    # The package builds, beside the unit tests that run first (prebuilt.py).
+    if any(Path(item.path).name in prebuilt.MODULES for item in session.items):
+        prebuilt.start()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    prebuilt.stop()
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

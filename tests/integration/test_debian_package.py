@@ -20,11 +20,11 @@ import pwd
 import shutil
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import prebuilt
 import pytest
 import yaml
 from chaoscluster import ChaosCluster
@@ -58,22 +58,14 @@ def run(*argv: str, env: dict[str, str] | None = None, timeout: float = 600) -> 
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
-    """The package built from this tree, and the same tree with its version bumped (the
-    upgrade): repacked, not rebuilt, so that the two differ in their version only."""
-    out = tmp_path_factory.mktemp("deb")
-    started = time.monotonic()
-    result = run("bash", str(ROOT / "deploy" / "debian" / "build.sh"),
-                 env={**os.environ, "LAGWATCH_DEB_VERSION": "0.0.1-1", "LAGWATCH_DEB_OUT": str(out)})
-    print(result.stdout.strip(), f"({time.monotonic() - started:.0f} s)")
-    first = out / f"lagwatch_0.0.1-1_{run('dpkg', '--print-architecture').stdout.strip()}.deb"
-    tree = out / "tree"
-    run("dpkg-deb", "-R", str(first), str(tree))
-    control = tree / "DEBIAN" / "control"
-    control.write_text(control.read_text().replace("Version: 0.0.1-1", "Version: 0.0.1-2"))
-    second = out / first.name.replace("0.0.1-1", "0.0.1-2")
-    run("dpkg-deb", "--root-owner-group", "--build", str(tree), str(second))
-    yield first, second
+def built() -> tuple[Path, Path]:
+    """The package built from this tree's wheel, and the same tree with its version bumped
+    (the upgrade; repacked, not rebuilt, so that the two differ in their version only):
+    built in the background from the session's start (prebuilt.py)."""
+    builds = prebuilt.builds()
+    print(builds.step("deb").check().output.strip())
+    builds.step("repack").check()
+    return builds.deb(prebuilt.DEB_VERSION), builds.deb(prebuilt.UPGRADE_VERSION)
 
 
 def installed() -> bool:
@@ -202,7 +194,7 @@ def test_install_run_upgrade_remove_purge(built: tuple[Path, Path], apt: tuple[d
     # Upgrade: config, secrets, state and the include file as they were; restarted only if
     # running (try-restart: systemctl's "if it is running").
     run("apt-get", "install", "-y", "-q", str(second), env=env)
-    assert run("dpkg-query", "-W", "-f=${Version}", "lagwatch").stdout == "0.0.1-2"
+    assert run("dpkg-query", "-W", "-f=${Version}", "lagwatch").stdout == prebuilt.UPGRADE_VERSION
     assert {p: digest(p) for p in kept} == kept
     assert "deb-systemd-invoke try-restart lagwatch.service lagwatch@*.service" in calls(systemd_log)
     assert not [c for c in calls(systemd_log) if c.split()[1:2] in (["start"], ["enable"], ["restart"])]
@@ -245,10 +237,7 @@ def test_lintian_finds_no_error_and_every_warning_is_overridden_with_a_reason(bu
     """lintian with every override ignored: no error at all (so none is overridden), and
     each warning's tag overridden in deploy/debian/lintian-overrides (the package's
     /usr/share/lintian/overrides/lagwatch) under a comment that says why."""
-    first, _ = built
-    result = subprocess.run(["lintian", "--no-override", "--display-level", ">=warning", str(first)],
-                            capture_output=True, text=True, timeout=600)
-    lines = result.stdout.splitlines()
+    lines = prebuilt.builds().step("lintian").output.splitlines()
     assert not [line for line in lines if line.startswith("E:")], "\n".join(lines)
     warned = {line.split()[2] for line in lines if line.startswith("W:")}
     overrides = (ROOT / "deploy" / "debian" / "lintian-overrides").read_text().splitlines()

@@ -1,7 +1,8 @@
 """From the files git tracks in this checkout (their working-tree contents, so uncommitted
 edits count; nothing gitignored such as a stale daemon/lagwatch.egg-info can leak in):
 build the sdist and, from it, the wheel; install the wheel into a fresh venv; `pip install .`
-into another; the shipped files are there and `lagwatch validate` accepts the example."""
+into another; the shipped files are there and `lagwatch validate` accepts the example. The
+builds and `pip install .` run in the background from the session's start (prebuilt.py)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,10 @@ import sys
 import tarfile
 from pathlib import Path
 
+import prebuilt
 import pytest
 import yaml
 from config_corpus import uncommented
-from harness import ROOT
 
 SHARED = ("dashboards/lagwatch.json", "alerts/lagwatch.rules.yml", "alerts/alertmanager.example.yml",
           "deploy/lagwatch.example.yaml", "deploy/systemd/lagwatch.service", "deploy/systemd/lagwatch@.service",
@@ -28,31 +29,14 @@ def run(*argv: str | Path, cwd: Path | None = None) -> subprocess.CompletedProce
     return result
 
 
-def git_files() -> list[str]:
-    git = shutil.which("git")
-    if git is None:
-        pytest.skip("git is missing: the packaging test builds from the files git tracks")
-    result = subprocess.run([git, "-C", str(ROOT), "ls-files", "-z"], capture_output=True, timeout=60)
-    if result.returncode != 0:
-        pytest.skip(f"{ROOT} is not a git checkout: {result.stderr.decode(errors='replace').strip()}")
-    return [name for name in result.stdout.decode().split("\0") if name]
-
-
 @pytest.fixture(scope="module")
-def source(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, set[str]]:
-    """A copy of the tracked files only, as the working tree has them."""
-    src = tmp_path_factory.mktemp("checkout") / "lagwatch"
-    copied = set()
-    for name in git_files():
-        path = ROOT / name
-        if not path.is_file() and not path.is_symlink():
-            continue  # deleted in the working tree (not yet committed)
-        (src / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(path, src / name, follow_symlinks=False)
-        copied.add(name)
-    assert "setup.cfg" in copied and "daemon/lagwatch/cli.py" in copied
-    assert not list(src.glob("daemon/*.egg-info")), "a gitignored egg-info was copied"
-    return src, copied
+def builds() -> prebuilt.Builds:
+    """The copy of the tracked files and what was built from it (prebuilt.py)."""
+    if shutil.which("git") is None:
+        pytest.skip("git is missing: the packaging test builds from the files git tracks")
+    made = prebuilt.builds()
+    made.step("source")  # the tracked files copied, none gitignored
+    return made
 
 
 def fresh_venv(where: Path) -> Path:
@@ -80,11 +64,10 @@ def check_installed(venv: Path, workdir: Path) -> Path:
     return share
 
 
-def test_sdist_wheel_venv(tmp_path: Path, source: tuple[Path, set[str]]) -> None:
-    src, tracked = source
-    dist = tmp_path / "dist"
-    # python -m build makes the sdist, then the wheel from that sdist: both must work.
-    run(sys.executable, "-m", "build", "--outdir", dist, src)
+def test_sdist_wheel_venv(tmp_path: Path, builds: prebuilt.Builds) -> None:
+    tracked, dist = builds.tracked, builds.dist
+    # python -m build made the sdist, then the wheel from that sdist: both must work.
+    builds.step("build").check()
     (wheel,) = dist.glob("lagwatch-*.whl")
     (sdist,) = dist.glob("lagwatch-*.tar.gz")
     with tarfile.open(sdist) as tar:
@@ -143,11 +126,8 @@ def test_sdist_wheel_venv(tmp_path: Path, source: tuple[Path, set[str]]) -> None
     assert "issue 4/4" not in example
 
 
-def test_pip_install_from_the_checkout(tmp_path: Path, source: tuple[Path, set[str]]) -> None:
-    src, _ = source
-    venv = tmp_path / "source-venv"
-    python = fresh_venv(venv)
+def test_pip_install_from_the_checkout(tmp_path: Path, builds: prebuilt.Builds) -> None:
     # `pip install .` as the README's install guide says (build isolation: setuptools
-    # comes from the package index, as on an operator's host).
-    run(python, "-m", "pip", "install", "-q", "--no-deps", ".", cwd=src)
-    check_installed(venv, tmp_path)
+    # comes from the package index, as on an operator's host), made by prebuilt.py.
+    builds.step("pip_install").check()
+    check_installed(builds.source_venv, tmp_path)
