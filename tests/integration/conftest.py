@@ -42,9 +42,21 @@ _MAJOR_PARAMS = [pytest.param(m, id=f"pg{m}") for m in _MAJORS]
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    # The package builds, beside the unit tests that run first (prebuilt.py).
-    if any(Path(item.path).name in prebuilt.MODULES for item in session.items):
+    # The package builds (prebuilt.py): in one process, now, beside the tests that need no
+    # server, which run first; in xdist's workers, in the one that runs the integration
+    # tests, at its first (pytest_runtest_setup).
+    if not os.environ.get("PYTEST_XDIST_WORKER") and _builds_wanted(session):
         prebuilt.start()
+
+
+_WANTED: dict[int, bool] = {}
+
+
+def _builds_wanted(session: pytest.Session) -> bool:
+    """Whether a test that needs the builds was collected (once a session)."""
+    if id(session) not in _WANTED:
+        _WANTED[id(session)] = any(Path(item.path).name in prebuilt.MODULES for item in session.items)
+    return _WANTED[id(session)]
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -53,6 +65,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
     failure_logs.new_test()
+    if prebuilt.BUILDS is None and _HERE in Path(item.path).resolve().parents and _builds_wanted(item.session):
+        prebuilt.start()
 
 
 @pytest.hookimpl(wrapper=True)
