@@ -106,8 +106,8 @@ class Builds:
             if self._stopped:
                 raise RuntimeError("the session ended")
             # nice 19: the CPU the tests beside it leave idle (tests/conftest.py).
-            self._proc = subprocess.Popen(("nice", "-n", "19", *args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                          cwd=cwd, env=env)
+            self._proc = subprocess.Popen(("nice", "-n", "19", *args), stdout=subprocess.PIPE,
+                                          stderr=subprocess.STDOUT, text=True, cwd=cwd, env=env)
         output, _ = self._proc.communicate(timeout=900)
         return Step(args, self._proc.returncode, output, time.monotonic() - started)
 
