@@ -173,11 +173,10 @@ def test_a_scrape_due_inside_the_next_cycles_render_is_served_this_cycles_once(
     now = time.monotonic()
     for ago in (45.0, 30.0, 15.0):
         web._scrapes.scraped(now + 1.3 - ago)
-    web._ahead_seconds = 0.5
+    web._render_times.append(0.5)
     renders = counted(monkeypatch)
     holder.publish(snapshot(2))  # rendered ahead: the next cycle's render would end after the scrape
     assert len(renders) == 1
-    web._ahead_seconds = 0.5  # (the render here took no time)
     holder.publish(snapshot(3))  # the same scrape still to come: nothing rendered
     assert len(renders) == 1
     time.sleep(1.3 - (time.monotonic() - now))
@@ -200,6 +199,29 @@ def test_without_the_next_cycles_render_in_the_way_nothing_is_rendered_a_cycle_e
     renders = counted(monkeypatch)
     holder.publish(snapshot(2))
     assert renders == []
+
+
+@pytest.mark.parametrize(("took", "due_in", "rendered"), [
+    ((0.45, 0.2), 1.3, 1),  # the last render was quick, the one before slow: the slow one counts
+    ((0.1, 0.1), 1.3, 0),  # quick renders: the next cycle's render ends 0.1 s after it, long before the scrape
+    ((2.0,), 1.85, 1),  # renders longer than the interval: begun no more than 0.9 of it early...
+    ((2.0,), 2.5, 0),  # ... never a whole cycle early (it would be two cycles old when served)
+])
+def test_a_render_ahead_begins_twice_the_longest_recent_render_before_the_scrape(
+        monkeypatch: pytest.MonkeyPatch, took: tuple[float, ...], due_in: float, rendered: int) -> None:
+    """A fleet's render varies by half from one cycle to the next on a loaded host: judged by
+    the last render alone, a scrape due just after the next cycle's render would land inside
+    it. The margin is twice the longest of the last few, less than one interval."""
+    holder = SnapshotHolder()
+    web = WebServer("127.0.0.1", 0, holder, lambda: CONFIG)
+    holder.publish(snapshot(1))
+    now = time.monotonic()
+    for ago in (45.0, 30.0, 15.0):
+        web._scrapes.scraped(now + due_in - ago)
+    web._render_times.extend(took)
+    renders = counted(monkeypatch)
+    holder.publish(snapshot(2))
+    assert len(renders) == rendered
 
 
 def test_a_second_format_of_one_snapshot_builds_the_families_again(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -61,6 +61,8 @@ class WebSettings:
 # fastest level already shrinks twentyfold; level 6 costs almost four times the CPU
 # for 3 % more (docs/benchmarks.md, "gzip").
 GZIP_LEVEL = 1
+# Added to a render ahead's margin before the expected scrape: a scrape's own jitter.
+RENDER_SLACK = 0.05
 # Said on every /metrics answer: caches keep one per format and coding asked for.
 VARY = "Accept, Accept-Encoding"
 
@@ -154,7 +156,7 @@ class WebServer:
         self._rendered: Rendered | None = None
         self._scrapes = ScrapeRhythm()
         self._ahead_for: float | None = None  # the expected scrape the last render ahead was for
-        self._ahead_seconds = 0.0  # how long that render took (the next is assumed to take as long)
+        self._render_times: deque[float] = deque(maxlen=5)  # how long the last renders ahead took
         # Held by whoever renders a snapshot (a scrape, or the cycle rendering ahead): a
         # scrape that finds a render under way waits for it and takes what it made, rather
         # than render another snapshot beside it on the same cores.
@@ -292,17 +294,18 @@ class WebServer:
         next cycle's render could be ready: Prometheus scrapes at a steady pace, so that
         scrape is served from memory instead of waiting for a fleet's render (~0.1-0.3 s for
         300 clusters). One render for each expected scrape: when it is due inside the next
-        cycle's render, this cycle's snapshot is rendered and served to it (a cycle older,
-        at once) and the next cycle renders nothing. Before publishing, not after: a scrape
-        arriving meanwhile waits for this render rather than render the snapshot before it
-        beside it. Renders the format and coding the last scrape took, no more than a scrape
-        would, nothing while nobody scrapes, and nothing while a scrape is rendering (the
-        cycle never waits on the HTTP side)."""
+        cycle's render or its margin (``_render_margin``), this cycle's snapshot is rendered
+        and served to it (a cycle older, at once) and the next cycle renders nothing. Before
+        publishing, not after: a scrape arriving meanwhile waits for this render rather than
+        render the snapshot before it beside it. Renders the format and coding the last
+        scrape took, no more than a scrape would, nothing while nobody scrapes, and nothing
+        while a scrape is rendering (the cycle never waits on the HTTP side)."""
         try:
             now = time.monotonic()
             expected = self._scrapes.expected(now)
+            interval = self._config().interval
             if (expected is None or expected == self._ahead_for
-                    or expected > now + self._config().interval + self._ahead_seconds):
+                    or expected > now + interval + self._render_margin(interval)):
                 return
             if not self._rendering.acquire(blocking=False):
                 return  # a scrape is rendering: the cycle does not wait for it
@@ -312,12 +315,21 @@ class WebServer:
                     rendered.gzipped(self._scrapes.format)
                 else:
                     rendered.body(self._scrapes.format)
-                self._ahead_for, self._ahead_seconds = expected, time.monotonic() - now
+                self._ahead_for = expected
+                self._render_times.append(time.monotonic() - now)
                 self.renders["ahead"] += 1
             finally:
                 self._rendering.release()
         except Exception:  # the scrape will render it, and say what failed
             log.exception("rendering /metrics ahead of the next scrape failed")
+
+    def _render_margin(self, interval: float) -> float:
+        """How long before the expected scrape a render ahead must begin: twice the longest
+        of the last few (a fleet's render varies by half from one cycle to the next on a
+        loaded host, and the cycle that would begin it may publish late by as much), never
+        a whole interval (a render begun that early would be two cycles old when served)."""
+        longest = max(self._render_times, default=0.0)
+        return min(2 * longest + RENDER_SLACK, 0.9 * interval)
 
     def healthy(self) -> tuple[bool, str]:
         snapshot = self.holder.get()
