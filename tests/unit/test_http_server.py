@@ -235,19 +235,6 @@ def pki_cert(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return cert, key
 
 
-def test_the_scrape_rhythm_says_when_the_next_scrape_is_due() -> None:
-    from lagwatch.serve.web import ScrapeRhythm
-
-    rhythm = ScrapeRhythm()
-    for at in (100.0, 115.0):
-        rhythm.scraped(at)
-    assert rhythm.expected(129.5) is None  # two scrapes: no pace yet
-    rhythm.scraped(130.2)  # Prometheus' own jitter
-    assert rhythm.expected(144.5) == pytest.approx(145.4)  # the upper median gap (15.2 s) after the last
-    assert rhythm.expected(150.0) == pytest.approx(145.4)  # a little late is still expected
-    assert rhythm.expected(160.0) is None  # half a period late: scrapes stopped
-
-
 def test_a_large_answer_on_a_closing_connection_arrives_whole_to_a_slow_reader() -> None:
     """Connection: close (HTTP/1.0 clients, urllib) after a /metrics of megabytes: what was
     still buffered when the last write's wait returned (up to the low-water mark) was dropped

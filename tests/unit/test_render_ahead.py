@@ -34,7 +34,7 @@ def test_a_due_scrape_is_served_what_was_rendered_before_publishing(monkeypatch:
     holder.publish(snapshot(1))
     now = time.monotonic()
     for ago in (45.0, 30.0, 15.0):  # a scrape every 15 s; the next is due now
-        web._scrapes.scraped(now - ago)
+        web._scrapes.scraped("", now - ago)
     renders = counted(monkeypatch)
 
     between = []  # what a scrape gets after the render ahead, before the snapshot is published
@@ -118,7 +118,7 @@ def test_gzip_when_asked_compressed_once_per_snapshot_and_ahead_when_the_scraper
     # before it is published, so its scrape does neither.
     now = time.monotonic()
     for ago in (45.0, 30.0, 15.0):
-        web._scrapes.scraped(now - ago, gzip=True)
+        web._scrapes.scraped("", now - ago, gzip=True)
     holder.publish(snapshot(2))
     assert len(compressions) == 2
     body = scrape(**{"accept-encoding": "gzip"})[1]
@@ -141,7 +141,7 @@ def test_the_format_and_coding_the_last_scrape_took_are_written_ahead(monkeypatc
     assert asked is formats.PROTOBUF
     now = time.monotonic()
     for ago in (45.0, 30.0, 15.0):  # as the scrapes with that header record themselves
-        web._scrapes.scraped(now - ago, asked, True)
+        web._scrapes.scraped("", now - ago, asked, True)
     written: list[str] = []
     real = web_module.Rendered.body
 
@@ -172,7 +172,7 @@ def test_a_scrape_due_inside_the_next_cycles_render_is_served_this_cycles_once(
     holder.publish(snapshot(1))
     now = time.monotonic()
     for ago in (45.0, 30.0, 15.0):
-        web._scrapes.scraped(now + 1.3 - ago)
+        web._scrapes.scraped("", now + 1.3 - ago)
     web._render_times.append(0.5)
     renders = counted(monkeypatch)
     holder.publish(snapshot(2))  # rendered ahead: the next cycle's render would end after the scrape
@@ -195,7 +195,7 @@ def test_without_the_next_cycles_render_in_the_way_nothing_is_rendered_a_cycle_e
     holder.publish(snapshot(1))
     now = time.monotonic()
     for ago in (45.0, 30.0, 15.0):
-        web._scrapes.scraped(now + 1.3 - ago)
+        web._scrapes.scraped("", now + 1.3 - ago)
     renders = counted(monkeypatch)
     holder.publish(snapshot(2))
     assert renders == []
@@ -217,7 +217,7 @@ def test_a_render_ahead_begins_twice_the_longest_recent_render_before_the_scrape
     holder.publish(snapshot(1))
     now = time.monotonic()
     for ago in (45.0, 30.0, 15.0):
-        web._scrapes.scraped(now + due_in - ago)
+        web._scrapes.scraped("", now + due_in - ago)
     web._render_times.extend(took)
     renders = counted(monkeypatch)
     holder.publish(snapshot(2))
@@ -236,3 +236,26 @@ def test_a_second_format_of_one_snapshot_builds_the_families_again(monkeypatch: 
     assert b"lagwatch_cycles_total 7.0" in text and b"lagwatch_cycles_total 7.0" in openmetrics
     assert content_type.startswith("application/openmetrics-text") and openmetrics.endswith(b"# EOF\n")
     assert len(renders) == 2 and web.metrics(None)[0] is text  # each body kept, written once
+
+
+def test_a_render_ahead_for_one_scraper_is_served_to_it_not_to_another(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Prometheus at a 15 s pace, its scrape due in 1.3 s, inside the next cycle's render
+    (renders of 0.5 s): rendered for at this cycle, for it. Another client (a curl, the
+    other of an HA pair) scraping just before it gets the current snapshot rendered for
+    itself, not the render made for the Prometheus, which then gets the current one."""
+    holder = SnapshotHolder()
+    web = WebServer("127.0.0.1", 0, holder, lambda: CONFIG)
+    holder.publish(snapshot(1))
+    now = time.monotonic()
+    for ago in (45.0, 30.0, 15.0):
+        web._scrapes.scraped("10.0.0.1", now + 1.3 - ago)
+    web._render_times.append(0.5)
+    renders = counted(monkeypatch)
+    holder.publish(snapshot(2))  # rendered ahead, for 10.0.0.1
+    assert len(renders) == 1
+    holder.publish(snapshot(3))
+    time.sleep(max(0.0, 1.2 - (time.monotonic() - now)))
+    assert b"lagwatch_cycles_total 3.0" in web.metrics(None, None, "10.0.0.2")[0]  # not the other's render
+    assert len(renders) == 2
+    assert b"lagwatch_cycles_total 3.0" in web.metrics(None, None, "10.0.0.1")[0]  # the current one, ready
+    assert len(renders) == 2

@@ -7,7 +7,6 @@ behind basic auth.
 from __future__ import annotations
 
 import gzip
-import itertools
 import json
 import logging
 import threading
@@ -21,7 +20,6 @@ from typing import Any
 from lagwatch.config import Config
 from lagwatch.config.web import WebConfig, client_has_allowed_san, ssl_context
 from lagwatch.estimate.snapshot import Snapshot, SnapshotHolder
-from lagwatch.render import formats
 from lagwatch.render.exposition import Family
 from lagwatch.render.families import HTTP_CAP, HTTP_CLOSED, HTTP_CONNECTIONS, METRICS_RENDERS, METRICS_SERVED
 from lagwatch.render.formats import Format
@@ -30,6 +28,7 @@ from lagwatch.serve.export import families
 from lagwatch.serve.httpmessages import Request, Response
 from lagwatch.serve.httpserver import HttpServer
 from lagwatch.serve.negotiation import accepts_gzip, choose_format
+from lagwatch.serve.scrapepace import Due, Scrapers, scraper_of
 from lagwatch.serve.status import snapshot_status
 from lagwatch.serve.webauth import BasicAuth
 
@@ -75,9 +74,9 @@ class Rendered:
     builds them again."""
 
     def __init__(self, snapshot: Snapshot | None, build: Callable[[], list[Family]],
-                 ahead_of: float | None = None) -> None:
+                 ahead_of: Due | None = None) -> None:
         self.snapshot = snapshot
-        # Rendered ahead of the scrape expected then (the scrapers' pace): that scrape may be
+        # Rendered ahead of the scrape expected then (its scraper's pace): that scrape may be
         # served it once, even after the next snapshot is published (a cycle older at most).
         self.ahead_of = ahead_of
         self._build = build
@@ -104,40 +103,6 @@ class Rendered:
             return packed
 
 
-class ScrapeRhythm:
-    """When the next /metrics scrape is due, from the last ones: Prometheus scrapes each
-    target at a fixed interval, so the next comes a median gap after the last; and the
-    format and coding the last one took (the next, from the same scraper, will too)."""
-
-    def __init__(self) -> None:
-        self._at: deque[float] = deque(maxlen=5)
-        self.format: Format = formats.TEXT
-        self.gzip = False
-
-    def scraped(self, at: float, fmt: Format = formats.TEXT, gzip: bool = False) -> None:
-        self._at.append(at)
-        self.format = fmt
-        self.gzip = gzip
-
-    def period(self) -> float:
-        """The scrapers' pace: the median gap between the last scrapes (0 while unknown)."""
-        at = list(self._at)  # one step in C: scrapes append from the HTTP threads meanwhile
-        if len(at) < 3:
-            return 0.0
-        gaps = sorted(b - a for a, b in itertools.pairwise(at))
-        return gaps[len(gaps) // 2]
-
-    def expected(self, now: float) -> float | None:
-        """When the next scrape is expected (None while the pace is not known, and once an
-        expected scrape is more than half a period late: scrapes stopped, or changed pace)."""
-        at = list(self._at)
-        period = self.period()
-        if not period or not at:
-            return None
-        expected = at[-1] + period
-        return expected if now - period / 2 <= expected else None
-
-
 class WebServer:
     """lagwatch's endpoints on an ``HttpServer``; every response is rendered from the last
     snapshot.
@@ -154,7 +119,7 @@ class WebServer:
         self.settings = WebSettings.of(web)
         self._context = ssl_context(web) if web is not None else None
         self._rendered: Rendered | None = None
-        self._scrapes = ScrapeRhythm()
+        self._scrapes = Scrapers()
         self._ahead_for: float | None = None  # the expected scrape the last render ahead was for
         self._render_times: deque[float] = deque(maxlen=5)  # how long the last renders ahead took
         # Held by whoever renders a snapshot (a scrape, or the cycle rendering ahead): a
@@ -219,7 +184,7 @@ class WebServer:
         path = request.path
         if path == "/metrics":
             body, content_type, coding = self.metrics(request.headers.get("accept"),
-                                                      request.headers.get("accept-encoding"))
+                                                      request.headers.get("accept-encoding"), scraper_of(request.peer))
             headers = {"Vary": VARY} if coding is None else {"Vary": VARY, "Content-Encoding": coding}
             return Response(200, body, content_type, headers=headers)
         if path == "/healthz":
@@ -238,7 +203,8 @@ class WebServer:
             return Response(200, b"lagwatch: /status /metrics /healthz /readyz /api/status\n")
         return Response(404, b"not found\n")
 
-    def metrics(self, accept: str | None, accept_encoding: str | None = None) -> tuple[bytes, str, str | None]:
+    def metrics(self, accept: str | None, accept_encoding: str | None = None,
+                scraper: str = "") -> tuple[bytes, str, str | None]:
         """The exposition of the current snapshot in the format ``Accept`` asks for
         (serve/negotiation.py: protobuf, OpenMetrics, text 1.0.0 or 0.0.4), each written once
         per snapshot (and gzipped once, when ``Accept-Encoding`` takes it): scrapes between
@@ -246,13 +212,13 @@ class WebServer:
         content coding (None: as is)."""
         choice = choose_format(accept)
         wants_gzip = accepts_gzip(accept_encoding)
-        self._scrapes.scraped(time.monotonic(), choice.format, wants_gzip)
         now = time.monotonic()
-        cached = self._usable(self.holder.get(), now)
+        self._scrapes.scraped(scraper, now, choice.format, wants_gzip)
+        cached = self._usable(self.holder.get(), now, scraper)
         if cached is None:
             with self._rendering:  # a render under way (ahead, or another scrape's) ends first
                 snapshot = self.holder.get()
-                cached = self._usable(snapshot, now)
+                cached = self._usable(snapshot, now, scraper)
                 if cached is None:
                     cached = self._render(snapshot)
                     self.renders["asked"] += 1
@@ -263,23 +229,25 @@ class WebServer:
             return cached.gzipped(choice.format), choice.content_type, "gzip"
         return cached.body(choice.format), choice.content_type, None
 
-    def _usable(self, current: Snapshot | None, now: float) -> Rendered | None:
+    def _usable(self, current: Snapshot | None, now: float, scraper: str) -> Rendered | None:
         """What a scrape now may be served without a render: the current snapshot's, the one
         about to be published (rendered ahead), or the one before the current when it was
-        rendered ahead of this very scrape (expected within half a period of now; once)."""
+        rendered ahead of this very scrape (this scraper's, expected within half its period
+        of now; once)."""
         cached = self._rendered
         if cached is None:
             return None
         if cached.snapshot is current or _later(cached.snapshot, current):
             return cached
-        if (cached.ahead_of is not None and cached.snapshot is not None and current is not None
+        due = cached.ahead_of
+        if (due is not None and due.scraper == scraper and cached.snapshot is not None and current is not None
                 and cached.snapshot.cycles_total == current.cycles_total - 1
-                and abs(now - cached.ahead_of) <= self._scrapes.period() / 2):
+                and abs(now - due.at) <= due.period / 2):
             cached.ahead_of = None  # once: the next scrape is another
             return cached
         return None
 
-    def _render(self, snapshot: Snapshot | None, ahead_of: float | None = None) -> Rendered:
+    def _render(self, snapshot: Snapshot | None, ahead_of: Due | None = None) -> Rendered:
         """A snapshot's families (lagwatch.render.exposition, ~1 µs a series; a format writes
         them in about as long again: a 300-cluster fleet's in ~0.1 s each, bench/exposition.py),
         kept for the formats scrapes ask of it."""
@@ -297,25 +265,26 @@ class WebServer:
         cycle's render or its margin (``_render_margin``), this cycle's snapshot is rendered
         and served to it (a cycle older, at once) and the next cycle renders nothing. Before
         publishing, not after: a scrape arriving meanwhile waits for this render rather than
-        render the snapshot before it beside it. Renders the format and coding the last
-        scrape took, no more than a scrape would, nothing while nobody scrapes, and nothing
+        render the snapshot before it beside it. The soonest scrape of any scraper (an HA
+        pair's two: serve/scrapepace.py), in the format and coding that scraper's last one
+        took; no more than a scrape would render, nothing while nobody scrapes, and nothing
         while a scrape is rendering (the cycle never waits on the HTTP side)."""
         try:
             now = time.monotonic()
-            expected = self._scrapes.expected(now)
+            due = self._scrapes.next_due(now)
             interval = self._config().interval
-            if (expected is None or expected == self._ahead_for
-                    or expected > now + interval + self._render_margin(interval)):
+            if (due is None or due.at == self._ahead_for
+                    or due.at > now + interval + self._render_margin(interval)):
                 return
             if not self._rendering.acquire(blocking=False):
                 return  # a scrape is rendering: the cycle does not wait for it
             try:
-                rendered = self._render(snapshot, ahead_of=expected)
-                if self._scrapes.gzip:
-                    rendered.gzipped(self._scrapes.format)
+                rendered = self._render(snapshot, ahead_of=due)
+                if due.gzip:
+                    rendered.gzipped(due.format)
                 else:
-                    rendered.body(self._scrapes.format)
-                self._ahead_for = expected
+                    rendered.body(due.format)
+                self._ahead_for = due.at
                 self._render_times.append(time.monotonic() - now)
                 self.renders["ahead"] += 1
             finally:

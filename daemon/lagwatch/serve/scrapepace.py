@@ -1,0 +1,98 @@
+"""When the next /metrics scrape is due, scraper by scraper: the render ahead's clock.
+
+Prometheus scrapes each target at a fixed interval, so a scraper's next scrape comes a
+median gap after its last, in the format and coding its last one took. An HA pair (two
+Prometheus servers scraping the same targets, the usual way to run it) keeps one pace at
+two phases: taken together their scrapes make gaps of no pace at all, so each scraper's
+is kept apart, by the host it scrapes from, and the next scrape due is the soonest of
+theirs. Pure: times are passed in.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+
+from lagwatch.render import formats
+from lagwatch.render.formats import Format
+
+# Scrapers kept (the most recently seen): an HA pair, a federation, a developer's curl.
+SCRAPERS = 8
+
+
+class ScrapeRhythm:
+    """One scraper's pace: when its next scrape is due, and the format and coding its last
+    one took (the next will too)."""
+
+    def __init__(self) -> None:
+        self._at: deque[float] = deque(maxlen=5)
+        self.format: Format = formats.TEXT
+        self.gzip = False
+
+    def scraped(self, at: float, fmt: Format = formats.TEXT, gzip: bool = False) -> None:
+        self._at.append(at)
+        self.format = fmt
+        self.gzip = gzip
+
+    def period(self) -> float:
+        """The pace: the median gap between the last scrapes (0 while unknown)."""
+        at = list(self._at)  # one step in C: scrapes append from the HTTP threads meanwhile
+        if len(at) < 3:
+            return 0.0
+        gaps = sorted(b - a for a, b in itertools.pairwise(at))
+        return gaps[len(gaps) // 2]
+
+    def expected(self, now: float) -> float | None:
+        """When the next scrape is expected (None while the pace is not known, and once an
+        expected scrape is more than half a period late: scrapes stopped, or changed pace)."""
+        at = list(self._at)
+        period = self.period()
+        if not period or not at:
+            return None
+        expected = at[-1] + period
+        return expected if now - period / 2 <= expected else None
+
+
+@dataclass(frozen=True)
+class Due:
+    """The next scrape expected: when, from which scraper, at what pace, in what format."""
+
+    at: float
+    scraper: str
+    period: float
+    format: Format
+    gzip: bool
+
+
+class Scrapers:
+    """Each scraper's rhythm, by the host it scrapes from (the most recent SCRAPERS)."""
+
+    def __init__(self) -> None:
+        self._by_host: OrderedDict[str, ScrapeRhythm] = OrderedDict()
+
+    def scraped(self, scraper: str, at: float, fmt: Format = formats.TEXT, gzip: bool = False) -> None:
+        rhythm = self._by_host.get(scraper)
+        if rhythm is None:
+            rhythm = self._by_host[scraper] = ScrapeRhythm()
+            while len(self._by_host) > SCRAPERS:
+                self._by_host.popitem(last=False)
+        else:
+            self._by_host.move_to_end(scraper)
+        rhythm.scraped(at, fmt, gzip)
+
+    def next_due(self, now: float) -> Due | None:
+        """The soonest scrape expected of any scraper whose pace is known."""
+        soonest: Due | None = None
+        for scraper, rhythm in list(self._by_host.items()):  # a copy: the HTTP threads add meanwhile
+            expected = rhythm.expected(now)
+            if expected is not None and (soonest is None or expected < soonest.at):
+                soonest = Due(expected, scraper, rhythm.period(), rhythm.format, rhythm.gzip)
+        return soonest
+
+
+def scraper_of(peer: str) -> str:
+    """The host a request came from (its peer without the port): one scraper's scrapes come
+    on new connections from new ports."""
+    host, _, _ = peer.rpartition(":")
+    return host or peer

@@ -1,0 +1,52 @@
+"""Each scraper's pace, and the soonest scrape due of them all (serve/scrapepace.py)."""
+
+from __future__ import annotations
+
+import pytest
+from lagwatch.render import formats
+from lagwatch.serve.scrapepace import SCRAPERS, ScrapeRhythm, Scrapers, scraper_of
+
+
+def test_the_scrape_rhythm_says_when_the_next_scrape_is_due() -> None:
+    rhythm = ScrapeRhythm()
+    for at in (100.0, 115.0):
+        rhythm.scraped(at)
+    assert rhythm.expected(129.5) is None  # two scrapes: no pace yet
+    rhythm.scraped(130.2)  # Prometheus' own jitter
+    assert rhythm.expected(144.5) == pytest.approx(145.4)  # the upper median gap (15.2 s) after the last
+    assert rhythm.expected(150.0) == pytest.approx(145.4)  # a little late is still expected
+    assert rhythm.expected(160.0) is None  # half a period late: scrapes stopped
+
+
+def test_an_ha_pairs_two_phases_are_two_paces_and_the_sooner_is_due_first() -> None:
+    """Two Prometheus servers scraping every 15 s, 5 s apart: taken together their scrapes
+    make gaps of 5 and 10 s (a pace of neither); kept apart, each is due 15 s after its
+    last, and the next due is the sooner of the two, in its own format."""
+    scrapers = Scrapers()
+    for at in (100.0, 115.0, 130.0):
+        scrapers.scraped("10.0.0.1", at, formats.PROTOBUF, True)
+        scrapers.scraped("10.0.0.2", at + 5.0, formats.OPENMETRICS, False)
+    due = scrapers.next_due(131.0)
+    assert due is not None
+    assert (due.at, due.scraper, due.period, due.format, due.gzip) == (145.0, "10.0.0.1", 15.0, formats.PROTOBUF, True)
+    scrapers.scraped("10.0.0.1", 145.0, formats.PROTOBUF, True)
+    due = scrapers.next_due(146.0)
+    assert due is not None and (due.at, due.scraper, due.format) == (150.0, "10.0.0.2", formats.OPENMETRICS)
+
+
+def test_a_scraper_without_a_pace_yet_is_not_due_and_old_scrapers_are_let_go() -> None:
+    scrapers = Scrapers()
+    scrapers.scraped("curl", 10.0)
+    assert scrapers.next_due(11.0) is None
+    for n in range(SCRAPERS + 3):
+        for at in (0.0, 1.0, 2.0):
+            scrapers.scraped(f"host{n}", at + n)
+    assert len(scrapers._by_host) == SCRAPERS
+    assert "curl" not in scrapers._by_host and "host0" not in scrapers._by_host
+
+
+@pytest.mark.parametrize(("peer", "scraper"), [
+    ("10.1.2.3:51234", "10.1.2.3"), ("[::1]:8080", "[::1]"), ("unix", "unix"),
+])
+def test_a_scraper_is_its_host_whatever_port_it_comes_from(peer: str, scraper: str) -> None:
+    assert scraper_of(peer) == scraper
