@@ -2,18 +2,15 @@
 
 The integration tests (real servers, lag measured against oracles, in milliseconds) run
 one after another in one pytest-xdist worker (``-n 2 --dist loadgroup``, setup.cfg: they
-are one group); everything else (the unit, property and static tests, ~2.5 minutes of
-CPU) runs in the other worker beside them, at the lowest CPU priority (nice 19), as do the
-package builds (tests/integration/prebuilt.py): they take the CPU the integration tests
-leave idle, never the CPU those tests' servers and lagwatch need. On this VM that takes
-the whole run from ~25 to ~20 minutes with no test's own timing changed. Hypothesis has no
-deadline here for the same reason: a deprioritised example's wall time says nothing.
+are one group); everything else (the unit, property and static tests, ~2.5 minutes of one
+core) runs in the other worker beside the first integration modules, those that judge no
+lag against an oracle (LIGHT_FIRST): a CPU-bound neighbour for a few minutes, the
+condition every test is run in before it lands. The package builds run at nice 19
+(tests/integration/prebuilt.py) on the CPU left idle, and the package modules come last.
+Hypothesis has no deadline: an example's wall time on a shared host says nothing.
 
-``-n 0`` (or ``-p no:xdist``) runs everything in one process: the tests that need no
-server first (the builds beside them, in the background), then the integration tests.
-
-Within the integration tests, the modules that measure no lag come first (LIGHT_FIRST):
-they run while the CPU-bound work beside them is still going.
+``-n 0`` runs everything in one process: the tests that need no server first (the
+builds beside them, in the background), then the integration tests.
 
 ``LAGWATCH_TEST_ORDER=reversed`` runs each part in reverse order (modules, and tests
 within them): a test that passes only after another has run, or only on a server a
@@ -35,13 +32,15 @@ INTEGRATION = "tests/integration/"
 # The integration modules that judge no lag or timing against an oracle, first: each
 # checks what lagwatch says or does (exit codes, reloads, hostile input, the units, the
 # package), so the CPU-bound work running beside them early in the session costs them
-# nothing they measure. The package modules come last of them: their builds run meanwhile.
+# nothing they measure.
 LIGHT_FIRST = ("test_config_corpus.py", "test_cli_process.py", "test_hostile_doors.py", "test_web_security.py",
                "test_wire.py", "test_toml_command_poolers.py", "test_localcluster.py", "test_least_privilege.py",
-               "test_systemd.py", "test_demo.py", "test_versions.py", "test_packaging.py", "test_debian_package.py")
-NICE = 19
+               "test_systemd.py", "test_demo.py", "test_versions.py")
+# Last: what they assert on is built in the background meanwhile (prebuilt.py).
+LAST = ("test_packaging.py", "test_debian_package.py")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     order = os.environ.get("LAGWATCH_TEST_ORDER", "")
     if order and order != "reversed":
@@ -54,22 +53,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         others.reverse()
         integration.reverse()
 
-    def light_first(item: pytest.Item) -> int:
+    def place(item: pytest.Item) -> int:
         name = item.nodeid[len(INTEGRATION):].split("::", 1)[0]
-        return LIGHT_FIRST.index(name) if name in LIGHT_FIRST else len(LIGHT_FIRST)
+        if name in LIGHT_FIRST:
+            return LIGHT_FIRST.index(name)
+        return len(LIGHT_FIRST) + 1 + LAST.index(name) if name in LAST else len(LIGHT_FIRST)
 
-    integration.sort(key=light_first)  # stable: the order within each module is kept
+    integration.sort(key=place)  # stable: the order within each module is kept
     items[:] = [*others, *integration]
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    """nice 19 for a test that needs no server while the integration tests run beside it
-    (an xdist worker), 0 for an integration test: set before the test's fixtures, so that
-    servers a fixture starts (and keeps for the session) are never born deprioritised.
-    Only where the priority can be raised back (root): a worker that runs both kinds must
-    not run an integration test at nice 19."""
-    if os.environ.get("PYTEST_XDIST_WORKER") and os.geteuid() == 0:
-        wanted = 0 if item.nodeid.startswith(INTEGRATION) else NICE
-        if os.getpriority(os.PRIO_PROCESS, 0) != wanted:
-            os.setpriority(os.PRIO_PROCESS, 0, wanted)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    # Under xdist the group's marks must have been read (its nodeids end "@integration"):
+    # without them the integration tests would run in both workers at once, each with its
+    # own servers, beside each other.
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        split = [i.nodeid for i in session.items if i.nodeid.startswith(INTEGRATION) and "@integration" not in i.nodeid]
+        if split:
+            raise pytest.UsageError(f"integration tests outside the xdist group 'integration': {split[:3]}")

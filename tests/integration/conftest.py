@@ -55,7 +55,8 @@ _WANTED: dict[int, bool] = {}
 def _builds_wanted(session: pytest.Session) -> bool:
     """Whether a test that needs the builds was collected (once a session)."""
     if id(session) not in _WANTED:
-        _WANTED[id(session)] = any(Path(item.path).name in prebuilt.MODULES for item in session.items)
+        _WANTED[id(session)] = not session.config.option.collectonly and any(
+            Path(item.path).name in prebuilt.MODULES for item in session.items)
     return _WANTED[id(session)]
 
 
@@ -65,7 +66,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
     failure_logs.new_test()
-    if prebuilt.BUILDS is None and _HERE in Path(item.path).resolve().parents and _builds_wanted(item.session):
+    if prebuilt.BUILDS is None and _builds_wanted(item.session):
         prebuilt.start()
 
 

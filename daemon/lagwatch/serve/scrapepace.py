@@ -11,6 +11,7 @@ theirs. Pure: times are passed in.
 from __future__ import annotations
 
 import itertools
+import threading
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
@@ -70,23 +71,28 @@ class Scrapers:
 
     def __init__(self) -> None:
         self._by_host: OrderedDict[str, ScrapeRhythm] = OrderedDict()
+        self._lock = threading.Lock()  # scrapes come on the HTTP server's threads, the cycle asks
 
     def scraped(self, scraper: str, at: float, fmt: Format = formats.TEXT, gzip: bool = False) -> None:
-        rhythm = self._by_host.get(scraper)
-        if rhythm is None:
-            rhythm = self._by_host[scraper] = ScrapeRhythm()
-            while len(self._by_host) > SCRAPERS:
-                self._by_host.popitem(last=False)
-        else:
-            self._by_host.move_to_end(scraper)
-        rhythm.scraped(at, fmt, gzip)
+        with self._lock:
+            rhythm = self._by_host.get(scraper)
+            if rhythm is None:
+                rhythm = self._by_host[scraper] = ScrapeRhythm()
+                while len(self._by_host) > SCRAPERS:
+                    self._by_host.popitem(last=False)
+            else:
+                self._by_host.move_to_end(scraper)
+            rhythm.scraped(at, fmt, gzip)
 
-    def next_due(self, now: float) -> Due | None:
-        """The soonest scrape expected of any scraper whose pace is known."""
+    def next_due(self, now: float, besides: float | None = None) -> Due | None:
+        """The soonest scrape expected of any scraper whose pace is known, other than the
+        one due at ``besides`` (already rendered for)."""
+        with self._lock:
+            rhythms = list(self._by_host.items())
         soonest: Due | None = None
-        for scraper, rhythm in list(self._by_host.items()):  # a copy: the HTTP threads add meanwhile
+        for scraper, rhythm in rhythms:
             expected = rhythm.expected(now)
-            if expected is not None and (soonest is None or expected < soonest.at):
+            if expected is not None and expected != besides and (soonest is None or expected < soonest.at):
                 soonest = Due(expected, scraper, rhythm.period(), rhythm.format, rhythm.gzip)
         return soonest
 

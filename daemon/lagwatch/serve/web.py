@@ -271,10 +271,9 @@ class WebServer:
         while a scrape is rendering (the cycle never waits on the HTTP side)."""
         try:
             now = time.monotonic()
-            due = self._scrapes.next_due(now)
+            due = self._scrapes.next_due(now, besides=self._ahead_for)
             interval = self._config().interval
-            if (due is None or due.at == self._ahead_for
-                    or due.at > now + interval + self._render_margin(interval)):
+            if due is None or due.at > now + interval + self._render_margin(interval):
                 return
             if not self._rendering.acquire(blocking=False):
                 return  # a scrape is rendering: the cycle does not wait for it
@@ -293,10 +292,12 @@ class WebServer:
             log.exception("rendering /metrics ahead of the next scrape failed")
 
     def _render_margin(self, interval: float) -> float:
-        """How long before the expected scrape a render ahead must begin: twice the longest
-        of the last few (a fleet's render varies by half from one cycle to the next on a
-        loaded host, and the cycle that would begin it may publish late by as much), never
-        a whole interval (a render begun that early would be two cycles old when served)."""
+        """How far past the next cycle's publish a scrape may be due and still be rendered
+        for in this cycle (served this cycle's snapshot, a cycle older): twice the longest of
+        the last few renders (a fleet's render varies by half from one cycle to the next on a
+        loaded host, and the next cycle may publish late by as much), so that the next
+        cycle's render is never the one such a scrape lands in; less than an interval (a
+        render a whole cycle earlier would be two cycles old when served)."""
         longest = max(self._render_times, default=0.0)
         return min(2 * longest + RENDER_SLACK, 0.9 * interval)
 
