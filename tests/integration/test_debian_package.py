@@ -61,7 +61,7 @@ def run(*argv: str, env: dict[str, str] | None = None, timeout: float = 600) -> 
 def built() -> tuple[Path, Path]:
     """The package built from this tree's wheel, and the same tree with its version bumped
     (the upgrade; repacked, not rebuilt, so that the two differ in their version only):
-    built in the background from the session's start (prebuilt.py)."""
+    built in the background early in the session (prebuilt.py)."""
     builds = prebuilt.builds()
     print(builds.step("deb").check().output.strip())
     builds.step("repack").check()

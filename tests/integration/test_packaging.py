@@ -2,7 +2,7 @@
 edits count; nothing gitignored such as a stale daemon/lagwatch.egg-info can leak in):
 build the sdist and, from it, the wheel; install the wheel into a fresh venv; `pip install .`
 into another; the shipped files are there and `lagwatch validate` accepts the example. The
-builds and `pip install .` run in the background from the session's start (prebuilt.py)."""
+builds and `pip install .` run in the background early in the session (prebuilt.py)."""
 
 from __future__ import annotations
 
