@@ -9,6 +9,7 @@ import pytest
 from lagwatch.config import parse_config
 from lagwatch.estimate.snapshot import Snapshot, SnapshotHolder
 from lagwatch.render import formats
+from lagwatch.render.formats import Format
 from lagwatch.serve import web as web_module
 from lagwatch.serve.negotiation import choose_format
 from lagwatch.serve.web import WebServer
@@ -28,13 +29,18 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return renders
 
 
+def paced(web: WebServer, due: float, scraper: str = "", fmt: Format = formats.TEXT, gzip: bool = False) -> None:
+    """Three scrapes 15 s apart from ``scraper``, the next due at ``due``."""
+    for ago in (45.0, 30.0, 15.0):
+        web._scrapes.scraped(scraper, due - ago, fmt, gzip)
+
+
 def test_a_due_scrape_is_served_what_was_rendered_before_publishing(monkeypatch: pytest.MonkeyPatch) -> None:
     holder = SnapshotHolder()
     web = WebServer("127.0.0.1", 0, holder, lambda: CONFIG)  # never started: metrics() is called directly
     holder.publish(snapshot(1))
     now = time.monotonic()
-    for ago in (45.0, 30.0, 15.0):  # a scrape every 15 s; the next is due now
-        web._scrapes.scraped("", now - ago)
+    paced(web, now)  # a scrape every 15 s; the next is due now
     renders = counted(monkeypatch)
 
     between = []  # what a scrape gets after the render ahead, before the snapshot is published
@@ -117,8 +123,7 @@ def test_gzip_when_asked_compressed_once_per_snapshot_and_ahead_when_the_scraper
     # A scraper that takes gzip at a steady pace: the next snapshot is rendered and compressed
     # before it is published, so its scrape does neither.
     now = time.monotonic()
-    for ago in (45.0, 30.0, 15.0):
-        web._scrapes.scraped("", now - ago, gzip=True)
+    paced(web, now, gzip=True)
     holder.publish(snapshot(2))
     assert len(compressions) == 2
     body = scrape(**{"accept-encoding": "gzip"})[1]
@@ -140,8 +145,7 @@ def test_the_format_and_coding_the_last_scrape_took_are_written_ahead(monkeypatc
     asked = choose_format(PROMETHEUS_PROTO).format
     assert asked is formats.PROTOBUF
     now = time.monotonic()
-    for ago in (45.0, 30.0, 15.0):  # as the scrapes with that header record themselves
-        web._scrapes.scraped("", now - ago, asked, True)
+    paced(web, now, fmt=asked, gzip=True)  # as the scrapes with that header record themselves
     written: list[str] = []
     real = web_module.Rendered.body
 
@@ -171,8 +175,7 @@ def test_a_scrape_due_inside_the_next_cycles_render_is_served_this_cycles_once(
     assert CONFIG.interval == 1.0
     holder.publish(snapshot(1))
     now = time.monotonic()
-    for ago in (45.0, 30.0, 15.0):
-        web._scrapes.scraped("", now + 1.3 - ago)
+    paced(web, now + 1.3)
     web._render_times.append(0.5)
     renders = counted(monkeypatch)
     holder.publish(snapshot(2))  # rendered ahead: the next cycle's render would end after the scrape
@@ -194,8 +197,7 @@ def test_without_the_next_cycles_render_in_the_way_nothing_is_rendered_a_cycle_e
     web = WebServer("127.0.0.1", 0, holder, lambda: CONFIG)
     holder.publish(snapshot(1))
     now = time.monotonic()
-    for ago in (45.0, 30.0, 15.0):
-        web._scrapes.scraped("", now + 1.3 - ago)
+    paced(web, now + 1.3)
     renders = counted(monkeypatch)
     holder.publish(snapshot(2))
     assert renders == []
@@ -218,8 +220,7 @@ def test_a_render_ahead_begins_twice_the_longest_recent_render_before_the_scrape
     holder.publish(snapshot(1))
     now = time.monotonic()
     monkeypatch.setattr(web_module.time, "monotonic", lambda: now)
-    for ago in (45.0, 30.0, 15.0):
-        web._scrapes.scraped("", now + due_in - ago)
+    paced(web, now + due_in)
     web._render_times.extend(took)
     renders = counted(monkeypatch)
     holder.publish(snapshot(2))
@@ -249,8 +250,7 @@ def test_a_render_ahead_for_one_scraper_is_served_to_it_not_to_another(monkeypat
     web = WebServer("127.0.0.1", 0, holder, lambda: CONFIG)
     holder.publish(snapshot(1))
     now = time.monotonic()
-    for ago in (45.0, 30.0, 15.0):
-        web._scrapes.scraped("10.0.0.1", now + 1.3 - ago)
+    paced(web, now + 1.3, scraper="10.0.0.1")
     web._render_times.append(0.5)
     renders = counted(monkeypatch)
     holder.publish(snapshot(2))  # rendered ahead, for 10.0.0.1
