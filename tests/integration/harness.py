@@ -218,6 +218,7 @@ class Reading:
     seconds: float
     evidence: str
     replay_lsn: str | None = None
+    bound: str | None = None  # the proven bound that moved the estimate, if one did
 
 
 class Readings:
@@ -244,7 +245,7 @@ class Readings:
                     at, value = r.get("staleness_measured_at_monotonic"), r.get("staleness_seconds")
                     if at is not None and value is not None:
                         self._seen[(r["name"], at)] = Reading(r["name"], at, value, r.get("staleness_evidence") or "",
-                                                              r.get("replay_lsn"))
+                                                              r.get("replay_lsn"), r.get("staleness_bound"))
                 for c in cluster.get("logical_consumers", ()):  # by slot, under "logical:SLOT"
                     at, value = c.get("staleness_measured_at_monotonic"), c.get("staleness_seconds")
                     if at is not None and value is not None:

@@ -231,7 +231,8 @@ def _within(value: float, low: float, high: float) -> bool:
 
 
 def _show(r: Reading, truth: Truth) -> str:
-    return (f"{r.at:.3f}: {r.seconds * 1000:.1f} ms [{r.evidence}] vs "
+    moved = f" < {r.bound}" if r.bound else ""
+    return (f"{r.at:.3f}: {r.seconds * 1000:.1f} ms [{r.evidence}{moved}] vs "
             f"{truth.low * 1000:.1f}..{truth.high * 1000:.1f}")
 
 

@@ -68,7 +68,15 @@ TABLE: list[tuple[str, Known, bool, Dated | Stands | None]] = [
      known(short_of=9.0, wal_dated=0.4, primary_late=True), True, Dated(0.4, "wal_commit")),
     ("... the WAL's 0 as of its read does not", known(short_of=9.0, wal_dated=0.0, primary_late=True), True,
      Stands()),
-    ("... the heartbeat's bounds still hold it", known(short_of=9.0, heartbeat=(0.3, 0.5), primary_late=True), True,
+    ("... the heartbeat's bounds, within an interval of each other, still hold it",
+     known(short_of=9.0, heartbeat=(0.3, 0.5), primary_late=True, interval=0.2), True,
+     Dated(0.3, "caught_up", "heartbeat_lower")),
+    ("... beats further apart than an interval (the writer's commits stalled) do not",
+     known(short_of=9.0, heartbeat=(0.3, 0.55), primary_late=True, interval=0.2), True, Stands()),
+    ("... nor a beat older than the log (no upper bound)",
+     known(short_of=9.0, heartbeat=(0.3, None), primary_late=True, interval=0.2), True, Stands()),
+    ("... with no earlier reading, the wide beats' floor is taken",
+     known(short_of=9.0, heartbeat=(0.3, 0.55), primary_late=True, interval=0.2), False,
      Dated(0.3, "caught_up", "heartbeat_lower")),
 ]
 
