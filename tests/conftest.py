@@ -1,15 +1,25 @@
 """How the suite runs: two streams on a 2-core machine, and its order.
 
-The integration tests (real servers, lag measured against oracles, in milliseconds) run
-one after another in one pytest-xdist worker (``-n 2 --dist loadgroup``, setup.cfg: they
-are one group); everything else (the unit, property and static tests, ~2.5 minutes of one
-core) runs in the other worker beside the first integration modules, those that judge no
-lag, timing or host speed (LIGHT_FIRST). The package builds run at nice 19
-(tests/integration/prebuilt.py) on the CPU left idle, and the package modules come last.
-Hypothesis has no deadline: an example's wall time on a shared host says nothing.
+Both streams are pytest-xdist workers (``-n 2 --dist loadgroup``, setup.cfg), and the
+integration tests (real servers, started by the fixtures) are split between them in two
+groups, each run one module after another in one worker:
+
+- ``integration``: the tests that judge lag, timing or the host's speed against an oracle
+  (milliseconds, cycles' overruns, a forecast's percent), in ORDER, those most sensitive to
+  a busy host last (by then the other worker is done);
+- ``integration-side``: those that judge no lag, timing or host speed (reloads, hostile
+  input, grants, the pooler files, the demo's lifecycle, Patroni's members, the formats,
+  alerts counted in cycles, bytes against pg_walinspect, the package), SIDE, then the
+  unit, property and static tests (~1.5 minutes of one core).
+
+The two run beside each other as a CPU-bound neighbour would (every timing test is run
+beside one before it lands); each worker starts its own servers, on ports the other's
+picks do not take (demo/ports.py). The package builds run at nice 19 in the side worker
+(tests/integration/prebuilt.py), and the package modules come last there. Hypothesis has no
+deadline: an example's wall time on a shared host says nothing.
 
 ``-n 0`` runs everything in one process: the tests that need no server first (the
-builds beside them, in the background), then the integration tests.
+builds beside them, in the background), then the side modules, then the timing ones.
 
 ``LAGWATCH_TEST_ORDER=reversed`` runs each part in reverse order (modules, and tests
 within them): a test that passes only after another has run, or only on a server a
@@ -28,18 +38,25 @@ settings.register_profile("lagwatch", deadline=None)
 settings.load_profile("lagwatch")
 
 INTEGRATION = "tests/integration/"
-# The integration modules that judge no lag, timing or host speed, first: each checks what
-# lagwatch says or does (reloads, hostile input, grants, the pooler files, the demo's
-# lifecycle, Patroni's members, counted in cycles), so the unit stream running beside
-# them early in the session costs them nothing they measure. Some 3.5 minutes of them:
-# about as long as the unit stream takes.
-LIGHT_FIRST = ("test_config_corpus.py", "test_hostile_doors.py", "test_web_security.py", "test_wire.py",
-               "test_toml_command_poolers.py", "test_localcluster.py", "test_least_privilege.py",
-               "test_http_hostile.py", "test_demo.py", "test_archiving.py", "test_patroni.py")
-# Last: test_cli_process's 50 ms interval counts overruns against the host's speed (it
-# failed beside the unit stream and a CPU-bound process at once: 22 of 125 cycles); the
-# package modules assert on what is built in the background meanwhile (prebuilt.py).
-LAST = ("test_cli_process.py", "test_packaging.py", "test_debian_package.py")
+GROUPS = ("integration", "integration-side")
+# The side group's modules, in their order (the package modules last: they assert on
+# what is built in the background meanwhile, prebuilt.py). Some 6.5 minutes of them with
+# the unit stream after, against some 9 of the timing group on the 2-core VM.
+SIDE = ("test_config_corpus.py", "test_hostile_doors.py", "test_web_security.py", "test_wire.py",
+        "test_toml_command_poolers.py", "test_localcluster.py", "test_least_privilege.py",
+        "test_http_hostile.py", "test_demo.py", "test_archiving.py", "test_patroni.py", "test_versions.py",
+        "test_observability_e2e.py", "test_exposition.py", "test_wal_compression.py", "test_vacuum_horizon.py",
+        "test_view_cadence.py", "test_failover.py", "test_systemd.py", "test_packaging.py",
+        "test_debian_package.py")
+# The timing group's last modules, in their order, after the rest (alphabetical): those a
+# busy host has failed before (the big transaction's under-read share on a slow day,
+# test_cli_process's 50 ms interval counting 22 overruns in 125 cycles beside the unit
+# stream and a CPU-bound process at once), run once the side worker is done.
+LAST = ("test_lag_truth.py", "test_forecasts.py", "test_lag_field.py", "test_cli_process.py")
+
+
+def _module(item: pytest.Item) -> str:
+    return item.nodeid[len(INTEGRATION):].split("::", 1)[0]
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the group marks
@@ -50,26 +67,29 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     others = [item for item in items if not item.nodeid.startswith(INTEGRATION)]
     integration = [item for item in items if item.nodeid.startswith(INTEGRATION)]
     for item in integration:
-        item.add_marker(pytest.mark.xdist_group("integration"))  # one worker, one at a time
+        item.add_marker(pytest.mark.xdist_group(GROUPS[1] if _module(item) in SIDE else GROUPS[0]))
     if order == "reversed":
         others.reverse()
         integration.reverse()
 
-    def place(item: pytest.Item) -> int:
-        name = item.nodeid[len(INTEGRATION):].split("::", 1)[0]
-        if name in LIGHT_FIRST:
-            return LIGHT_FIRST.index(name)
-        return len(LIGHT_FIRST) + 1 + LAST.index(name) if name in LAST else len(LIGHT_FIRST)
+    sign = -1 if order == "reversed" else 1
 
-    integration.sort(key=place)  # stable: the order within each module is kept
+    def place(item: pytest.Item) -> tuple[int, int]:
+        name = _module(item)
+        if name in SIDE:
+            return 0, sign * SIDE.index(name)
+        return 1, sign * (LAST.index(name) + 1 if name in LAST else 0)
+
+    integration.sort(key=place)  # stable: the order within each module (and among the rest) is kept
     items[:] = [*others, *integration]
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    # Under xdist the group's marks must have been read (its nodeids end "@integration"):
-    # without them the integration tests would run in both workers at once, each with its
-    # own servers, beside each other.
+    # Under xdist the groups' marks must have been read (each nodeid ends "@" and its
+    # group): without them a group's modules would be spread over both workers, and the
+    # timing ones would run beside each other.
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        split = [i.nodeid for i in session.items if i.nodeid.startswith(INTEGRATION) and "@integration" not in i.nodeid]
+        split = [i.nodeid for i in session.items
+                 if i.nodeid.startswith(INTEGRATION) and i.nodeid.rsplit("@", 1)[-1] not in GROUPS]
         if split:
-            raise pytest.UsageError(f"integration tests outside the xdist group 'integration': {split[:3]}")
+            raise pytest.UsageError(f"integration tests outside the xdist groups {GROUPS}: {split[:3]}")

@@ -43,20 +43,27 @@ _MAJOR_PARAMS = [pytest.param(m, id=f"pg{m}") for m in _MAJORS]
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     # The package builds (prebuilt.py): in one process, now, beside the tests that need no
-    # server, which run first; in xdist's workers, in the one that runs the integration
-    # tests, at its first (pytest_runtest_setup).
+    # server, which run first; in xdist's workers, in the one that runs the package
+    # modules' group, at its first test (pytest_runtest_setup).
     if not os.environ.get("PYTEST_XDIST_WORKER") and _builds_wanted(session):
         prebuilt.start()
 
 
-_WANTED: dict[int, bool] = {}
+_WANTED: dict[int, set[object]] = {}
 
 
-def _builds_wanted(session: pytest.Session) -> bool:
-    """Whether a test that needs the builds was collected (once a session)."""
+def _group(item: pytest.Item) -> object:
+    """The xdist group the item runs in (tests/conftest.py), None outside one."""
+    mark = item.get_closest_marker("xdist_group")
+    return (mark.args or [mark.kwargs.get("name")])[0] if mark is not None else None
+
+
+def _builds_wanted(session: pytest.Session) -> set[object]:
+    """The groups whose worker builds (that of a collected test that needs the builds;
+    none: no such test), once a session."""
     if id(session) not in _WANTED:
-        _WANTED[id(session)] = not session.config.option.collectonly and any(
-            Path(item.path).name in prebuilt.MODULES for item in session.items)
+        _WANTED[id(session)] = set() if session.config.option.collectonly else {
+            _group(item) for item in session.items if Path(item.path).name in prebuilt.MODULES}
     return _WANTED[id(session)]
 
 
@@ -66,7 +73,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
     failure_logs.new_test()
-    if prebuilt.BUILDS is None and _builds_wanted(item.session):
+    if prebuilt.BUILDS is None and _group(item) in _builds_wanted(item.session):
         prebuilt.start()
 
 
