@@ -7,7 +7,8 @@ minute by itself), its repack with a bumped version (the upgrade), and lintian o
 in the background at nice 19 from the first test of the worker that runs the package
 modules (with ``-n 0``: from the session's start, beside the unit tests that run first),
 they cost the suite's clock almost nothing, where run in their tests they cost it two
-minutes; the package modules run last in their group (tests/conftest.py). The tests then assert on what each step made and said
+minutes; the package modules run last in their group (tests/conftest.py). The tests then
+assert on what each step made and said
 (test_packaging.py, test_debian_package.py); a step that failed fails the tests that need
 it, with its output.
 
