@@ -46,14 +46,16 @@ GROUPS = ("integration", "integration-side")
 # the timing group it read two of 47 readings over the oracle's cap, see docs/development.md).
 SIDE = ("test_config_corpus.py", "test_hostile_doors.py", "test_web_security.py", "test_wire.py",
         "test_toml_command_poolers.py", "test_localcluster.py", "test_least_privilege.py",
-        "test_http_hostile.py", "test_demo.py", "test_archiving.py", "test_patroni.py", "test_observability_e2e.py", "test_exposition.py", "test_wal_compression.py", "test_vacuum_horizon.py",
-        "test_view_cadence.py", "test_failover.py", "test_systemd.py", "test_packaging.py",
-        "test_debian_package.py")
+        "test_http_hostile.py", "test_demo.py", "test_archiving.py", "test_patroni.py", "test_observability_e2e.py",
+        "test_exposition.py", "test_wal_compression.py", "test_vacuum_horizon.py", "test_view_cadence.py",
+        "test_failover.py", "test_systemd.py", "test_packaging.py", "test_debian_package.py")
 # The timing group's last modules, in their order, after the rest (alphabetical): those a
 # busy host has failed before (the big transaction's under-read share on a slow day,
 # test_cli_process's 50 ms interval counting 22 overruns in 125 cycles beside the unit
-# stream and a CPU-bound process at once), run once the side worker is done.
-LAST = ("test_lag_truth.py", "test_forecasts.py", "test_lag_field.py", "test_cli_process.py")
+# stream and a CPU-bound process at once, test_why_behind's held WAL not named "network"
+# in 10 s beside the side worker's package installs), run when the side worker is done or
+# nearly (it ends some five minutes before the timing group).
+LAST = ("test_why_behind.py", "test_lag_truth.py", "test_forecasts.py", "test_lag_field.py", "test_cli_process.py")
 
 
 def _module(item: pytest.Item) -> str:
