@@ -113,8 +113,10 @@ def date(known: Known, standing: bool) -> Dated | Stands | None:
     if upper is not None and seconds > upper[0]:
         seconds, bound = upper
     seconds = max(0.0, seconds)
+    # The WAL's own date, not the reading a bound made of it: a read that found no commit
+    # past the position (0) says nothing new of it, whatever a lower bound raised it to.
     held = (bound in ("heartbeat_lower", "heartbeat_upper") and _beats_close(known)) or (
-        evidence == "wal_commit" and seconds > 0)
+        known.wal_dated is not None and known.wal_dated > 0)
     if known.primary_late and standing and not held:
         return Stands()
     return Dated(seconds, evidence, bound)
