@@ -3,9 +3,14 @@ by this process or another sharing the notes."""
 
 from __future__ import annotations
 
+import fcntl
 import multiprocessing
+import os
+import time
 from pathlib import Path
 
+import pytest
+from lagwatch.demo import ports
 from lagwatch.demo.ports import HOLD, claim, free_port
 
 
@@ -25,6 +30,32 @@ def test_notes_that_cannot_be_read_do_not_stop_a_pick(tmp_path: Path) -> None:
     (tmp_path / "elsewhere").symlink_to(tmp_path / "target")
     assert claim(40001, 5.0, tmp_path / "elsewhere")  # a symlink is not followed: no note
     assert not (tmp_path / "target").exists()
+
+
+def test_notes_that_are_not_a_plain_file_of_this_users_are_left_alone(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    assert claim(40001, 5.0, fifo) and claim(40001, 5.0, fifo)  # not read (it would block): no note
+    linked = tmp_path / "linked"
+    linked.write_text("")
+    os.link(linked, tmp_path / "second-name")
+    assert claim(40001, 5.0, linked) and linked.read_text() == ""  # a hard link: not written
+    if os.geteuid() == 0:  # another user's file, made first under a shared temp dir
+        theirs = tmp_path / "theirs"
+        theirs.write_text("40001 5.0\n")
+        os.chown(theirs, 65534, 65534)
+        assert claim(40001, 5.0, theirs) and theirs.read_text() == "40001 5.0\n"
+
+
+def test_notes_locked_too_long_are_gone_without(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ports, "LOCK_WAIT", 0.05)
+    notes = tmp_path / "ports"
+    with open(notes, "w") as holder:
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        started = time.monotonic()
+        assert claim(40001, 5.0, notes) and claim(40001, 5.0, notes)
+        assert time.monotonic() - started < 2.0
+    assert claim(40001, 5.0, notes) and not claim(40001, 5.0, notes)  # unlocked: noted
 
 
 def _claims(notes: str, ports: list[int], out: multiprocessing.Queue[list[int]]) -> None:

@@ -6,6 +6,7 @@ import contextlib
 import fcntl
 import os
 import socket
+import stat
 import tempfile
 import time
 from collections.abc import Collection, Sequence
@@ -21,32 +22,56 @@ HOLD = 120.0
 
 
 def _notes() -> Path:
-    return Path(tempfile.gettempdir()) / f"lagwatch-ports-{os.getuid()}"
+    return Path(tempfile.gettempdir()) / f"lagwatch-ports-{os.geteuid()}"
 
 
 def claim(port: int, now: float, notes: Path) -> bool:
     """Note ``port`` as handed out at ``now`` (seconds) in ``notes``; False when another
-    pick noted it less than HOLD seconds before. Where the file cannot be used (not ours, not
-    writable), the pick stands alone, as it did before notes were kept."""
+    pick noted it less than HOLD seconds before. Where the notes cannot be used (not a
+    plain file of this user's, locked past LOCK_WAIT, unreadable, a failed write), the pick
+    stands alone, as it did before notes were kept."""
     try:
-        fd = os.open(notes, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        fd = os.open(notes, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
     except OSError:
         return True
-    with os.fdopen(fd, "r+") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        held: dict[int, float] = {}
-        for line in f:
-            with contextlib.suppress(ValueError):
-                noted_port, at = line.split()
-                if 0 <= now - float(at) < HOLD:
-                    held[int(noted_port)] = float(at)
-        if port in held:
-            return False
-        held[port] = now
-        f.seek(0)
-        f.truncate()
-        f.write("".join(f"{p} {at!r}\n" for p, at in held.items()))
+    try:
+        with os.fdopen(fd, "r+", encoding="ascii", errors="replace") as f:
+            st = os.fstat(fd)
+            # Another user's file (made first under a shared temp dir), a FIFO, a hard link.
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_nlink != 1:
+                return True
+            if not _lock(fd):
+                return True
+            held: dict[int, float] = {}
+            for line in f:
+                with contextlib.suppress(ValueError):
+                    noted_port, at = line.split()
+                    if 0 <= now - float(at) < HOLD:
+                        held[int(noted_port)] = float(at)
+            if port in held:
+                return False
+            held[port] = now
+            f.seek(0)
+            f.truncate()
+            f.write("".join(f"{p} {at!r}\n" for p, at in held.items()))
+    except OSError:  # a failed write (closing flushes it): the notes are lost, the pick stands
+        return True
     return True
+
+
+LOCK_WAIT = 2.0  # seconds a pick waits for the notes' lock before it goes without
+
+
+def _lock(fd: int) -> bool:
+    deadline = time.monotonic() + LOCK_WAIT
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.005)
 
 
 def port_free(host: str, port: int) -> bool:
