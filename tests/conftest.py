@@ -21,8 +21,9 @@ deadline: an example's wall time on a shared host says nothing.
 ``-n 0`` runs everything in one process: the tests that need no server first (the
 builds beside them, in the background), then the side modules, then the timing ones.
 
-``LAGWATCH_TEST_ORDER=reversed`` runs each part in reverse order (modules, and tests
-within them): a test that passes only after another has run, or only on a server a
+``LAGWATCH_TEST_ORDER=reversed`` runs each part in reverse order (the tests within each
+module, and the timing modules between the first and LAST; SIDE's order and LAST's are
+kept): a test that passes only after another has run, or only on a server a
 neighbour left warm, shows up as a failure in one of the two orders. docs/development.md
 says how the suite is run repeatedly to find such tests.
 """
@@ -75,15 +76,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         others.reverse()
         integration.reverse()
 
-    sign = -1 if order == "reversed" else 1
-
     def place(item: pytest.Item) -> tuple[int, int]:
         name = _module(item)
         if name in SIDE:
-            return 0, sign * SIDE.index(name)
-        return 1, sign * (LAST.index(name) + 1 if name in LAST else 0)
+            return 0, SIDE.index(name)
+        return 1, LAST.index(name) + 1 if name in LAST else 0
 
-    integration.sort(key=place)  # stable: the order within each module (and among the rest) is kept
+    # Stable: the order within each module (and among the rest) is kept, reversed or not;
+    # SIDE's order and LAST's place are kept reversed too (the package modules wait for
+    # the builds, the host-sensitive modules for the side worker's end).
+    integration.sort(key=place)
     items[:] = [*others, *integration]
 
 
