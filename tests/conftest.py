@@ -5,8 +5,8 @@ integration tests (real servers, started by the fixtures) are split between them
 groups, each run one module after another in one worker:
 
 - ``integration``: the tests that judge lag, timing or the host's speed against an oracle
-  (milliseconds, cycles' overruns, a forecast's percent), in ORDER, those most sensitive to
-  a busy host last (by then the other worker is done);
+  (milliseconds, cycles' overruns, a forecast's percent), those most sensitive to a busy
+  host last (LAST: by then the other worker is done, or nearly);
 - ``integration-side``: those that judge no lag, timing or host speed (reloads, hostile
   input, grants, the pooler files, the demo's lifecycle, Patroni's members, the formats,
   alerts counted in cycles, bytes against pg_walinspect, the package), SIDE, then the
