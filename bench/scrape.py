@@ -20,7 +20,12 @@ OpenMetrics in gzip, then with native histograms on: protobuf in gzip) for
 prints; it asserts nothing. Targets (issue 5/6): paced median under 25 ms on a quiet host
 and under 50 ms beside one CPU-bound process, in every format.
 
-    python3 bench/scrape.py [--clusters 300] [--scrapes 8] [--every 3] [--busy 0]
+``--compare DIR`` runs a second lagwatch from another checkout's ``daemon/`` (the old
+build) on the same fleet, both at once: each variant's block is scraped from one, then
+the other (which first, alternated every round), and one Prometheus scrapes both; every
+figure is printed for each build, measured on the same host in the same minutes.
+
+    python3 bench/scrape.py [--clusters 300] [--scrapes 8] [--every 3] [--busy 0] [--compare DIR]
 """
 
 from __future__ import annotations
@@ -95,83 +100,105 @@ def main() -> int:
     parser.add_argument("--every", type=float, default=3.0, help="the scrape pace, seconds (at least the interval)")
     parser.add_argument("--busy", type=int, default=0, help="CPU-bound neighbours through the measurement")
     parser.add_argument("--pg-major", type=int, default=None)
+    parser.add_argument("--compare", type=Path, default=None, help="another checkout, run beside this one")
     args = parser.parse_args()
     variants = [(name, gzip) for name in FORMATS for gzip in (False, True)]
+    builds = ["this"] + (["compare"] if args.compare else [])
     binaries = find_binaries(args.pg_major)
     print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
           f"PostgreSQL {binaries.major}; {args.clusters} x 3 nodes at interval 1s; a scrape every {args.every:g} s, "
           f"variants in turn, {args.scrapes} each; {args.busy} busy neighbours", flush=True)
-    seen: dict[tuple[str, bool], list[tuple[float, int, str]]] = {v: [] for v in variants}
+    seen: dict[tuple[str, str, bool], list[tuple[float, int, str]]] = {
+        (build, *v): [] for build in builds for v in variants}
     with FleetCluster(binaries, replicas=2) as cluster, Commits(cluster.primary), \
             tempfile.TemporaryDirectory(prefix="lagwatch-scrape-") as tmp:
-        workdir = Path(tmp)
-        (workdir / "pools").mkdir()
-        config = fleet_config(cluster, args.clusters, free_port(["127.0.0.1"]), workdir, pool=False)
-        lw = Lagwatch(workdir, config, log_level="info")
+        workers: dict[str, Lagwatch] = {}
         neighbours = None
         try:
-            wait_converged(lw, time.monotonic(), args.clusters * 3, 0)
-            lw.wait_ready(timeout=CONVERGE_TIMEOUT)
-            url = lw.url("/metrics")
-            # Blocks of BLOCK scrapes per variant, the order of the variants reversed every
-            # other round: a Prometheus keeps one format, and lagwatch writes ahead the format
-            # and coding the last scrape took, so the first scrape of a block (a change of
-            # format) is not counted. Three scrapes first teach lagwatch the pace.
+            for build in builds:
+                workdir = Path(tmp) / build
+                (workdir / "pools").mkdir(parents=True)
+                config = fleet_config(cluster, args.clusters, free_port(["127.0.0.1"]), workdir, pool=False)
+                env = {"PYTHONPATH": str(args.compare.resolve() / "daemon")} if build == "compare" else None
+                workers[build] = Lagwatch(workdir, config, env=env, log_level="info")
+            for lw in workers.values():
+                wait_converged(lw, time.monotonic(), args.clusters * 3, 0)
+                lw.wait_ready(timeout=CONVERGE_TIMEOUT)
+            # Blocks of BLOCK scrapes per variant (and build), the order of the variants
+            # reversed every other round, and of the builds too: a Prometheus keeps one
+            # format, and lagwatch writes ahead the format and coding the last scrape took, so
+            # the first scrape of a block (a change of format) is not counted. Three scrapes
+            # of each build first teach it the pace.
             rounds = max(1, round(args.scrapes / (BLOCK - 1)))
-            plan = [("text 0.0.4", True)] * 3
+            plan = [(build, "text 0.0.4", True) for build in builds for _ in range(3)]
             for r in range(rounds):
                 for variant in variants if r % 2 == 0 else list(reversed(variants)):
-                    plan += [variant] * BLOCK
+                    for build in builds if r % 2 == 0 else list(reversed(builds)):
+                        plan += [(build, *variant)] * BLOCK
             neighbours = Neighbours(args.busy, len(plan) * args.every + 60)
-            before = counters(url)
+            before = {build: counters(lw.url("/metrics")) for build, lw in workers.items()}
             start = time.monotonic()
-            for n, variant in enumerate(plan):
+            warmup = 3 * len(builds)
+            for n, (build, name, gzip) in enumerate(plan):
                 time.sleep(max(0.0, start + n * args.every - time.monotonic()))
-                result = curl(url, FORMATS[variant[0]], variant[1])
-                if n >= 3 and plan[n - 1] == variant:
-                    seen[variant].append(result)
+                result = curl(workers[build].url("/metrics"), FORMATS[name], gzip)
+                if n >= warmup and plan[n - 1] == plan[n]:
+                    seen[build, name, gzip].append(result)
             print_curl(seen)
-            print(f"curl: {said(before, counters(url))}", flush=True)
-            by_prometheus = {label: prometheus_scrapes(lw, features, args.every, args.scrapes)
+            for build, lw in workers.items():
+                print(f"curl ({build}): {said(before[build], counters(lw.url('/metrics')))}", flush=True)
+            by_prometheus = {label: prometheus_scrapes(workers, features, args.every, args.scrapes)
                              for label, features in (("Prometheus 2.42 (OpenMetrics, gzip)", ()),
                                                      ("Prometheus 2.42 native histograms (protobuf, gzip)",
                                                       ("native-histograms",)))}
         finally:
             if neighbours is not None:
                 neighbours.stop()
-            lw.stop()
+            for lw in workers.values():
+                lw.stop()
     print()
-    print("| scraper | scrape_duration_seconds median ms | p95 ms |")
-    print("|---|---|---|")
-    for label, (median, p95) in by_prometheus.items():
-        print(f"| {label} | {median * 1000:.1f} | {p95 * 1000:.1f} |")
+    print("| scraper | build | scrape_duration_seconds median ms | p95 ms |")
+    print("|---|---|---|---|")
+    for label, figures in by_prometheus.items():
+        for build, (median, p95) in figures.items():
+            print(f"| {label} | {build} | {median * 1000:.1f} | {p95 * 1000:.1f} |")
     return 0
 
 
-def print_curl(seen: dict[tuple[str, bool], list[tuple[float, int, str]]]) -> None:
-    print("| format | gzip | median ms | p95 ms | bytes | content type |")
-    print("|---|---|---|---|---|---|")
-    for (name, gzip), results in seen.items():
+def print_curl(seen: dict[tuple[str, str, bool], list[tuple[float, int, str]]]) -> None:
+    print("| format | gzip | build | median ms | p95 ms | bytes | content type |")
+    print("|---|---|---|---|---|---|---|")
+    for (build, name, gzip), results in sorted(seen.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0] != "this")):
         times = [t * 1000 for t, _, _ in results]
-        print(f"| {name} | {'yes' if gzip else 'no'} | {statistics.median(times):.1f} | {percentile(times, 0.95):.1f} "
-              f"| {statistics.median(s for _, s, _ in results):,.0f} | {results[-1][2]} |", flush=True)
+        print(f"| {name} | {'yes' if gzip else 'no'} | {build} | {statistics.median(times):.1f} "
+              f"| {percentile(times, 0.95):.1f} | {statistics.median(s for _, s, _ in results):,.0f} "
+              f"| {results[-1][2]} |", flush=True)
 
 
-def prometheus_scrapes(lw: Lagwatch, features: tuple[str, ...], every: float, scrapes: int) -> tuple[float, float]:
-    """A real Prometheus scraping lagwatch alone at ``every`` for ``scrapes`` scrapes after three
-    to teach the pace: the median and p95 of its ``scrape_duration_seconds``."""
-    prometheus = Prometheus([f"127.0.0.1:{lw.port}"], [], features=features, scrape_interval=every)
-    before = counters(lw.url("/metrics"))
+def prometheus_scrapes(workers: dict[str, Lagwatch], features: tuple[str, ...], every: float,
+                       scrapes: int) -> dict[str, tuple[float, float]]:
+    """A real Prometheus scraping each build at ``every`` (each at its own phase, as it
+    spreads its targets) for ``scrapes`` scrapes after three to teach the pace: the median
+    and p95 of its ``scrape_duration_seconds``, by build."""
+    targets = {build: f"127.0.0.1:{lw.port}" for build, lw in workers.items()}
+    prometheus = Prometheus(list(targets.values()), [], features=features, scrape_interval=every)
+    before = {build: counters(lw.url("/metrics")) for build, lw in workers.items()}
     prometheus.start()
     try:
         time.sleep(every * (scrapes + 4))
-        print(f"{features or 'OpenMetrics'}: {said(before, counters(lw.url('/metrics')))}", flush=True)
+        for build, lw in workers.items():
+            print(f"{features or 'OpenMetrics'} ({build}): {said(before[build], counters(lw.url('/metrics')))}",
+                  flush=True)
         span = f"{every * scrapes:g}s"
-        quantiles = []
-        for q in (0.5, 0.95):
-            result = prometheus.query(f"quantile_over_time({q}, scrape_duration_seconds[{span}])")["data"]["result"]
-            quantiles.append(float(result[0]["value"][1]) if result else float("nan"))
-        return quantiles[0], quantiles[1]
+        figures = {}
+        for build, target in targets.items():
+            quantiles = []
+            for q in (0.5, 0.95):
+                expr = f'quantile_over_time({q}, scrape_duration_seconds{{instance="{target}"}}[{span}])'
+                result = prometheus.query(expr)["data"]["result"]
+                quantiles.append(float(result[0]["value"][1]) if result else float("nan"))
+            figures[build] = (quantiles[0], quantiles[1])
+        return figures
     finally:
         prometheus.stop()
 
