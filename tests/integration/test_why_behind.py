@@ -102,6 +102,16 @@ def named(lw: Lagwatch, cause: str, since: int, within: int = 3, timeout: float 
     raise AssertionError(f"{name}'s cause never {cause} within {timeout}s; last: {seen[-1]['why'] if seen else None}")
 
 
+def _bytes_in(lw: Lagwatch, stage: str, by_cycle: int, name: str = "replica1") -> dict[str, Any]:
+    """The replica's status entry once its ``stage`` holds bytes, which it must by cycle ``by_cycle``."""
+    while True:
+        r, cycle = replica_status(lw, name)
+        if ((r["why"] or {}).get("stages_bytes") or {}).get(stage):
+            return r
+        assert cycle <= by_cycle, f"no bytes in {stage} by cycle {by_cycle}: {r['why']}"
+        time.sleep(0.02)
+
+
 def within(reading: float, truth: float) -> bool:
     """The issue's tolerance for a stage against its truth: max(10 ms, 20 %)."""
     return abs(reading - truth) <= max(0.010, 0.2 * truth)
@@ -325,8 +335,12 @@ def test_held_wal_is_the_network_then_the_sender_and_a_cut_replica_is_not_stream
         named(lw, "caught_up", cycles(lw), within=100)
         link.set_rate(0)  # held: the walsender sends into the socket, nothing arrives
         with Writer(pg_cluster, every=0.01, max_seconds=60) as writer:
-            r = named(lw, "network", cycles(lw))
-            assert r["why"]["stages_bytes"]["write"] > 0, r["why"]
+            since = cycles(lw)
+            named(lw, "network", since)
+            # Named first, perhaps, from replay waiting for WAL that has not arrived, before
+            # the primary's walsender row shows what it sent: the bytes follow within cycles.
+            r = _bytes_in(lw, "write", since + 10)
+            assert r["why"]["cause"] == "network", r["why"]
             stage_is_the_age_of_the_first_write(lw, writer, "write")
         # WAL faster than the socket buffers hold (a few MB): the walsender cannot send it.
         # Written a megabyte at a time until lagwatch says so (at most 60 MB, what 3 s wrote).
