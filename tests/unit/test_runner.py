@@ -62,3 +62,20 @@ def test_freed_large_blocks_leave_resident_memory_only_without_the_fixed_thresho
     assert fixed == "True" and moving == "False"
     assert kept_moving >= 6  # glibc's default: an 8 MiB block stays resident after its free
     assert kept_fixed < 2
+
+
+def test_the_switch_interval_is_shortened_for_the_http_threads() -> None:
+    """A ready answer's every step waits for the cycle's thread to give up the GIL: the
+    daemon asks for it ten times sooner than CPython's 5 ms (bench/switch.py measures why)."""
+    script = (
+        "import sys\n"
+        "from lagwatch.runner import SWITCH_INTERVAL, _shorten_switch_interval\n"
+        "before = sys.getswitchinterval()\n"
+        "_shorten_switch_interval()\n"
+        "print(before, sys.getswitchinterval(), SWITCH_INTERVAL)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT / "daemon")}).stdout.split()
+    before, after, wanted = map(float, out)
+    assert before == pytest.approx(0.005)
+    assert after == pytest.approx(wanted) == pytest.approx(0.0005)
