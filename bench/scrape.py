@@ -31,6 +31,7 @@ figure is printed for each build, measured on the same host in the same minutes.
 from __future__ import annotations
 
 import argparse
+import gzip as gzip_module
 import os
 import platform
 import statistics
@@ -38,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 from fleet import CONVERGE_TIMEOUT, Commits, FleetCluster, Neighbours, fleet_config, wait_converged
@@ -88,6 +90,44 @@ def said(before: dict[str, float], after: dict[str, float]) -> str:
             f"renders ahead {delta.get('ahead', 0):.0f}, asked {delta.get('asked', 0):.0f}")
 
 
+STATIC_TWIN = "static twin"
+
+
+class StaticTwin:
+    """Prometheus's reference: lagwatch's bodies (each format, plain and gzipped, as it
+    answered Prometheus's headers once) served as they are by bench/static_target.py in a
+    process of its own."""
+
+    def __init__(self, lw: Lagwatch, folder: Path) -> None:
+        folder.mkdir()
+        for name, accept in (("protobuf", FORMATS["protobuf"]), ("openmetrics", FORMATS["openmetrics"]),
+                             ("text", FORMATS["text 0.0.4"])):
+            request = urllib.request.Request(lw.url("/metrics"), headers={"Accept": accept})
+            with urllib.request.urlopen(request, timeout=30) as response:
+                body = response.read()
+                (folder / f"{name}.type").write_text(response.headers["Content-Type"])
+            (folder / name).write_bytes(body)
+            (folder / f"{name}.gz").write_bytes(gzip_module.compress(body, 1, mtime=0))
+        port = free_port(["127.0.0.1"])
+        self.address = f"127.0.0.1:{port}"
+        self._proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("static_target.py")),
+                                       str(folder), str(port)])
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://{self.address}/metrics", timeout=2):
+                    return
+            except OSError:
+                if time.monotonic() > deadline or self._proc.poll() is not None:
+                    self.stop()
+                    raise RuntimeError("the static twin did not start") from None
+                time.sleep(0.1)
+
+    def stop(self) -> None:
+        self._proc.terminate()
+        self._proc.wait(10)
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
@@ -114,6 +154,7 @@ def main() -> int:
             tempfile.TemporaryDirectory(prefix="lagwatch-scrape-") as tmp:
         workers: dict[str, Lagwatch] = {}
         neighbours = None
+        twin: StaticTwin | None = None
         try:
             for build in builds:
                 workdir = Path(tmp) / build
@@ -147,16 +188,21 @@ def main() -> int:
             print_curl(seen)
             for build, lw in workers.items():
                 print(f"curl ({build}): {said(before[build], counters(lw.url('/metrics')))}", flush=True)
-            by_prometheus = {label: prometheus_scrapes(workers, features, args.every, args.scrapes)
+            twin = StaticTwin(workers["this"], Path(tmp) / "twin")
+            by_prometheus = {label: prometheus_scrapes(workers, features, args.every, args.scrapes, twin.address)
                              for label, features in (("Prometheus 2.42 (OpenMetrics, gzip)", ()),
                                                      ("Prometheus 2.42 native histograms (protobuf, gzip)",
                                                       ("native-histograms",)))}
         finally:
+            if twin is not None:
+                twin.stop()
             if neighbours is not None:
                 neighbours.stop()
             for lw in workers.values():
                 lw.stop()
     print()
+    print(f"The {STATIC_TWIN}: the same series from a server that does nothing else (bench/static_target.py): "
+          "Prometheus's own parsing and storing, the part of its figure that is not the target's.")
     print("| scraper | build | scrape_duration_seconds median ms | p95 ms |")
     print("|---|---|---|---|")
     for label, figures in by_prometheus.items():
@@ -176,11 +222,13 @@ def print_curl(seen: dict[tuple[str, str, bool], list[tuple[float, int, str]]]) 
 
 
 def prometheus_scrapes(workers: dict[str, Lagwatch], features: tuple[str, ...], every: float,
-                       scrapes: int) -> dict[str, tuple[float, float]]:
+                       scrapes: int, twin: str) -> dict[str, tuple[float, float]]:
     """A real Prometheus scraping each build at ``every`` (each at its own phase, as it
-    spreads its targets) for ``scrapes`` scrapes after three to teach the pace: the median
+    spreads its targets) for ``scrapes`` scrapes after three to teach the pace, and the
+    static twin (``twin``: the same series from a server that does nothing else): the median
     and p95 of its ``scrape_duration_seconds``, by build."""
     targets = {build: f"127.0.0.1:{lw.port}" for build, lw in workers.items()}
+    targets[STATIC_TWIN] = twin
     prometheus = Prometheus(list(targets.values()), [], features=features, scrape_interval=every)
     before = {build: counters(lw.url("/metrics")) for build, lw in workers.items()}
     prometheus.start()

@@ -261,3 +261,33 @@ def test_a_render_ahead_for_one_scraper_is_served_to_it_not_to_another(monkeypat
     assert len(renders) == 2
     assert b"lagwatch_cycles_total 3.0" in web.metrics(None, None, "10.0.0.1")[0]  # the current one, ready
     assert len(renders) == 2
+
+
+@pytest.mark.parametrize(("published_after", "served"), [
+    (1, 2),  # the next cycle published before the scrape: its render ahead, a cycle older
+    (2, 2),  # the cycle after next too (quicker than the one that rendered): still its render
+    (3, 5),  # three: not the render made for it (two cycles at most), the current one rendered
+])
+def test_the_expected_scrape_is_served_its_render_ahead_up_to_two_cycles_older(
+        monkeypatch: pytest.MonkeyPatch, published_after: int, served: int) -> None:
+    """A render ahead is begun up to an interval and its margin (here 0.9 s) before the
+    scrape, and delays its own cycle's publish by the render; a quicker cycle after next
+    publishes before the scrape. The scrape it was made for is still served it, not made to
+    wait for a render of its own; three cycles on, it is not."""
+    holder = SnapshotHolder()
+    web = WebServer("127.0.0.1", 0, holder, lambda: CONFIG)
+    holder.publish(snapshot(1))
+    now = time.monotonic()
+    monkeypatch.setattr(web_module.time, "monotonic", lambda: now)
+    paced(web, now + 1.8)
+    web._render_times.append(0.5)
+    renders = counted(monkeypatch)
+    holder.publish(snapshot(2))  # rendered ahead of the scrape due in 1.8 s
+    assert len(renders) == 1
+    for cycles in range(3, 3 + published_after):
+        holder.publish(snapshot(cycles))
+    assert len(renders) == 1
+    monkeypatch.setattr(web_module.time, "monotonic", lambda: now + 1.8)
+    assert f"lagwatch_cycles_total {served}.0".encode() in web.metrics(None)[0]
+    assert len(renders) == (1 if served == 2 else 2)
+    assert web.served == ({"ready": 1, "waited": 0} if served == 2 else {"ready": 0, "waited": 1})

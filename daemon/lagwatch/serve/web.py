@@ -62,6 +62,9 @@ class WebSettings:
 GZIP_LEVEL = 1
 # Added to a render ahead's margin before the expected scrape: a scrape's own jitter.
 RENDER_SLACK = 0.05
+# How many cycles older than the current a render made ahead of a scrape may be when that
+# scrape comes (WebServer._usable).
+AHEAD_SERVED_CYCLES_OLDER = 2
 # Said on every /metrics answer: caches keep one per format and coding asked for.
 VARY = "Accept, Accept-Encoding"
 
@@ -231,9 +234,12 @@ class WebServer:
 
     def _usable(self, current: Snapshot | None, now: float, scraper: str) -> Rendered | None:
         """What a scrape now may be served without a render: the current snapshot's, the one
-        about to be published (rendered ahead), or the one before the current when it was
+        about to be published (rendered ahead), or one or two before the current when it was
         rendered ahead of this very scrape (this scraper's, expected within half its period
-        of now; once)."""
+        of now; once). Two: the render ahead is begun up to an interval and its margin before
+        the scrape, and its own cycle publishes late by the render's time; when the cycle
+        after next is quicker than that one (by a tenth of the interval, on a loaded host),
+        it publishes before the scrape (docs/benchmarks.md, "A fleet's scrape in every format")."""
         cached = self._rendered
         if cached is None:
             return None
@@ -241,7 +247,7 @@ class WebServer:
             return cached
         due = cached.ahead_of
         if (due is not None and due.scraper == scraper and cached.snapshot is not None and current is not None
-                and cached.snapshot.cycles_total == current.cycles_total - 1
+                and 1 <= current.cycles_total - cached.snapshot.cycles_total <= AHEAD_SERVED_CYCLES_OLDER
                 and abs(now - due.at) <= due.period / 2):
             cached.ahead_of = None  # once: the next scrape is another
             return cached
