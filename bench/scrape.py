@@ -13,9 +13,14 @@ connect to the last byte), and ``--compressed`` where gzip is asked (curl then a
 inflates it, as Prometheus does).
 
 Printed for each variant: the scrapes' median and p95 (ms), the bytes on the wire, the
-content type answered. Then, alone at the same pace, a real Prometheus (Debian's 2.42:
-OpenMetrics in gzip, then with native histograms on: protobuf in gzip) for
-``--scrapes`` scrapes: the median and p95 of its own ``scrape_duration_seconds``.
+content type answered. Beside each, the same-run reference: the static twin
+(bench/static_target.py, lagwatch's bodies written once and served as they are by a
+process that does nothing else), scraped the same way half a pace after each counted
+scrape: what the host itself takes to move those bytes to curl at that moment. Then,
+alone at the same pace, a real Prometheus (Debian's 2.42: OpenMetrics in gzip, then with
+native histograms on: protobuf in gzip) scraping lagwatch and the twin for ``--scrapes``
+scrapes: the median and p95 of its own ``scrape_duration_seconds`` for each (which holds
+Prometheus's own parsing and storing of the series: the twin's figure is that part).
 ``--busy 1`` runs one CPU-bound neighbour (a busy loop) for the whole measurement. It
 prints; it asserts nothing. Targets (issue 5/6): paced median under 25 ms on a quiet host
 and under 50 ms beside one CPU-bound process, in every format.
@@ -149,7 +154,7 @@ def main() -> int:
           f"PostgreSQL {binaries.major}; {args.clusters} x 3 nodes at interval 1s; a scrape every {args.every:g} s, "
           f"variants in turn, {args.scrapes} each; {args.busy} busy neighbours", flush=True)
     seen: dict[tuple[str, str, bool], list[tuple[float, int, str]]] = {
-        (build, *v): [] for build in builds for v in variants}
+        (build, *v): [] for build in [*builds, STATIC_TWIN] for v in variants}
     with FleetCluster(binaries, replicas=2) as cluster, Commits(cluster.primary), \
             tempfile.TemporaryDirectory(prefix="lagwatch-scrape-") as tmp:
         workers: dict[str, Lagwatch] = {}
@@ -176,6 +181,7 @@ def main() -> int:
                 for variant in variants if r % 2 == 0 else list(reversed(variants)):
                     for build in builds if r % 2 == 0 else list(reversed(builds)):
                         plan += [(build, *variant)] * BLOCK
+            twin = StaticTwin(workers["this"], Path(tmp) / "twin")
             neighbours = Neighbours(args.busy, len(plan) * args.every + 60)
             before = {build: counters(lw.url("/metrics")) for build, lw in workers.items()}
             start = time.monotonic()
@@ -185,10 +191,13 @@ def main() -> int:
                 result = curl(workers[build].url("/metrics"), FORMATS[name], gzip)
                 if n >= warmup and plan[n - 1] == plan[n]:
                     seen[build, name, gzip].append(result)
+                    if build == "this":  # the same scrape of the twin, half a pace later
+                        time.sleep(max(0.0, start + (n + 0.5) * args.every - time.monotonic()))
+                        seen[STATIC_TWIN, name, gzip].append(curl(f"http://{twin.address}/metrics",
+                                                                  FORMATS[name], gzip))
             print_curl(seen)
             for build, lw in workers.items():
                 print(f"curl ({build}): {said(before[build], counters(lw.url('/metrics')))}", flush=True)
-            twin = StaticTwin(workers["this"], Path(tmp) / "twin")
             by_prometheus = {label: prometheus_scrapes(workers, features, args.every, args.scrapes, twin.address)
                              for label, features in (("Prometheus 2.42 (OpenMetrics, gzip)", ()),
                                                      ("Prometheus 2.42 native histograms (protobuf, gzip)",
@@ -214,7 +223,8 @@ def main() -> int:
 def print_curl(seen: dict[tuple[str, str, bool], list[tuple[float, int, str]]]) -> None:
     print("| format | gzip | build | median ms | p95 ms | bytes | content type |")
     print("|---|---|---|---|---|---|---|")
-    for (build, name, gzip), results in sorted(seen.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0] != "this")):
+    order = {"this": 0, "compare": 1, STATIC_TWIN: 2}
+    for (build, name, gzip), results in sorted(seen.items(), key=lambda kv: (kv[0][1], kv[0][2], order[kv[0][0]])):
         times = [t * 1000 for t, _, _ in results]
         print(f"| {name} | {'yes' if gzip else 'no'} | {build} | {statistics.median(times):.1f} "
               f"| {percentile(times, 0.95):.1f} | {statistics.median(s for _, s, _ in results):,.0f} "

@@ -43,7 +43,10 @@ def main() -> None:
             if gz:
                 self.send_header("Content-Encoding", "gzip")
             self.end_headers()
-            self.wfile.write(body)
+            try:
+                self.wfile.write(body)
+            except ConnectionError:  # the scraper gave up (its timeout): nothing to say
+                pass
 
         def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (http.server's name)
             pass

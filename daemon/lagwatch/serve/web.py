@@ -7,6 +7,7 @@ behind basic auth.
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import logging
 import threading
@@ -62,9 +63,6 @@ class WebSettings:
 GZIP_LEVEL = 1
 # Added to a render ahead's margin before the expected scrape: a scrape's own jitter.
 RENDER_SLACK = 0.05
-# How many cycles older than the current a render made ahead of a scrape may be when that
-# scrape comes (WebServer._usable).
-AHEAD_SERVED_CYCLES_OLDER = 2
 # Said on every /metrics answer: caches keep one per format and coding asked for.
 VARY = "Accept, Accept-Encoding"
 
@@ -125,6 +123,7 @@ class WebServer:
         self._scrapes = Scrapers()
         self._ahead_for: float | None = None  # the expected scrape the last render ahead was for
         self._render_times: deque[float] = deque(maxlen=5)  # how long the last renders ahead took
+        self._publishes: deque[float] = deque(maxlen=6)  # when the last snapshots were published
         # Held by whoever renders a snapshot (a scrape, or the cycle rendering ahead): a
         # scrape that finds a render under way waits for it and takes what it made, rather
         # than render another snapshot beside it on the same cores.
@@ -223,6 +222,7 @@ class WebServer:
                 snapshot = self.holder.get()
                 cached = self._usable(snapshot, now, scraper)
                 if cached is None:
+                    self._say_why_rendered(scraper, now, snapshot)
                     cached = self._render(snapshot)
                     self.renders["asked"] += 1
             self.served["waited"] += 1
@@ -234,12 +234,11 @@ class WebServer:
 
     def _usable(self, current: Snapshot | None, now: float, scraper: str) -> Rendered | None:
         """What a scrape now may be served without a render: the current snapshot's, the one
-        about to be published (rendered ahead), or one or two before the current when it was
-        rendered ahead of this very scrape (this scraper's, expected within half its period
-        of now; once). Two: the render ahead is begun up to an interval and its margin before
-        the scrape, and its own cycle publishes late by the render's time; when the cycle
-        after next is quicker than that one (by a tenth of the interval, on a loaded host),
-        it publishes before the scrape (docs/benchmarks.md, "A fleet's scrape in every format")."""
+        about to be published (rendered ahead), or an older one rendered ahead of this very
+        scrape (this scraper's, expected within half its period of now; once), whatever was
+        published since: it was begun no earlier than the longest recent gap between
+        publishes and a margin before the scrape (``_render_ahead``), and cycles that do not
+        fit the interval publish at uneven gaps, so one, two or more may come in between."""
         cached = self._rendered
         if cached is None:
             return None
@@ -247,11 +246,22 @@ class WebServer:
             return cached
         due = cached.ahead_of
         if (due is not None and due.scraper == scraper and cached.snapshot is not None and current is not None
-                and 1 <= current.cycles_total - cached.snapshot.cycles_total <= AHEAD_SERVED_CYCLES_OLDER
+                and cached.snapshot.cycles_total < current.cycles_total
                 and abs(now - due.at) <= due.period / 2):
             cached.ahead_of = None  # once: the next scrape is another
             return cached
         return None
+
+    def _say_why_rendered(self, scraper: str, now: float, current: Snapshot | None) -> None:
+        """Why a scrape renders for itself (lagwatch_http_metrics_renders_total{when="asked"}):
+        what the last render was of, and for which scrape it was made."""
+        if not log.isEnabledFor(logging.DEBUG):
+            return
+        cached, due = self._rendered, self._rendered.ahead_of if self._rendered else None
+        log.debug("/metrics for %s rendered when asked: current cycle %s, last render of cycle %s%s", scraper or "?",
+                  current.cycles_total if current else None,
+                  cached.snapshot.cycles_total if cached and cached.snapshot else None,
+                  f", made ahead of {due.scraper or '?'}'s scrape due {due.at - now:+.3f}s from now" if due else "")
 
     def _render(self, snapshot: Snapshot | None, ahead_of: Due | None = None) -> Rendered:
         """A snapshot's families (lagwatch.render.exposition, ~1 µs a series; a format writes
@@ -269,7 +279,7 @@ class WebServer:
         scrape is served from memory instead of waiting for a fleet's render (~0.1-0.3 s for
         300 clusters). One render for each expected scrape: when it is due inside the next
         cycle's render or its margin (``_render_margin``), this cycle's snapshot is rendered
-        and served to it (a cycle older, at once) and the next cycle renders nothing. Before
+        and served to it (a cycle or more older, at once) and the next cycle renders nothing. Before
         publishing, not after: a scrape arriving meanwhile waits for this render rather than
         render the snapshot before it beside it. The soonest scrape of any scraper (an HA
         pair's two: serve/scrapepace.py), in the format and coding that scraper's last one
@@ -277,9 +287,10 @@ class WebServer:
         while a scrape is rendering (the cycle never waits on the HTTP side)."""
         try:
             now = time.monotonic()
+            self._publishes.append(now)
             due = self._scrapes.next_due(now, besides=self._ahead_for)
             interval = self._config().interval
-            if due is None or due.at > now + interval + self._render_margin(interval):
+            if due is None or due.at > now + self._next_publish_within(interval) + self._render_margin(interval):
                 return
             if not self._rendering.acquire(blocking=False):
                 return  # a scrape is rendering: the cycle does not wait for it
@@ -292,10 +303,21 @@ class WebServer:
                 self._ahead_for = due.at
                 self._render_times.append(time.monotonic() - now)
                 self.renders["ahead"] += 1
+                log.debug("/metrics of cycle %d rendered ahead of %s's scrape due %+.3fs from its start, in %.3fs",
+                          snapshot.cycles_total, due.scraper or "?", due.at - now, self._render_times[-1])
             finally:
                 self._rendering.release()
         except Exception:  # the scrape will render it, and say what failed
             log.exception("rendering /metrics ahead of the next scrape failed")
+
+    def _next_publish_within(self, interval: float) -> float:
+        """How soon after this publish the next will have come, at the latest, judged by the
+        last few: an interval while cycles fit it; longer and uneven while they do not (a
+        cycle that overruns makes the next wait, and lagwatch then keeps a longer interval:
+        0.8 to 2.9 s apart at 300 x 3 on a loaded host, where the interval alone left a
+        scrape between two cycles' horizons, rendered for by neither)."""
+        gaps = [b - a for a, b in itertools.pairwise(self._publishes)]
+        return max([interval, *gaps])
 
     def _render_margin(self, interval: float) -> float:
         """How far past the next cycle's publish a scrape may be due and still be rendered
