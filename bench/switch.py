@@ -5,7 +5,7 @@ fleet's cycle keeps the main thread busy in Python for most of each second. Each
 an answer (accept, read the request, every write as the socket drains) has to take the GIL
 back from the cycle's thread, which gives it up only when asked, after CPython's switch
 interval: 5 ms by default, and a scrape takes a dozen such steps or more. lagwatch sets
-0.5 ms (lagwatch/runner.py).
+0.5 ms (lagwatch/runner.py); ``--also`` measures others beside it (0.2 ms by default).
 
 This bench isolates that: lagwatch's own ``HttpServer`` in this process, serving a body
 made beforehand (the sizes of a 300 x 3 fleet's exposition: text, protobuf and gzip), while
@@ -84,6 +84,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--scrapes", type=int, default=10, help="scrapes a block")
     parser.add_argument("--busy", type=int, default=0, help="CPU-bound processes beside it")
+    parser.add_argument("--also", type=float, action="append", default=[0.0002],
+                        help="another switch interval to measure (seconds; repeatable)")
     args = parser.parse_args()
 
     bodies = {name: os.urandom(size) for name, size in BODIES.items()}
@@ -96,7 +98,7 @@ def main() -> None:
     neighbours = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
     spinner = Spinner()
     spinner.start()
-    intervals = (CPYTHON_DEFAULT, SWITCH_INTERVAL)
+    intervals = tuple(dict.fromkeys((CPYTHON_DEFAULT, SWITCH_INTERVAL, *args.also)))
     figures: dict[tuple[float, str], list[tuple[float, float]]] = {(si, b): [] for si in intervals for b in bodies}
     work: dict[float, list[float]] = {si: [] for si in intervals}
     try:

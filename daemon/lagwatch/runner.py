@@ -111,9 +111,10 @@ def _shorten_switch_interval() -> None:
     thread busy in Python, and every step of an answer (accept, read, each write as the
     socket drains: a dozen or more a scrape) waits for the cycle's thread to give up the
     GIL, which CPython asks of it only after the switch interval. At the default 5 ms a
-    ready 6.8 MB /metrics took ~100 ms beside a busy thread; at 0.5 ms ~15 ms, for ~1 %
-    less work done by the busy thread meanwhile (bench/switch.py). The interval only
-    matters while another thread waits: an idle HTTP server costs the cycle nothing."""
+    ready /metrics took ~120 ms beside a busy thread, whatever its size; at 0.5 ms 10-16 ms,
+    for ~3 % less work done by the busy thread while scrapes came without pause
+    (bench/switch.py). The interval only matters while another thread waits for the GIL:
+    between scrapes it costs the cycle nothing."""
     sys.setswitchinterval(SWITCH_INTERVAL)
 
 

@@ -333,3 +333,27 @@ def test_a_render_ahead_reaches_as_far_as_the_longest_recent_gap_between_publish
     renders = counted(monkeypatch)
     holder.publish(snapshot(5))
     assert len(renders) == rendered
+
+
+@pytest.mark.parametrize(("long_gap_ago", "rendered"), [(15, 1), (25, 0)])
+def test_a_rare_long_gap_between_publishes_is_remembered_for_twenty_gaps(
+        monkeypatch: pytest.MonkeyPatch, long_gap_ago: int, rendered: int) -> None:
+    """An overloaded fleet publishes mostly 1.5 s apart and skips a cycle now and then (a
+    gap of 3 s): a scrape due 3.2 s after this publish may come before the next, and is
+    rendered for now while such a gap is among the last twenty; once it is not, the next
+    cycle is expected in 1.5 s and renders for it."""
+    holder = SnapshotHolder()
+    web = WebServer("127.0.0.1", 0, holder, lambda: CONFIG)
+    clock = [time.monotonic()]
+    monkeypatch.setattr(web_module.time, "monotonic", lambda: clock[0])
+    gaps = [3.0] + [1.5] * (long_gap_ago - 1)
+    holder.publish(snapshot(1))
+    for cycles, gap in enumerate(gaps[:-1], start=2):
+        clock[0] += gap
+        holder.publish(snapshot(cycles))
+    web._render_times.append(0.2)  # a margin of 0.45 s
+    clock[0] += gaps[-1]
+    paced(web, clock[0] + 3.2)
+    renders = counted(monkeypatch)
+    holder.publish(snapshot(len(gaps) + 1))
+    assert len(renders) == rendered

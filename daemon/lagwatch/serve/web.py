@@ -63,6 +63,9 @@ class WebSettings:
 GZIP_LEVEL = 1
 # Added to a render ahead's margin before the expected scrape: a scrape's own jitter.
 RENDER_SLACK = 0.05
+# Publishes whose gaps judge how soon the next will come (WebServer._next_publish_within):
+# an overloaded fleet skips one cycle in ten or so, and a gap that long must be among them.
+PUBLISHES_KEPT = 21
 # Said on every /metrics answer: caches keep one per format and coding asked for.
 VARY = "Accept, Accept-Encoding"
 
@@ -123,7 +126,7 @@ class WebServer:
         self._scrapes = Scrapers()
         self._ahead_for: float | None = None  # the expected scrape the last render ahead was for
         self._render_times: deque[float] = deque(maxlen=5)  # how long the last renders ahead took
-        self._publishes: deque[float] = deque(maxlen=6)  # when the last snapshots were published
+        self._publishes: deque[float] = deque(maxlen=PUBLISHES_KEPT)  # when the last snapshots were published
         # Held by whoever renders a snapshot (a scrape, or the cycle rendering ahead): a
         # scrape that finds a render under way waits for it and takes what it made, rather
         # than render another snapshot beside it on the same cores.
@@ -312,10 +315,11 @@ class WebServer:
 
     def _next_publish_within(self, interval: float) -> float:
         """How soon after this publish the next will have come, at the latest, judged by the
-        last few: an interval while cycles fit it; longer and uneven while they do not (a
-        cycle that overruns makes the next wait, and lagwatch then keeps a longer interval:
-        0.8 to 2.9 s apart at 300 x 3 on a loaded host, where the interval alone left a
-        scrape between two cycles' horizons, rendered for by neither)."""
+        last twenty gaps: an interval while cycles fit it; longer and uneven while they do
+        not (a cycle that overruns makes the next wait, and lagwatch then keeps a longer
+        interval: 300 x 3 on a loaded host published mostly 1.4-1.5 s apart, one gap in ten
+        2.7-3 s), where the interval alone, or the last five gaps, left a scrape between two
+        cycles' horizons, rendered for by neither: it rendered for itself (0.4-0.8 s)."""
         gaps = [b - a for a, b in itertools.pairwise(self._publishes)]
         return max([interval, *gaps])
 
