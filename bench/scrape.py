@@ -106,7 +106,7 @@ class StaticTwin:
     def __init__(self, lw: Lagwatch, folder: Path) -> None:
         folder.mkdir()
         for name, accept in (("protobuf", FORMATS["protobuf"]), ("openmetrics", FORMATS["openmetrics"]),
-                             ("text", FORMATS["text 0.0.4"])):
+                             ("text1", FORMATS["text 1.0.0"]), ("text", FORMATS["text 0.0.4"])):
             request = urllib.request.Request(lw.url("/metrics"), headers={"Accept": accept})
             with urllib.request.urlopen(request, timeout=30) as response:
                 body = response.read()
@@ -117,20 +117,27 @@ class StaticTwin:
         self.address = f"127.0.0.1:{port}"
         self._proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("static_target.py")),
                                        str(folder), str(port)])
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://{self.address}/metrics", timeout=2):
-                    return
-            except OSError:
-                if time.monotonic() > deadline or self._proc.poll() is not None:
-                    self.stop()
-                    raise RuntimeError("the static twin did not start") from None
-                time.sleep(0.1)
+        try:
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    with urllib.request.urlopen(f"http://{self.address}/metrics", timeout=2):
+                        return
+                except OSError:
+                    if time.monotonic() > deadline or self._proc.poll() is not None:
+                        raise RuntimeError("the static twin did not start") from None
+                    time.sleep(0.1)
+        except BaseException:
+            self.stop()
+            raise
 
     def stop(self) -> None:
         self._proc.terminate()
-        self._proc.wait(10)
+        try:
+            self._proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -5,12 +5,13 @@ fetched (scrape/scrape.go, ``scrapeAndReport``: the report is deferred to the en
 a fleet's ~83,000 series it holds Prometheus's own work on the same cores as well as the
 target's answer. This process, alone in its own interpreter, answers with bodies written
 by lagwatch beforehand, the format chosen from ``Accept`` as lagwatch does for Prometheus's
-headers (protobuf, else OpenMetrics, else text), gzipped when asked: Prometheus's duration
-for it is that same work with next to nothing for the answer.
+headers (protobuf, else OpenMetrics, else text 1.0.0, else text 0.0.4), gzipped when asked
+(not for ``gzip;q=0``): Prometheus's duration for it is that same work with next to
+nothing for the answer.
 
     python3 bench/static_target.py DIR PORT
 
-DIR holds ``<format>`` and ``<format>.gz`` for protobuf, openmetrics and text, and
+DIR holds ``<format>`` and ``<format>.gz`` for protobuf, openmetrics, text1 and text, and
 ``<format>.type`` (the content type lagwatch answered).
 """
 
@@ -20,7 +21,7 @@ import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-FORMATS = ("protobuf", "openmetrics", "text")
+FORMATS = ("protobuf", "openmetrics", "text1", "text")
 
 
 def main() -> None:
@@ -34,8 +35,10 @@ def main() -> None:
         def do_GET(self) -> None:
             accept = self.headers.get("Accept", "")
             fmt = ("protobuf" if "vnd.google.protobuf" in accept
-                   else "openmetrics" if "openmetrics-text" in accept else "text")
-            gz = "gzip" in self.headers.get("Accept-Encoding", "")
+                   else "openmetrics" if "openmetrics-text" in accept
+                   else "text1" if "version=1.0.0" in accept else "text")
+            gz = any(coding.split(";")[0].strip() == "gzip" and "q=0" not in coding.replace(" ", "").split(";")[1:]
+                     for coding in self.headers.get("Accept-Encoding", "").split(","))
             body = bodies[fmt, gz]
             self.send_response(200)
             self.send_header("Content-Type", types[fmt])

@@ -58,6 +58,10 @@ class Spinner:
                 total += i * i
             self.work += 1
 
+    @property
+    def started(self) -> bool:
+        return self._thread.ident is not None
+
     def start(self) -> None:
         self._thread.start()
 
@@ -84,8 +88,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--scrapes", type=int, default=10, help="scrapes a block")
     parser.add_argument("--busy", type=int, default=0, help="CPU-bound processes beside it")
-    parser.add_argument("--also", type=float, action="append", default=[0.0002],
-                        help="another switch interval to measure (seconds; repeatable)")
+    parser.add_argument("--also", type=float, action="append", default=None,
+                        help="another switch interval to measure (seconds; repeatable; 0.0002 if none)")
     args = parser.parse_args()
 
     bodies = {name: os.urandom(size) for name, size in BODIES.items()}
@@ -93,15 +97,16 @@ def main() -> None:
     def handle(request: Request) -> Response:
         return Response(200, bodies[request.path.strip("/").replace("-", ", ")], "application/octet-stream")
 
-    server = HttpServer("127.0.0.1", 0, handle, limits=lambda: HttpConfig())
-    server.start()
-    neighbours = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
-    spinner = Spinner()
-    spinner.start()
-    intervals = tuple(dict.fromkeys((CPYTHON_DEFAULT, SWITCH_INTERVAL, *args.also)))
+    intervals = tuple(dict.fromkeys((CPYTHON_DEFAULT, SWITCH_INTERVAL, *(args.also or [0.0002]))))
     figures: dict[tuple[float, str], list[tuple[float, float]]] = {(si, b): [] for si in intervals for b in bodies}
     work: dict[float, list[float]] = {si: [] for si in intervals}
+    server = HttpServer("127.0.0.1", 0, handle, limits=lambda: HttpConfig())
+    server.start()
+    spinner = Spinner()
+    neighbours: list[subprocess.Popen[bytes]] = []
     try:
+        neighbours += [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
+        spinner.start()
         for rnd in range(args.rounds):
             for si in intervals if rnd % 2 == 0 else intervals[::-1]:
                 sys.setswitchinterval(si)
@@ -112,7 +117,8 @@ def main() -> None:
                         time.sleep(0.05)
                 work[si].append((spinner.work - work_before) / (time.monotonic() - began))
     finally:
-        spinner.stop()
+        if spinner.started:
+            spinner.stop()
         for neighbour in neighbours:
             neighbour.kill()
             neighbour.wait()

@@ -289,10 +289,12 @@ def test_the_expected_scrape_is_served_its_render_ahead_whatever_was_published_s
     assert web.served == {"ready": 1, "waited": 0}
 
 
-def test_a_render_ahead_is_not_served_to_a_scrape_more_than_half_a_period_off_its_time(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """The scraper's scrape comes 8 s after the one expected (a 15 s pace): not the scrape
-    the render was made for; the current snapshot is rendered for it."""
+@pytest.mark.parametrize("late", [8.0, 1.2])
+def test_a_render_ahead_is_not_served_to_a_scrape_more_than_an_interval_off_its_time(
+        monkeypatch: pytest.MonkeyPatch, late: float) -> None:
+    """The scraper's scrape comes 8 s (more than half its 15 s pace) or 1.2 s (more than the
+    1 s interval) after the one expected: not the scrape the render was made for, whose
+    age would grow with the lateness; the current snapshot is rendered for it."""
     holder = SnapshotHolder()
     web = WebServer("127.0.0.1", 0, holder, lambda: CONFIG)
     holder.publish(snapshot(1))
@@ -303,7 +305,7 @@ def test_a_render_ahead_is_not_served_to_a_scrape_more_than_half_a_period_off_it
     renders = counted(monkeypatch)
     holder.publish(snapshot(2))
     holder.publish(snapshot(3))
-    monkeypatch.setattr(web_module.time, "monotonic", lambda: now + 1.8 + 8.0)
+    monkeypatch.setattr(web_module.time, "monotonic", lambda: now + 1.8 + late)
     assert b"lagwatch_cycles_total 3.0" in web.metrics(None)[0]
     assert len(renders) == 2
 
@@ -335,7 +337,7 @@ def test_a_render_ahead_reaches_as_far_as_the_longest_recent_gap_between_publish
     assert len(renders) == rendered
 
 
-@pytest.mark.parametrize(("long_gap_ago", "rendered"), [(15, 1), (25, 0)])
+@pytest.mark.parametrize(("long_gap_ago", "rendered"), [(20, 1), (21, 0)])
 def test_a_rare_long_gap_between_publishes_is_remembered_for_twenty_gaps(
         monkeypatch: pytest.MonkeyPatch, long_gap_ago: int, rendered: int) -> None:
     """An overloaded fleet publishes mostly 1.5 s apart and skips a cycle now and then (a
@@ -357,3 +359,72 @@ def test_a_rare_long_gap_between_publishes_is_remembered_for_twenty_gaps(
     renders = counted(monkeypatch)
     holder.publish(snapshot(len(gaps) + 1))
     assert len(renders) == rendered
+
+
+def test_a_stall_does_not_stretch_a_render_ahead_past_three_intervals(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One gap of 20 s between publishes (a fleet's connect timeouts), then 1 s cycles: a
+    scrape due 14 s on is not rendered for now (it would be served 14 s old); the next
+    publishes are expected within three intervals at most."""
+    holder = SnapshotHolder()
+    web = WebServer("127.0.0.1", 0, holder, lambda: CONFIG)
+    clock = [time.monotonic()]
+    monkeypatch.setattr(web_module.time, "monotonic", lambda: clock[0])
+    holder.publish(snapshot(1))
+    clock[0] += 20.0
+    paced(web, clock[0] + 14.0)
+    renders = counted(monkeypatch)
+    holder.publish(snapshot(2))
+    assert renders == []
+    assert web._publishes.next_within(1.0) == 3.0
+
+
+def test_gaps_kept_under_another_interval_are_dropped_on_a_reload(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cycles 10 s apart, then a reload to 1 s: the old gaps no longer say when the next
+    publish comes (a scrape due in 2.5 s is rendered for by a later cycle, fresher)."""
+    config = [parse_config({"interval": "10s", "clusters": [{"name": "m", "primary": {"dsn": "host=a"}}]})]
+    holder = SnapshotHolder()
+    web = WebServer("127.0.0.1", 0, holder, lambda: config[0])
+    clock = [time.monotonic()]
+    monkeypatch.setattr(web_module.time, "monotonic", lambda: clock[0])
+    for cycles in range(1, 4):
+        holder.publish(snapshot(cycles))
+        clock[0] += 10.0
+    assert web._publishes.next_within(10.0) == 10.0
+    config[0] = CONFIG  # reloaded: interval 1 s
+    paced(web, clock[0] + 2.5)
+    renders = counted(monkeypatch)
+    holder.publish(snapshot(4))
+    assert renders == []
+    assert web._publishes.next_within(1.0) == 1.0
+
+
+def test_an_ha_pairs_two_scrapes_due_close_together_share_one_render_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two Prometheus servers 0.8 s apart at a 15 s pace, on a fleet whose cycles publish
+    2.5 s apart: the render made for the first serves the second too (it is within its
+    reach), rather than the next cycle rendering for the second and throwing away the
+    first's; each is served it once."""
+    holder = SnapshotHolder()
+    web = WebServer("127.0.0.1", 0, holder, lambda: CONFIG)
+    clock = [time.monotonic()]
+    monkeypatch.setattr(web_module.time, "monotonic", lambda: clock[0])
+    for cycles in range(1, 4):
+        holder.publish(snapshot(cycles))
+        clock[0] += 2.5
+    web._render_times.append(0.2)  # reach: 2.5 s gaps and a 0.45 s margin
+    start = clock[0]
+    paced(web, start + 2.0, scraper="10.0.0.1")
+    paced(web, start + 2.8, scraper="10.0.0.2")
+    renders = counted(monkeypatch)
+    holder.publish(snapshot(4))  # rendered for the first
+    clock[0] = start + 1.0
+    holder.publish(snapshot(5))  # the second's turn: the same render serves it
+    clock[0] = start + 1.9
+    holder.publish(snapshot(6))
+    assert len(renders) == 1
+    clock[0] = start + 2.0
+    assert b"lagwatch_cycles_total 4.0" in web.metrics(None, None, "10.0.0.1")[0]
+    clock[0] = start + 2.8
+    assert b"lagwatch_cycles_total 4.0" in web.metrics(None, None, "10.0.0.2")[0]
+    assert len(renders) == 1
+    assert b"lagwatch_cycles_total 6.0" in web.metrics(None, None, "10.0.0.2")[0]  # once each
+    assert len(renders) == 2

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from lagwatch.render import formats
-from lagwatch.serve.scrapepace import SCRAPERS, ScrapeRhythm, Scrapers, scraper_of
+from lagwatch.serve.scrapepace import SCRAPERS, PublishPace, ScrapeRhythm, Scrapers, scraper_of
 
 
 def test_the_scrape_rhythm_says_when_the_next_scrape_is_due() -> None:
@@ -50,3 +50,27 @@ def test_a_scraper_without_a_pace_yet_is_not_due_and_old_scrapers_are_let_go() -
 ])
 def test_a_scraper_is_its_host_whatever_port_it_comes_from(peer: str, scraper: str) -> None:
     assert scraper_of(peer) == scraper
+
+
+@pytest.mark.parametrize(("interval", "published", "within"), [
+    (1.0, [], 1.0),  # nothing known yet: the interval
+    (1.0, [0.0, 1.0, 2.0], 1.0),  # cycles that fit
+    (1.0, [0.0, 1.5, 3.0, 6.0, 7.5], 3.0),  # overloaded, one cycle skipped: the longest gap
+    (1.0, [0.0, 20.0, 21.0], 3.0),  # a stall: three intervals at most
+    (2.0, [0.0, 0.9, 1.8], 2.0),  # gaps under the interval (a reload's first cycles): the interval
+])
+def test_the_next_publish_is_expected_within_the_longest_recent_gap(
+        interval: float, published: list[float], within: float) -> None:
+    pace = PublishPace()
+    for at in published:
+        pace.published(at, interval)
+    assert pace.next_within(interval) == within
+
+
+def test_gaps_under_another_interval_are_forgotten() -> None:
+    pace = PublishPace()
+    for at in (0.0, 10.0, 20.0):
+        pace.published(at, 10.0)
+    pace.published(21.0, 1.0)  # reloaded
+    pace.published(22.0, 1.0)
+    assert pace.next_within(1.0) == 1.0

@@ -5,7 +5,9 @@ median gap after its last, in the format and coding its last one took. An HA pai
 Prometheus servers scraping the same targets, the usual way to run it) keeps one pace at
 two phases: taken together their scrapes make gaps of no pace at all, so each scraper's
 is kept apart, by the host it scrapes from, and the next scrape due is the soonest of
-theirs. Pure: times are passed in.
+theirs. And when the next snapshot will have been published (``PublishPace``): a render
+ahead must be made in the last cycle that publishes before its scrape. Pure: times are
+passed in.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import OrderedDict, deque
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from lagwatch.render import formats
@@ -20,6 +23,12 @@ from lagwatch.render.formats import Format
 
 # Scrapers kept (the most recently seen): an HA pair, a federation, a developer's curl.
 SCRAPERS = 8
+# Gaps between publishes that judge how soon the next will come: an overloaded fleet skips
+# a cycle in ten or so, and a gap that long must be among them.
+PUBLISH_GAPS_KEPT = 20
+# ...but no more than this many intervals, whatever a stall (a fleet's connect timeouts)
+# made one gap: a render ahead further than that would be served too old.
+PUBLISH_GAP_CAP = 3.0
 
 
 class ScrapeRhythm:
@@ -84,17 +93,41 @@ class Scrapers:
                 self._by_host.move_to_end(scraper)
             rhythm.scraped(at, fmt, gzip)
 
-    def next_due(self, now: float, besides: float | None = None) -> Due | None:
-        """The soonest scrape expected of any scraper whose pace is known, other than the
-        one due at ``besides`` (already rendered for)."""
+    def next_due(self, now: float, besides: Collection[float] = ()) -> Due | None:
+        """The soonest scrape expected of any scraper whose pace is known, other than those
+        due at ``besides`` (already rendered for)."""
         with self._lock:
             rhythms = list(self._by_host.items())
         soonest: Due | None = None
         for scraper, rhythm in rhythms:
             expected = rhythm.expected(now)
-            if expected is not None and expected != besides and (soonest is None or expected < soonest.at):
+            if expected is not None and expected not in besides and (soonest is None or expected < soonest.at):
                 soonest = Due(expected, scraper, rhythm.period(), rhythm.format, rhythm.gzip)
         return soonest
+
+
+class PublishPace:
+    """How soon after a publish the next will have come, at the latest: an interval while
+    cycles fit it; longer and uneven while they do not (a cycle that overruns makes the
+    next wait, and lagwatch then keeps a longer interval: 300 x 3 on a loaded host
+    published mostly 1.4-1.5 s apart and one gap in ten 2.7-3 s, where the interval alone,
+    or the last five gaps, left a scrape between two cycles' horizons, rendered for by
+    neither: it rendered for itself, 0.4-0.8 s). The longest of the last twenty gaps, at
+    most three intervals; gaps kept under another interval (before a reload) are dropped."""
+
+    def __init__(self) -> None:
+        self._at: deque[float] = deque(maxlen=PUBLISH_GAPS_KEPT + 1)
+        self._interval: float | None = None
+
+    def published(self, at: float, interval: float) -> None:
+        if interval != self._interval:
+            self._at.clear()
+            self._interval = interval
+        self._at.append(at)
+
+    def next_within(self, interval: float) -> float:
+        gaps = [b - a for a, b in itertools.pairwise(self._at)]
+        return min(max([interval, *gaps]), PUBLISH_GAP_CAP * interval)
 
 
 def scraper_of(peer: str) -> str:

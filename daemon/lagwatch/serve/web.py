@@ -7,7 +7,6 @@ behind basic auth.
 from __future__ import annotations
 
 import gzip
-import itertools
 import json
 import logging
 import threading
@@ -29,7 +28,7 @@ from lagwatch.serve.export import families
 from lagwatch.serve.httpmessages import Request, Response
 from lagwatch.serve.httpserver import HttpServer
 from lagwatch.serve.negotiation import accepts_gzip, choose_format
-from lagwatch.serve.scrapepace import Due, Scrapers, scraper_of
+from lagwatch.serve.scrapepace import Due, PublishPace, Scrapers, scraper_of
 from lagwatch.serve.status import snapshot_status
 from lagwatch.serve.webauth import BasicAuth
 
@@ -63,9 +62,6 @@ class WebSettings:
 GZIP_LEVEL = 1
 # Added to a render ahead's margin before the expected scrape: a scrape's own jitter.
 RENDER_SLACK = 0.05
-# Publishes whose gaps judge how soon the next will come (WebServer._next_publish_within):
-# an overloaded fleet skips one cycle in ten or so, and a gap that long must be among them.
-PUBLISHES_KEPT = 21
 # Said on every /metrics answer: caches keep one per format and coding asked for.
 VARY = "Accept, Accept-Encoding"
 
@@ -78,11 +74,12 @@ class Rendered:
     builds them again."""
 
     def __init__(self, snapshot: Snapshot | None, build: Callable[[], list[Family]],
-                 ahead_of: Due | None = None) -> None:
+                 ahead_of: list[Due] | None = None, made_at: float = 0.0) -> None:
         self.snapshot = snapshot
-        # Rendered ahead of the scrape expected then (its scraper's pace): that scrape may be
-        # served it once, even after the next snapshot is published (a cycle older at most).
-        self.ahead_of = ahead_of
+        # Rendered ahead of the scrapes expected then (their scrapers' pace): each may be
+        # served it once, even after newer snapshots are published (_usable says how old).
+        self.ahead_of: list[Due] = list(ahead_of or ())
+        self.made_at = made_at
         self._build = build
         self._families: list[Family] | None = build()
         self._bodies: dict[str, bytes] = {}
@@ -124,9 +121,8 @@ class WebServer:
         self._context = ssl_context(web) if web is not None else None
         self._rendered: Rendered | None = None
         self._scrapes = Scrapers()
-        self._ahead_for: float | None = None  # the expected scrape the last render ahead was for
         self._render_times: deque[float] = deque(maxlen=5)  # how long the last renders ahead took
-        self._publishes: deque[float] = deque(maxlen=PUBLISHES_KEPT)  # when the last snapshots were published
+        self._publishes = PublishPace()
         # Held by whoever renders a snapshot (a scrape, or the cycle rendering ahead): a
         # scrape that finds a render under way waits for it and takes what it made, rather
         # than render another snapshot beside it on the same cores.
@@ -238,21 +234,24 @@ class WebServer:
     def _usable(self, current: Snapshot | None, now: float, scraper: str) -> Rendered | None:
         """What a scrape now may be served without a render: the current snapshot's, the one
         about to be published (rendered ahead), or an older one rendered ahead of this very
-        scrape (this scraper's, expected within half its period of now; once), whatever was
-        published since: it was begun no earlier than the longest recent gap between
-        publishes and a margin before the scrape (``_render_ahead``), and cycles that do not
-        fit the interval publish at uneven gaps, so one, two or more may come in between."""
+        scrape (this scraper's, expected within half its period and an interval of now;
+        once), whatever was published since: cycles that do not fit the interval publish at
+        uneven gaps, so one, two or more may come between the render and its scrape. How
+        old it is then is bounded by when it was begun: no earlier than the next publish
+        was expected (at most three intervals, ``PublishPace``) and a margin (under one)
+        before the scrape, so some five intervals at most, and two while cycles fit."""
         cached = self._rendered
         if cached is None:
             return None
         if cached.snapshot is current or _later(cached.snapshot, current):
             return cached
-        due = cached.ahead_of
-        if (due is not None and due.scraper == scraper and cached.snapshot is not None and current is not None
-                and cached.snapshot.cycles_total < current.cycles_total
-                and abs(now - due.at) <= due.period / 2):
-            cached.ahead_of = None  # once: the next scrape is another
-            return cached
+        if cached.snapshot is None or current is None or cached.snapshot.cycles_total >= current.cycles_total:
+            return None
+        tolerance = self._config().interval
+        for due in cached.ahead_of:
+            if due.scraper == scraper and abs(now - due.at) <= min(due.period / 2, tolerance):
+                cached.ahead_of.remove(due)  # once: the next scrape is another
+                return cached
         return None
 
     def _say_why_rendered(self, scraper: str, now: float, current: Snapshot | None) -> None:
@@ -260,17 +259,19 @@ class WebServer:
         what the last render was of, and for which scrape it was made."""
         if not log.isEnabledFor(logging.DEBUG):
             return
-        cached, due = self._rendered, self._rendered.ahead_of if self._rendered else None
+        cached = self._rendered
+        dues = ", ".join(f"{due.scraper or '?'}'s due {due.at - now:+.3f}s from now" for due in cached.ahead_of) \
+            if cached else ""
         log.debug("/metrics for %s rendered when asked: current cycle %s, last render of cycle %s%s", scraper or "?",
                   current.cycles_total if current else None,
                   cached.snapshot.cycles_total if cached and cached.snapshot else None,
-                  f", made ahead of {due.scraper or '?'}'s scrape due {due.at - now:+.3f}s from now" if due else "")
+                  f", made ahead of the scrapes {dues}" if dues else "")
 
-    def _render(self, snapshot: Snapshot | None, ahead_of: Due | None = None) -> Rendered:
+    def _render(self, snapshot: Snapshot | None, ahead_of: list[Due] | None = None, made_at: float = 0.0) -> Rendered:
         """A snapshot's families (lagwatch.render.exposition, ~1 µs a series; a format writes
         them in about as long again: a 300-cluster fleet's in ~0.1 s each, bench/exposition.py),
         kept for the formats scrapes ask of it."""
-        rendered = Rendered(snapshot, lambda: families(snapshot, also=self._http_samples), ahead_of)
+        rendered = Rendered(snapshot, lambda: families(snapshot, also=self._http_samples), ahead_of, made_at)
         cached = self._rendered
         if cached is None or not _later(cached.snapshot, snapshot):  # never over a newer one rendered ahead meanwhile
             self._rendered = rendered
@@ -280,56 +281,58 @@ class WebServer:
         """Render a snapshot before it is published when the next scrape is due before the
         next cycle's render could be ready: Prometheus scrapes at a steady pace, so that
         scrape is served from memory instead of waiting for a fleet's render (~0.1-0.3 s for
-        300 clusters). One render for each expected scrape: when it is due inside the next
-        cycle's render or its margin (``_render_margin``), this cycle's snapshot is rendered
-        and served to it (a cycle or more older, at once) and the next cycle renders nothing. Before
-        publishing, not after: a scrape arriving meanwhile waits for this render rather than
-        render the snapshot before it beside it. The soonest scrape of any scraper (an HA
-        pair's two: serve/scrapepace.py), in the format and coding that scraper's last one
-        took; no more than a scrape would render, nothing while nobody scrapes, and nothing
-        while a scrape is rendering (the cycle never waits on the HTTP side)."""
+        300 clusters). When a scrape is due before the next publish could have its render
+        ready (``PublishPace`` and ``_render_margin``), this cycle's snapshot is rendered and
+        served to it (a cycle or more older, at once) and later cycles render nothing for
+        it. Before publishing, not after: a scrape arriving meanwhile waits for this render
+        rather than render the snapshot before it beside it. The soonest scrape of any
+        scraper (an HA pair's two: serve/scrapepace.py), in the format and coding that
+        scraper's last one took; a render still waiting for its scrape serves another's
+        due within its reach too (one render for an HA pair, not one each in turn); no more
+        than a scrape would render, nothing while nobody scrapes, and nothing while a scrape
+        is rendering (the cycle never waits on the HTTP side)."""
         try:
             now = time.monotonic()
-            self._publishes.append(now)
-            due = self._scrapes.next_due(now, besides=self._ahead_for)
             interval = self._config().interval
-            if due is None or due.at > now + self._next_publish_within(interval) + self._render_margin(interval):
+            self._publishes.published(now, interval)
+            cached = self._rendered
+            pending = list(cached.ahead_of) if cached is not None else []
+            due = self._scrapes.next_due(now, besides={d.at for d in pending})
+            horizon = self._publishes.next_within(interval) + self._render_margin(interval)
+            if due is None or due.at > now + horizon:
                 return
             if not self._rendering.acquire(blocking=False):
                 return  # a scrape is rendering: the cycle does not wait for it
             try:
-                rendered = self._render(snapshot, ahead_of=due)
+                if cached is not None and pending and due.at <= cached.made_at + horizon:
+                    # Another scraper (an HA pair's other) due within what the render made
+                    # for the first may serve: that one, rather than a render each in turn.
+                    cached.ahead_of.append(due)
+                    rendered, what = cached, "kept"
+                else:  # fresher, for the scrapes still to come too
+                    rendered, what = self._render(snapshot, ahead_of=[*pending, due], made_at=now), "rendered"
+                    self.renders["ahead"] += 1
                 if due.gzip:
                     rendered.gzipped(due.format)
                 else:
                     rendered.body(due.format)
-                self._ahead_for = due.at
-                self._render_times.append(time.monotonic() - now)
-                self.renders["ahead"] += 1
-                log.debug("/metrics of cycle %d rendered ahead of %s's scrape due %+.3fs from its start, in %.3fs",
-                          snapshot.cycles_total, due.scraper or "?", due.at - now, self._render_times[-1])
+                if what == "rendered":
+                    self._render_times.append(time.monotonic() - now)
+                log.debug("/metrics of cycle %s %s ahead of %s's scrape due %+.3fs from its start (%.3fs)",
+                          rendered.snapshot.cycles_total if rendered.snapshot else None, what, due.scraper or "?",
+                          due.at - now, time.monotonic() - now)
             finally:
                 self._rendering.release()
         except Exception:  # the scrape will render it, and say what failed
             log.exception("rendering /metrics ahead of the next scrape failed")
 
-    def _next_publish_within(self, interval: float) -> float:
-        """How soon after this publish the next will have come, at the latest, judged by the
-        last twenty gaps: an interval while cycles fit it; longer and uneven while they do
-        not (a cycle that overruns makes the next wait, and lagwatch then keeps a longer
-        interval: 300 x 3 on a loaded host published mostly 1.4-1.5 s apart, one gap in ten
-        2.7-3 s), where the interval alone, or the last five gaps, left a scrape between two
-        cycles' horizons, rendered for by neither: it rendered for itself (0.4-0.8 s)."""
-        gaps = [b - a for a, b in itertools.pairwise(self._publishes)]
-        return max([interval, *gaps])
-
     def _render_margin(self, interval: float) -> float:
         """How far past the next cycle's publish a scrape may be due and still be rendered
-        for in this cycle (served this cycle's snapshot, a cycle older): twice the longest of
-        the last few renders (a fleet's render varies by half from one cycle to the next on a
-        loaded host, and the next cycle may publish late by as much), so that the next
-        cycle's render is never the one such a scrape lands in; less than an interval (a
-        render a whole cycle earlier would be two cycles old when served)."""
+        for in this cycle (served this cycle's snapshot, a cycle or more older): twice the
+        longest of the last few renders (a fleet's render varies by half from one cycle to
+        the next on a loaded host, and the next cycle may publish late by as much), so that
+        the next cycle's render is never the one such a scrape lands in; less than an
+        interval (the served snapshot's age grows with it: ``_usable``)."""
         longest = max(self._render_times, default=0.0)
         return min(2 * longest + RENDER_SLACK, 0.9 * interval)
 
