@@ -134,7 +134,7 @@ class Daemon:
             new_pace = stats.finished(duration, loop_lag)
             if new_pace is not None and self._scheduler is not None:
                 self._add_job(new_pace.interval, first_in=new_pace.interval)
-            self._evidence.say_connecting(stats.cycles == 1, connecting, sum(len(o) for o in results))
+            self._evidence.say_connecting(stats.cycles, connecting, sum(len(o) for o in results))
             snapshot = self._snapshot(snapshots, duration, loop_lag, connecting)
             self.holder.publish(snapshot)
             log_cycle(snapshot)

@@ -5,7 +5,11 @@ shared host's clock).
 Each cycle of a lagwatch watching one cluster logs one INFO line (cyclelog.py), after
 every line its pool control logged in that cycle (a pool change, an apply, a leadership
 change): a line belongs to the cycle of the next cycle line, and the n-th cycle line is
-cycle n (``lagwatch_cycles_total`` then reads n). The cycle line gives each replica's
+cycle n (``lagwatch_cycles_total`` then reads n), but for cycles while the nodes were
+connecting, which log no cycle line (a cluster is not read until its nodes answer): the
+line "every node has answered or failed once ... (cycle N)" says which cycle the first
+cycle line is (on a busy host the first cycle ended before the connections: a count from
+the first line was one short of lagwatch_cycles_total). The cycle line gives each replica's
 staleness as the pool policy judged it, with the condition it was flagged with.
 """
 
@@ -19,6 +23,7 @@ from typing import Any
 
 from lagwatch.durations import parse_duration
 
+_ANSWERED = re.compile(r" INFO lagwatch\.daemon: every node has answered or failed once, .* \(cycle (?P<n>\d+)\)$")
 _CYCLE = re.compile(r" INFO lagwatch\.daemon: (?P<cluster>[^:\s]+): (?P<body>.*)$")
 _REPLICA = re.compile(r"(?P<name>[\w.-]+)=(?P<lag>\S+) \(p95 [^)]*\)(?: (?P<flag>[A-Z-]+))?")
 _CHANGE = re.compile(r"pool change[^:]*: cluster=(?P<cluster>\S+) replica=(?P<member>\S+) action=(?P<action>\S+) "
@@ -60,11 +65,17 @@ class CycleLog:
         self.late_answers = late_answers
         self.cycles: list[Cycle] = []
         pending: list[str] = []
+        skipped = 0  # cycles before the first cycle line (connecting)
         for line in text.splitlines():
+            answered = _ANSWERED.search(line)
+            if answered is not None and not self.cycles:
+                skipped = int(answered.group("n")) - 1
             found = _CYCLE.search(line)
             if found is None or found.group("cluster") != cluster or "=" not in found.group("body"):
                 pending.append(line)
                 continue
+            if not self.cycles:
+                self.cycles = [Cycle(n, "") for n in range(1, skipped + 1)]  # logged no line
             cycle = Cycle(len(self.cycles) + 1, found.group("body").split("; down:")[0], lines=pending)
             for r in _REPLICA.finditer(cycle.line):
                 lag = r.group("lag")

@@ -560,3 +560,25 @@ def test_hold_beats_automation_and_survives_restart(pg_cluster: ChaosCluster, pg
         assert run_cli("pool", "-c", str(lw.config_path), "release", "replica2").returncode == 0
         wait_hosts(pgbouncer, lambda hosts: hosts == sorted([r1.host, r2.host]), timeout=20)
 
+
+
+def test_the_cycle_log_counts_the_cycles_that_logged_no_line_while_connecting() -> None:
+    """On a busy host the first cycle ended before any connection was made: it logged no
+    cycle line, and the first line is cycle 2, which the line saying every node answered
+    names. Counted from the first line, every cycle was one short of
+    lagwatch_cycles_total, and a readmit after a streak of 5 read as one after 4."""
+    log = "\n".join([
+        "2026-11-29 02:14:41,914 INFO lagwatch.daemon: first cycle: 0 of 3 node(s) answered; 3 still connecting",
+        "2026-11-29 02:14:42,072 INFO lagwatch.daemon: every node has answered or failed once, 379ms after start "
+        "(cycle 2)",
+        "2026-11-29 02:14:42,072 INFO lagwatch.daemon: main: replica1=0ms (p95 0ms), replica2=0ms (p95 0ms)",
+        "2026-11-29 02:14:42,140 WARNING lagwatch.pool: pool change: cluster=main replica=replica1 action=eject "
+        "reason='staleness 814ms > max_lag 500ms for 2 cycle(s)' staleness=814ms p95=814ms",
+        "2026-11-29 02:14:42,141 INFO lagwatch.daemon: main: replica1=814ms (p95 814ms) REPLAY-PAUSED, "
+        "replica2=0ms (p95 0ms)",
+    ])
+    timeline = CycleLog(log)
+    assert [c.number for c in timeline.cycles] == [1, 2, 3]
+    assert timeline.cycles[0].replicas == {}  # the cycle that logged no line
+    assert timeline.cycles[1].replicas["replica1"].staleness == 0.0
+    assert timeline.change("replica1", "eject") == (3, "'staleness 814ms > max_lag 500ms for 2 cycle(s)'")

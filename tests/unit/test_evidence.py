@@ -50,11 +50,12 @@ def test_a_cluster_with_no_evidence_is_carried_over_or_not_published() -> None:
 def test_a_start_says_connecting_nodes_in_two_lines(caplog: pytest.LogCaptureFixture) -> None:
     evidence = Evidence()
     caplog.set_level(logging.INFO, logger="lagwatch.daemon")
-    evidence.say_connecting(True, [("main", "replica1")], 2)
-    evidence.say_connecting(False, [("main", "replica1")], 2)  # still connecting: nothing more
-    evidence.say_connecting(False, [], 2)
-    evidence.say_connecting(False, [], 2)
+    evidence.say_connecting(1, [("main", "replica1")], 2)
+    evidence.say_connecting(2, [("main", "replica1")], 2)  # still connecting: nothing more
+    evidence.say_connecting(3, [], 2)
+    evidence.say_connecting(4, [], 2)
     lines = [r.getMessage() for r in caplog.records if r.name == "lagwatch.daemon"]
     assert len(lines) == 2, lines
     assert lines[0].startswith("first cycle: 1 of 2 node(s) answered; 1 still connecting")
     assert lines[1].startswith("every node has answered or failed once")
+    assert lines[1].endswith("after start (cycle 3)")  # where a cluster's first cycle line comes

@@ -46,14 +46,16 @@ class Evidence:
     def published(self, clusters: Sequence[ClusterSnapshot]) -> None:
         self._published = {c.name: c for c in clusters}
 
-    def say_connecting(self, first_cycle: bool, connecting: Sequence[tuple[str, str]], nodes: int) -> None:
+    def say_connecting(self, cycle: int, connecting: Sequence[tuple[str, str]], nodes: int) -> None:
         """At start, one line for the nodes still connecting and one when none is, not a
-        WARNING per node: they are no evidence of anything yet."""
-        if first_cycle and connecting:
+        WARNING per node: they are no evidence of anything yet. The second names its cycle:
+        a cluster's first cycle line comes with it, later than the first cycle while its
+        nodes were connecting, and a reader of the log counting cycle lines starts there."""
+        if cycle == 1 and connecting:
             self._connecting_said = True
             log.info("first cycle: %d of %d node(s) answered; %d still connecting (read neither up nor down "
                      "until they answer or fail)", nodes - len(connecting), nodes, len(connecting))
         elif self._connecting_said and not connecting:
             self._connecting_said = False
-            log.info("every node has answered or failed once, %s after start",
-                     format_duration(time.monotonic() - self._started_at))
+            log.info("every node has answered or failed once, %s after start (cycle %d)",
+                     format_duration(time.monotonic() - self._started_at), cycle)
