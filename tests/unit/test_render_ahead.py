@@ -428,3 +428,25 @@ def test_an_ha_pairs_two_scrapes_due_close_together_share_one_render_ahead(monke
     assert len(renders) == 1
     assert b"lagwatch_cycles_total 6.0" in web.metrics(None, None, "10.0.0.2")[0]  # once each
     assert len(renders) == 2
+
+
+def test_a_scrape_that_never_came_is_let_go_not_carried_into_every_render(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A scraper stops after a render was made ahead of its scrape: once that scrape is an
+    interval late, the next render ahead (for another scraper) does not carry it."""
+    holder = SnapshotHolder()
+    web = WebServer("127.0.0.1", 0, holder, lambda: CONFIG)
+    clock = [time.monotonic()]
+    monkeypatch.setattr(web_module.time, "monotonic", lambda: clock[0])
+    holder.publish(snapshot(1))
+    start = clock[0]
+    paced(web, start + 0.5, scraper="10.0.0.1")
+    holder.publish(snapshot(2))  # rendered ahead of 10.0.0.1's scrape; it never comes
+    assert web._rendered is not None and [d.scraper for d in web._rendered.ahead_of] == ["10.0.0.1"]
+    clock[0] = start + 2.0  # 1.5 s late: past an interval
+    paced(web, start + 2.5, scraper="10.0.0.2")
+    renders = counted(monkeypatch)
+    holder.publish(snapshot(3))
+    assert web._rendered is not None and [d.scraper for d in web._rendered.ahead_of] == ["10.0.0.2"]
+    clock[0] = start + 2.2
+    holder.publish(snapshot(4))  # nothing more: the late scrape is not rendered for again
+    assert len(renders) == 1

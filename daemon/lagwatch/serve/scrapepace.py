@@ -93,15 +93,17 @@ class Scrapers:
                 self._by_host.move_to_end(scraper)
             rhythm.scraped(at, fmt, gzip)
 
-    def next_due(self, now: float, besides: Collection[float] = ()) -> Due | None:
+    def next_due(self, now: float, besides: Collection[float] = (), late: float = float("inf")) -> Due | None:
         """The soonest scrape expected of any scraper whose pace is known, other than those
-        due at ``besides`` (already rendered for)."""
+        due at ``besides`` (already rendered for) and those more than ``late`` overdue."""
         with self._lock:
             rhythms = list(self._by_host.items())
         soonest: Due | None = None
         for scraper, rhythm in rhythms:
             expected = rhythm.expected(now)
-            if expected is not None and expected not in besides and (soonest is None or expected < soonest.at):
+            if expected is None or expected in besides or expected < now - late:
+                continue
+            if soonest is None or expected < soonest.at:
                 soonest = Due(expected, scraper, rhythm.period(), rhythm.format, rhythm.gzip)
         return soonest
 

@@ -80,6 +80,7 @@ class Rendered:
         # served it once, even after newer snapshots are published (_usable says how old).
         self.ahead_of: list[Due] = list(ahead_of or ())
         self.made_at = made_at
+        self._dues = threading.Lock()  # the cycle adds dues while scrapes take them
         self._build = build
         self._families: list[Family] | None = build()
         self._bodies: dict[str, bytes] = {}
@@ -94,6 +95,25 @@ class Rendered:
                 body = self._bodies[fmt.key] = fmt.render(built)
                 self._families = None
             return body
+
+    def take_due(self, scraper: str, now: float, tolerance: float) -> bool:
+        """Whether this was rendered ahead of ``scraper``'s scrape now (once)."""
+        with self._dues:
+            for due in self.ahead_of:
+                if due.scraper == scraper and abs(now - due.at) <= min(due.period / 2, tolerance):
+                    self.ahead_of.remove(due)  # once: the next scrape is another
+                    return True
+            return False
+
+    def dues_left(self, now: float, tolerance: float) -> list[Due]:
+        """The scrapes this was rendered ahead of that may still come (the others let go)."""
+        with self._dues:
+            self.ahead_of = [d for d in self.ahead_of if now <= d.at + min(d.period / 2, tolerance)]
+            return list(self.ahead_of)
+
+    def add_due(self, due: Due) -> None:
+        with self._dues:
+            self.ahead_of.append(due)
 
     def gzipped(self, fmt: Format) -> bytes:
         body = self.body(fmt)
@@ -247,12 +267,7 @@ class WebServer:
             return cached
         if cached.snapshot is None or current is None or cached.snapshot.cycles_total >= current.cycles_total:
             return None
-        tolerance = self._config().interval
-        for due in cached.ahead_of:
-            if due.scraper == scraper and abs(now - due.at) <= min(due.period / 2, tolerance):
-                cached.ahead_of.remove(due)  # once: the next scrape is another
-                return cached
-        return None
+        return cached if cached.take_due(scraper, now, self._config().interval) else None
 
     def _say_why_rendered(self, scraper: str, now: float, current: Snapshot | None) -> None:
         """Why a scrape renders for itself (lagwatch_http_metrics_renders_total{when="asked"}):
@@ -260,7 +275,7 @@ class WebServer:
         if not log.isEnabledFor(logging.DEBUG):
             return
         cached = self._rendered
-        dues = ", ".join(f"{due.scraper or '?'}'s due {due.at - now:+.3f}s from now" for due in cached.ahead_of) \
+        dues = ", ".join(f"{due.scraper or '?'}'s due {due.at - now:+.3f}s from now" for due in list(cached.ahead_of)) \
             if cached else ""
         log.debug("/metrics for %s rendered when asked: current cycle %s, last render of cycle %s%s", scraper or "?",
                   current.cycles_total if current else None,
@@ -296,8 +311,8 @@ class WebServer:
             interval = self._config().interval
             self._publishes.published(now, interval)
             cached = self._rendered
-            pending = list(cached.ahead_of) if cached is not None else []
-            due = self._scrapes.next_due(now, besides={d.at for d in pending})
+            pending = cached.dues_left(now, interval) if cached is not None else []
+            due = self._scrapes.next_due(now, besides={d.at for d in pending}, late=interval)  # as _usable
             horizon = self._publishes.next_within(interval) + self._render_margin(interval)
             if due is None or due.at > now + horizon:
                 return
@@ -307,7 +322,7 @@ class WebServer:
                 if cached is not None and pending and due.at <= cached.made_at + horizon:
                     # Another scraper (an HA pair's other) due within what the render made
                     # for the first may serve: that one, rather than a render each in turn.
-                    cached.ahead_of.append(due)
+                    cached.add_due(due)
                     rendered, what = cached, "kept"
                 else:  # fresher, for the scrapes still to come too
                     rendered, what = self._render(snapshot, ahead_of=[*pending, due], made_at=now), "rendered"
