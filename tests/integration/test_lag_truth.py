@@ -226,13 +226,17 @@ def test_steady_stream_reads_what_the_oracle_reads(pg_cluster: ChaosCluster, wat
                     failures.append(f"p95: {line}")
                 if not _within(median, *oracle_median, 0.010, 0.20):
                     failures.append(f"median: {line}")
-                # replica2 applies at once: under 15 ms, unless the oracle saw it really
-                # behind (its startup process starved on a busy host: 74 ms once at 1 s),
-                # then never over what the oracle allows.
+                # replica2 applies at once: under 15 ms, unless the oracle proved it behind
+                # (its low bound: its startup process starved on a busy host, 74 ms once at
+                # 1 s), then never over what the oracle allows. A high bound alone grows when
+                # the oracle's own probes are starved, and must not loosen the limit.
                 truths2 = [log.truth("replica2", r.at) for r in collected[name].of("replica2", end - WINDOW, end)]
+                low2 = nearest_rank([t.low for t in truths2], 0.95) if truths2 else 0.0
                 high2 = nearest_rank([t.high for t in truths2], 0.95) if truths2 else 0.0
-                if not _at_most(p95s[f"{name}/replica2"], max(0.015, high2 + tolerance(high2, 0.010, 0.20))):
-                    failures.append(f"undelayed replica2 (the oracle's p95 at most {high2 * 1000:.1f} ms): {line}")
+                limit2 = 0.015 if low2 <= 0.005 else max(0.015, high2 + tolerance(high2, 0.010, 0.20))
+                if not _at_most(p95s[f"{name}/replica2"], limit2):
+                    failures.append(f"undelayed replica2 (oracle's p95 {low2 * 1000:.1f}..{high2 * 1000:.1f} ms): "
+                                    f"{line}")
     print("\n".join(report))
     assert not failures, "\n".join(failures + ["--- all phases ---"] + report)
 

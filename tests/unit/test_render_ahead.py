@@ -450,3 +450,26 @@ def test_a_scrape_that_never_came_is_let_go_not_carried_into_every_render(monkey
     clock[0] = start + 2.2
     holder.publish(snapshot(4))  # nothing more: the late scrape is not rendered for again
     assert len(renders) == 1
+
+
+def test_a_due_served_the_current_render_is_not_kept_for_a_later_scrape(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A render made ahead of 10.0.0.1's scrape serves it as the current snapshot: that due
+    is done with, and the next cycle renders afresh for 10.0.0.2 rather than keep the older
+    render for it as if 10.0.0.1 were still to come."""
+    holder = SnapshotHolder()
+    web = WebServer("127.0.0.1", 0, holder, lambda: CONFIG)
+    clock = [time.monotonic()]
+    monkeypatch.setattr(web_module.time, "monotonic", lambda: clock[0])
+    holder.publish(snapshot(1))
+    start = clock[0]
+    paced(web, start + 0.5, scraper="10.0.0.1")
+    paced(web, start + 1.0, scraper="10.0.0.2")
+    renders = counted(monkeypatch)
+    holder.publish(snapshot(2))  # rendered ahead of 10.0.0.1's scrape
+    clock[0] = start + 0.5
+    assert b"lagwatch_cycles_total 2.0" in web.metrics(None, None, "10.0.0.1")[0]  # the current one
+    clock[0] = start + 0.7
+    holder.publish(snapshot(3))  # 10.0.0.2 due in 0.3 s, within the first render's reach: rendered afresh
+    assert len(renders) == 2
+    clock[0] = start + 1.0
+    assert b"lagwatch_cycles_total 3.0" in web.metrics(None, None, "10.0.0.2")[0]

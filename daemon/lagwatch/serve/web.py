@@ -264,6 +264,7 @@ class WebServer:
         if cached is None:
             return None
         if cached.snapshot is current or _later(cached.snapshot, current):
+            cached.take_due(scraper, now, self._config().interval)  # served: no later scrape is given it
             return cached
         if cached.snapshot is None or current is None or cached.snapshot.cycles_total >= current.cycles_total:
             return None
