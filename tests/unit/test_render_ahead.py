@@ -29,6 +29,13 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return renders
 
 
+def frozen_clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The web server's clock, standing still where the test sets ``clock[0]``."""
+    clock = [time.monotonic()]
+    monkeypatch.setattr(web_module.time, "monotonic", lambda: clock[0])
+    return clock
+
+
 def paced(web: WebServer, due: float, scraper: str = "", fmt: Format = formats.TEXT, gzip: bool = False) -> None:
     """Three scrapes 15 s apart from ``scraper``, the next due at ``due``."""
     for ago in (45.0, 30.0, 15.0):
@@ -323,8 +330,7 @@ def test_a_render_ahead_reaches_as_far_as_the_longest_recent_gap_between_publish
     and rendered for itself (9 of 85 paced scrapes at 300 x 3 on a loaded host)."""
     holder = SnapshotHolder()
     web = WebServer("127.0.0.1", 0, holder, lambda: CONFIG)
-    clock = [time.monotonic()]
-    monkeypatch.setattr(web_module.time, "monotonic", lambda: clock[0])
+    clock = frozen_clock(monkeypatch)
     for cycles in range(1, 5):  # published ``gap`` apart, nobody scraping
         holder.publish(snapshot(cycles))
         clock[0] += gap
@@ -346,8 +352,7 @@ def test_a_rare_long_gap_between_publishes_is_remembered_for_twenty_gaps(
     cycle is expected in 1.5 s and renders for it."""
     holder = SnapshotHolder()
     web = WebServer("127.0.0.1", 0, holder, lambda: CONFIG)
-    clock = [time.monotonic()]
-    monkeypatch.setattr(web_module.time, "monotonic", lambda: clock[0])
+    clock = frozen_clock(monkeypatch)
     gaps = [3.0] + [1.5] * (long_gap_ago - 1)
     holder.publish(snapshot(1))
     for cycles, gap in enumerate(gaps[:-1], start=2):
@@ -367,8 +372,7 @@ def test_a_stall_does_not_stretch_a_render_ahead_past_three_intervals(monkeypatc
     publishes are expected within three intervals at most."""
     holder = SnapshotHolder()
     web = WebServer("127.0.0.1", 0, holder, lambda: CONFIG)
-    clock = [time.monotonic()]
-    monkeypatch.setattr(web_module.time, "monotonic", lambda: clock[0])
+    clock = frozen_clock(monkeypatch)
     holder.publish(snapshot(1))
     clock[0] += 20.0
     paced(web, clock[0] + 14.0)
@@ -384,8 +388,7 @@ def test_gaps_kept_under_another_interval_are_dropped_on_a_reload(monkeypatch: p
     config = [parse_config({"interval": "10s", "clusters": [{"name": "m", "primary": {"dsn": "host=a"}}]})]
     holder = SnapshotHolder()
     web = WebServer("127.0.0.1", 0, holder, lambda: config[0])
-    clock = [time.monotonic()]
-    monkeypatch.setattr(web_module.time, "monotonic", lambda: clock[0])
+    clock = frozen_clock(monkeypatch)
     for cycles in range(1, 4):
         holder.publish(snapshot(cycles))
         clock[0] += 10.0
@@ -405,8 +408,7 @@ def test_an_ha_pairs_two_scrapes_due_close_together_share_one_render_ahead(monke
     first's; each is served it once."""
     holder = SnapshotHolder()
     web = WebServer("127.0.0.1", 0, holder, lambda: CONFIG)
-    clock = [time.monotonic()]
-    monkeypatch.setattr(web_module.time, "monotonic", lambda: clock[0])
+    clock = frozen_clock(monkeypatch)
     for cycles in range(1, 4):
         holder.publish(snapshot(cycles))
         clock[0] += 2.5
@@ -435,8 +437,7 @@ def test_a_scrape_that_never_came_is_let_go_not_carried_into_every_render(monkey
     interval late, the next render ahead (for another scraper) does not carry it."""
     holder = SnapshotHolder()
     web = WebServer("127.0.0.1", 0, holder, lambda: CONFIG)
-    clock = [time.monotonic()]
-    monkeypatch.setattr(web_module.time, "monotonic", lambda: clock[0])
+    clock = frozen_clock(monkeypatch)
     holder.publish(snapshot(1))
     start = clock[0]
     paced(web, start + 0.5, scraper="10.0.0.1")
@@ -458,8 +459,7 @@ def test_a_due_served_the_current_render_is_not_kept_for_a_later_scrape(monkeypa
     render for it as if 10.0.0.1 were still to come."""
     holder = SnapshotHolder()
     web = WebServer("127.0.0.1", 0, holder, lambda: CONFIG)
-    clock = [time.monotonic()]
-    monkeypatch.setattr(web_module.time, "monotonic", lambda: clock[0])
+    clock = frozen_clock(monkeypatch)
     holder.publish(snapshot(1))
     start = clock[0]
     paced(web, start + 0.5, scraper="10.0.0.1")
