@@ -9,11 +9,14 @@ without ``Accept-Encoding: gzip``; the variants take turns in blocks of five scr
 Prometheus keeps one format; the first scrape of a block, a change of format, not counted),
 their order reversed every other round, so every one sees the same host. Each scrape is
 made by curl (the process's start is not counted: curl's own ``time_total``, from its
-connect to the last byte), and ``--compressed`` where gzip is asked (curl then also
-inflates it, as Prometheus does).
+connect to the last byte; and its first byte). Where gzip is asked, to the last compressed
+byte, as the answer arrives: the scraper's inflating of it is its own work, after the answer
+(for 6.8 MB of text, 10-20 ms of curl's time on this host), printed apart, once per variant,
+timed in this process on the same body. ``--inflate`` counts it in each scrape instead (curl
+``--compressed``: how figures before 2026-11-29's second run were taken).
 
-Printed for each variant: the scrapes' median and p95 (ms), the bytes on the wire, the
-content type answered. Beside each, the same-run reference: the static twin
+Printed for each variant: the scrapes' median and p95 (ms), the first byte's median, the
+bytes on the wire, the content type answered. Beside each, the same-run reference: the static twin
 (bench/static_target.py, lagwatch's bodies written once and served as they are by a
 process that does nothing else), scraped the same way half a pace after each counted
 scrape: what the host itself takes to move those bytes to curl at that moment. Then,
@@ -46,6 +49,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import NamedTuple
 
 from fleet import CONVERGE_TIMEOUT, Commits, FleetCluster, Neighbours, fleet_config, wait_converged
 from harness import Lagwatch
@@ -67,15 +71,40 @@ FORMATS = {
 }
 
 
-def curl(url: str, accept: str, gzip: bool) -> tuple[float, int, str]:
-    """One scrape: curl's time_total (s), the bytes it received, the content type."""
+class Scrape(NamedTuple):
+    took: float  # curl's time_total, s: connect to last byte (and inflating, with --inflate)
+    first_byte: float  # curl's time_starttransfer, s
+    size: int  # bytes on the wire
+    content_type: str
+    coding: str  # Content-Encoding answered ("" for none)
+
+
+def curl(url: str, accept: str, gzip: bool, inflate: bool = False) -> Scrape:
+    """One scrape as curl makes it. With gzip asked and not ``inflate``, the answer is
+    taken as it comes (curl does not inflate what it was not asked to)."""
     argv = ["curl", "-s", "-o", "/dev/null", "-H", f"Accept: {accept}",
-            "-w", "%{time_total} %{size_download} %{content_type}", url]
+            "-w", "%{time_total} %{time_starttransfer} %{size_download} %header{content-encoding}|%{content_type}",
+            url]
     if gzip:
-        argv.insert(1, "--compressed")
+        argv[1:1] = ["--compressed"] if inflate else ["-H", "Accept-Encoding: gzip"]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True).stdout
-    took, size, content_type = out.split(" ", 2)
-    return float(took), int(size), content_type
+    took, first_byte, size, rest = out.split(" ", 3)
+    coding, _, content_type = rest.partition("|")
+    return Scrape(float(took), float(first_byte), int(size), content_type, coding.strip())
+
+
+def inflate_ms(url: str, accept: str) -> float:
+    """What a scraper then spends inflating such an answer: the median of five
+    ``zlib`` decompressions in this process (zlib does curl's and Go's inflating too)."""
+    request = urllib.request.Request(url, headers={"Accept": accept, "Accept-Encoding": "gzip"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        packed = response.read()
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        gzip_module.decompress(packed)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1000
 
 
 def counters(url: str) -> dict[str, float]:
@@ -153,6 +182,7 @@ def main() -> int:
     parser.add_argument("--busy", type=int, default=0, help="CPU-bound neighbours through the measurement")
     parser.add_argument("--pg-major", type=int, default=None)
     parser.add_argument("--compare", type=Path, default=None, help="another checkout, run beside this one")
+    parser.add_argument("--inflate", action="store_true", help="count curl's inflating of a gzip answer in it")
     args = parser.parse_args()
     variants = [(name, gzip) for name in FORMATS for gzip in (False, True)]
     builds = ["this"] + (["compare"] if args.compare else [])
@@ -160,7 +190,7 @@ def main() -> int:
     print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
           f"PostgreSQL {binaries.major}; {args.clusters} x 3 nodes at interval 1s; a scrape every {args.every:g} s, "
           f"variants in turn, {args.scrapes} each; {args.busy} busy neighbours", flush=True)
-    seen: dict[tuple[str, str, bool], list[tuple[float, int, str]]] = {
+    seen: dict[tuple[str, str, bool], list[Scrape]] = {
         (build, *v): [] for build in [*builds, STATIC_TWIN] for v in variants}
     with FleetCluster(binaries, replicas=2) as cluster, Commits(cluster.primary), \
             tempfile.TemporaryDirectory(prefix="lagwatch-scrape-") as tmp:
@@ -195,14 +225,18 @@ def main() -> int:
             warmup = 3 * len(builds)
             for n, (build, name, gzip) in enumerate(plan):
                 time.sleep(max(0.0, start + n * args.every - time.monotonic()))
-                result = curl(workers[build].url("/metrics"), FORMATS[name], gzip)
+                result = curl(workers[build].url("/metrics"), FORMATS[name], gzip, args.inflate)
                 if n >= warmup and plan[n - 1] == plan[n]:
                     seen[build, name, gzip].append(result)
                     if build == "this":  # the same scrape of the twin, half a pace later
                         time.sleep(max(0.0, start + (n + 0.5) * args.every - time.monotonic()))
                         seen[STATIC_TWIN, name, gzip].append(curl(f"http://{twin.address}/metrics",
-                                                                  FORMATS[name], gzip))
+                                                                  FORMATS[name], gzip, args.inflate))
             print_curl(seen)
+            if not args.inflate:
+                print("A scraper's inflating of each gzip answer (not in the figures above), median ms: " + "; ".join(
+                    f"{name} {inflate_ms(f'http://{twin.address}/metrics', FORMATS[name]):.1f}" for name in FORMATS),
+                    flush=True)
             for build, lw in workers.items():
                 print(f"curl ({build}): {said(before[build], counters(lw.url('/metrics')))}", flush=True)
             by_prometheus = {label: prometheus_scrapes(workers, features, args.every, args.scrapes, twin.address)
@@ -227,15 +261,17 @@ def main() -> int:
     return 0
 
 
-def print_curl(seen: dict[tuple[str, str, bool], list[tuple[float, int, str]]]) -> None:
-    print("| format | gzip | build | median ms | p95 ms | bytes | content type |")
-    print("|---|---|---|---|---|---|---|")
+def print_curl(seen: dict[tuple[str, str, bool], list[Scrape]]) -> None:
+    print("| format | gzip | build | median ms | p95 ms | first byte, median ms | bytes | content type |")
+    print("|---|---|---|---|---|---|---|---|")
     order = {"this": 0, "compare": 1, STATIC_TWIN: 2}
     for (build, name, gzip), results in sorted(seen.items(), key=lambda kv: (kv[0][1], kv[0][2], order[kv[0][0]])):
-        times = [t * 1000 for t, _, _ in results]
+        plain = sum(r.coding != "gzip" for r in results) if gzip else 0
+        times = [r.took * 1000 for r in results]
         print(f"| {name} | {'yes' if gzip else 'no'} | {build} | {statistics.median(times):.1f} "
-              f"| {percentile(times, 0.95):.1f} | {statistics.median(s for _, s, _ in results):,.0f} "
-              f"| {results[-1][2]} |", flush=True)
+              f"| {percentile(times, 0.95):.1f} | {statistics.median(r.first_byte * 1000 for r in results):.1f} "
+              f"| {statistics.median(r.size for r in results):,.0f} | {results[-1].content_type}"
+              f"{f' ({plain} answered without gzip)' if plain else ''} |", flush=True)
 
 
 def prometheus_scrapes(workers: dict[str, Lagwatch], features: tuple[str, ...], every: float,
