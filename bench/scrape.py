@@ -10,9 +10,9 @@ Prometheus keeps one format; the first scrape of a block, a change of format, no
 their order reversed every other round, so every one sees the same host. Each scrape is
 made by curl (the process's start is not counted: curl's own ``time_total``, from its
 connect to the last byte; and its first byte). Where gzip is asked, to the last compressed
-byte, as the answer arrives: the scraper's inflating of it is its own work, after the answer
-(for 6.8 MB of text, 10-20 ms of curl's time on this host), printed apart, once per variant,
-timed in this process on the same body. ``--inflate`` counts it in each scrape instead (curl
+byte, as the answer arrives: inflating it is the scraper's own work (curl does it after
+each piece arrives, into /dev/null here), printed apart, once per format, timed in this
+process on the same body. ``--inflate`` counts it in each scrape instead (curl
 ``--compressed``: how figures before 2026-11-29's second run were taken).
 
 Printed for each variant: the scrapes' median and p95 (ms), the first byte's median, the
@@ -23,7 +23,9 @@ scrape: what the host itself takes to move those bytes to curl at that moment. T
 alone at the same pace, a real Prometheus (Debian's 2.42: OpenMetrics in gzip, then with
 native histograms on: protobuf in gzip) scraping lagwatch and the twin for ``--scrapes``
 scrapes: the median and p95 of its own ``scrape_duration_seconds`` for each (which holds
-Prometheus's own parsing and storing of the series: the twin's figure is that part).
+Prometheus's own parsing and storing of the series: the twin's figure is that part), and
+of its scrapes' answers timed on the wire (bench/wiretime.py: tcpdump on the loopback, from
+its request's packet to the answer's last; needs Debian's ``tcpdump``, left out without it).
 ``--busy 1`` runs one CPU-bound neighbour (a busy loop) for the whole measurement. It
 prints; it asserts nothing. Targets (issue 5/6): paced median under 25 ms on a quiet host
 and under 50 ms beside one CPU-bound process, in every format.
@@ -48,6 +50,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+import zlib
 from pathlib import Path
 from typing import NamedTuple
 
@@ -56,6 +59,7 @@ from harness import Lagwatch
 from lagwatch.demo.binaries import find_binaries
 from lagwatch.demo.ports import free_port
 from prom_stack import Prometheus
+from wiretime import WireClock, available
 
 # The Accept header Prometheus sends for each format (tests/unit/test_negotiation.py quotes them).
 BLOCK = 5  # consecutive scrapes of one variant, the first of them not counted
@@ -94,15 +98,19 @@ def curl(url: str, accept: str, gzip: bool, inflate: bool = False) -> Scrape:
 
 
 def inflate_ms(url: str, accept: str) -> float:
-    """What a scraper then spends inflating such an answer: the median of five
-    ``zlib`` decompressions in this process (zlib does curl's and Go's inflating too)."""
+    """What inflating such an answer costs a scraper: the median of five streaming
+    inflates in this process (zlib, fed 16 KiB at a time and the output let go, as curl
+    does; Prometheus's Go inflates with its own code, of the same order)."""
     request = urllib.request.Request(url, headers={"Accept": accept, "Accept-Encoding": "gzip"})
     with urllib.request.urlopen(request, timeout=30) as response:
         packed = response.read()
     times = []
     for _ in range(5):
         start = time.perf_counter()
-        gzip_module.decompress(packed)
+        inflater = zlib.decompressobj(31)  # 31: a gzip wrapper
+        for at in range(0, len(packed), 16384):
+            inflater.decompress(packed[at:at + 16384])
+        inflater.flush()
         times.append(time.perf_counter() - start)
     return statistics.median(times) * 1000
 
@@ -253,7 +261,9 @@ def main() -> int:
     print()
     print(f"The {STATIC_TWIN}: the same series from a server that does nothing else (bench/static_target.py): "
           "Prometheus's own parsing and storing, the part of its figure that is not the target's.")
-    print("| scraper | build | scrape_duration_seconds median ms | p95 ms |")
+    print("scrape_duration_seconds; the rows \"on the wire\": Prometheus's request to the answer's last byte, "
+          "timed by tcpdump over the same span (bench/wiretime.py).")
+    print("| scraper | build | median ms | p95 ms |")
     print("|---|---|---|---|")
     for label, figures in by_prometheus.items():
         for build, (median, p95) in figures.items():
@@ -279,14 +289,29 @@ def prometheus_scrapes(workers: dict[str, Lagwatch], features: tuple[str, ...], 
     """A real Prometheus scraping each build at ``every`` (each at its own phase, as it
     spreads its targets) for ``scrapes`` scrapes after three to teach the pace, and the
     static twin (``twin``: the same series from a server that does nothing else): the median
-    and p95 of its ``scrape_duration_seconds``, by build."""
+    and p95 of its ``scrape_duration_seconds``, by build, and under ``"<build>, on the
+    wire"`` of its answers timed on the wire over the same span."""
     targets = {build: f"127.0.0.1:{lw.port}" for build, lw in workers.items()}
     targets[STATIC_TWIN] = twin
     prometheus = Prometheus(list(targets.values()), [], features=features, scrape_interval=every)
     before = {build: counters(lw.url("/metrics")) for build, lw in workers.items()}
-    prometheus.start()
+    ports = {build: int(target.rsplit(":", 1)[1]) for build, target in targets.items()}
+    wire = WireClock(set(ports.values())) if available() else None
+    seen = None
     try:
+        if wire is not None:
+            try:
+                wire.start()  # before Prometheus: from here to wire.stop() only it scrapes these ports
+            except RuntimeError as exc:
+                print(f"{exc}: no answers timed on the wire", flush=True)
+                wire = None
+        prometheus.start()
         time.sleep(every * (scrapes + 4))
+        if wire is not None:
+            seen, wire = wire.stop(), None
+            if seen.dropped:
+                print(f"tcpdump: {seen.dropped} packets dropped by the kernel", flush=True)
+        window_began = time.time() - every * scrapes  # the span quantile_over_time reads below
         for build, lw in workers.items():
             print(f"{features or 'OpenMetrics'} ({build}): {said(before[build], counters(lw.url('/metrics')))}",
                   flush=True)
@@ -299,8 +324,13 @@ def prometheus_scrapes(workers: dict[str, Lagwatch], features: tuple[str, ...], 
                 result = prometheus.query(expr)["data"]["result"]
                 quantiles.append(float(result[0]["value"][1]) if result else float("nan"))
             figures[build] = (quantiles[0], quantiles[1])
+            answered = seen.since(ports[build], window_began) if seen is not None else []
+            if answered:
+                figures[f"{build}, on the wire"] = (statistics.median(answered), percentile(answered, 0.95))
         return figures
     finally:
+        if wire is not None:
+            wire.stop()
         prometheus.stop()
 
 
