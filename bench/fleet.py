@@ -230,6 +230,12 @@ def scrape(lw: Lagwatch) -> tuple[float, str]:
     return time.perf_counter() - started, body.decode()
 
 
+def _renders(text: str, when: str) -> float:
+    """lagwatch_http_metrics_renders_total{when=...} (0 where the build has none)."""
+    prefix = f'lagwatch_http_metrics_renders_total{{when="{when}"}} '
+    return next((float(line[len(prefix):]) for line in text.splitlines() if line.startswith(prefix)), 0.0)
+
+
 def sample_values(text: str, name: str) -> dict[str, float]:
     out = {}
     for family in text_string_to_metric_families(text):
@@ -418,8 +424,11 @@ def _measure_running(lw: Lagwatch, cluster: LocalCluster, clusters: int, arm: st
                  if line.startswith("lagwatch_pool_changes_total{") and 'action="eject"' in line)
     down = sum(1 for line in after.splitlines()
                if line.startswith("lagwatch_up{") and float(line.rsplit(" ", 1)[1]) == 0)
-    print(f"  {clusters} x 3 {arm}: healthy replicas ejected since start {ejects:.0f}, nodes read down now {down}",
-          flush=True)
+    made = {when: _renders(after, when) - _renders(before, when) for when in ("ahead", "asked")}
+    said_renders = (f", /metrics renders while measured: {made['ahead']:.0f} ahead, {made['asked']:.0f} asked"
+                    if "lagwatch_http_metrics_renders_total" in after else "")  # builds before the counter have none
+    print(f"  {clusters} x 3 {arm}: healthy replicas ejected since start {ejects:.0f}, nodes read down now {down}"
+          f"{said_renders}", flush=True)
     return Row(clusters, arm, pass_no, converged, 100 * cpu / wall, 1000 * cpu / max(1, cycles * clusters * 3),
                1000 * bucket_quantile(0.5, buckets_before, buckets_after),
                1000 * bucket_quantile(0.99, buckets_before, buckets_after),
