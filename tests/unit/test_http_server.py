@@ -271,36 +271,18 @@ def test_an_answer_is_written_in_as_few_pieces_as_its_size_allows(method: str, s
     buffer is a send of its own: a syscall, and the GIL to take back from a busy cycle
     after it (six for a head, at up to the switch interval each). A small answer goes in one
     piece; a large body goes after the head as it is, not copied into one."""
-    import asyncio
-
     import h11
-    from lagwatch.serve.httpmessages import Request, Response
-    from lagwatch.serve.httpserver import HttpServer
-
-    class Writer:
-        def __init__(self) -> None:
-            self.written: list[bytes] = []
-
-        def write(self, data: bytes) -> None:
-            self.written.append(data)
-
-        async def drain(self) -> None:
-            pass
+    from lagwatch.serve.httpmessages import Response, wire_pieces
 
     body = b"x" * size
-    server = HttpServer("127.0.0.1", 0, lambda request: Response(200, body))
-    try:
-        http = h11.Connection(h11.SERVER)
-        http.receive_data(f"{method} /metrics HTTP/1.1\r\nHost: x\r\n\r\n".encode())
-        assert isinstance(http.next_event(), h11.Request) and http.next_event() == h11.EndOfMessage()
-        writer = Writer()
-        sent = asyncio.run(server._send(http, writer, Request(method, "/metrics", {}, "peer"),  # type: ignore[arg-type]
-                                        Response(200, body)))
-        assert sent and len(writer.written) == pieces
-        status, headers, received = head_of(b"".join(writer.written))
-        assert status == 200 and int(headers["content-length"]) == size
-        assert received == (b"" if method == "HEAD" else body)
-        if pieces > 1:
-            assert writer.written[1] is body
-    finally:
-        server.stop()
+    http = h11.Connection(h11.SERVER)
+    http.receive_data(f"{method} /metrics HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    assert isinstance(http.next_event(), h11.Request) and http.next_event() == h11.EndOfMessage()
+    headers = [("Content-Type", "text/plain"), ("Content-Length", str(size)), ("Server", "lagwatch")]
+    written = wire_pieces(http, Response(200, body), headers, with_body=method != "HEAD")
+    assert len(written) == pieces and all(written)
+    status, head, received = head_of(b"".join(written))
+    assert status == 200 and int(head["content-length"]) == size
+    assert received == (b"" if method == "HEAD" else body)
+    if pieces > 1:
+        assert written[1] is body

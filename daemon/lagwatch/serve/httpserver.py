@@ -41,14 +41,13 @@ import h11
 from lagwatch.config import HttpConfig
 from lagwatch.errors import one_line
 from lagwatch.serve.httpconn import one_line_exceptions, partial_request, peer_name, reason, refuse, unacknowledged
-from lagwatch.serve.httpmessages import Handler, Request, Response
+from lagwatch.serve.httpmessages import Handler, Request, Response, wire_pieces
 
 log = logging.getLogger("lagwatch.http")
 
 BACKLOG = 1024
 MAX_HEADER_BYTES = 16 * 1024
 MAX_BODY_BYTES = 64 * 1024  # lagwatch's endpoints take no body; a small one is read and dropped
-SMALL_BODY_BYTES = 64 * 1024  # an answer this small is sent with its head in one piece
 
 
 WORKERS = 4  # handler threads: bcrypt and rendering run here, never on the event loop
@@ -354,22 +353,12 @@ class HttpServer:
                     response: Response) -> bool:
         headers = self._headers(response.status, response.content_type, len(response.body), response.headers)
         log.debug("%s \"%s %s\" %d", request.peer, request.method, one_line(request.target, 200), response.status)
-        # The head goes as one piece (h11 gives it a line at a time, and each piece written
-        # to an empty buffer is a send of its own: a syscall, and the GIL to take back
-        # from a busy cycle after it). A small body joins it; a large one is handed on as
-        # it is: a fleet's /metrics is megabytes, and each join was one more copy of it.
         try:
-            head = http.send(h11.Response(status_code=response.status, headers=headers)) or b""
-            body: list[bytes] = []
-            if request.method != "HEAD":
-                body = list(http.send_with_data_passthrough(h11.Data(data=response.body)) or ())
-            tail = http.send(h11.EndOfMessage()) or b""
+            pieces = wire_pieces(http, response, headers, with_body=request.method != "HEAD")
         except h11.LocalProtocolError as exc:
             log.error("cannot send a response to %s: %s", request.peer, exc)
             return False
-        if sum(map(len, body)) <= SMALL_BODY_BYTES:
-            return await self._write(writer, b"".join([head, *body, tail]))
-        return await self._write(writer, head, *body, tail)
+        return await self._write(writer, *pieces)
 
     async def _send_raw(self, writer: asyncio.StreamWriter, status: int, body: bytes) -> None:
         """An error response outside h11's state machine (it refuses to answer a request it
@@ -382,8 +371,7 @@ class HttpServer:
 
     async def _write(self, writer: asyncio.StreamWriter, *chunks: bytes) -> bool:
         for chunk in chunks:
-            if chunk:
-                writer.write(chunk)
+            writer.write(chunk)
         try:
             async with asyncio.timeout(self._limits().request_timeout):
                 await writer.drain()  # a client that never reads must not hold its slot forever
