@@ -4,9 +4,10 @@ before the snapshot is published, so a scrape in between never renders it a seco
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import pytest
-from lagwatch.config import parse_config
+from lagwatch.config import Config, parse_config
 from lagwatch.estimate.snapshot import Snapshot, SnapshotHolder
 from lagwatch.render import formats
 from lagwatch.render.formats import Format
@@ -34,6 +35,14 @@ def frozen_clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     clock = [time.monotonic()]
     monkeypatch.setattr(web_module.time, "monotonic", lambda: clock[0])
     return clock
+
+
+def frozen_server(monkeypatch: pytest.MonkeyPatch,
+                  config: Callable[[], Config] = lambda: CONFIG) -> tuple[SnapshotHolder, WebServer, list[float]]:
+    """A web server (never started: metrics() is called directly), its snapshot holder, and
+    its clock standing still (``frozen_clock``)."""
+    holder = SnapshotHolder()
+    return holder, WebServer("127.0.0.1", 0, holder, config), frozen_clock(monkeypatch)
 
 
 def paced(web: WebServer, due: float, scraper: str = "", fmt: Format = formats.TEXT, gzip: bool = False) -> None:
@@ -328,9 +337,7 @@ def test_a_render_ahead_reaches_as_far_as_the_longest_recent_gap_between_publish
     """Cycles that overrun the interval publish at longer, uneven gaps: judged by the
     interval alone, a scrape due between two cycles' horizons was rendered for by neither
     and rendered for itself (9 of 85 paced scrapes at 300 x 3 on a loaded host)."""
-    holder = SnapshotHolder()
-    web = WebServer("127.0.0.1", 0, holder, lambda: CONFIG)
-    clock = frozen_clock(monkeypatch)
+    holder, web, clock = frozen_server(monkeypatch)
     for cycles in range(1, 5):  # published ``gap`` apart, nobody scraping
         holder.publish(snapshot(cycles))
         clock[0] += gap
@@ -350,9 +357,7 @@ def test_a_rare_long_gap_between_publishes_is_remembered_for_twenty_gaps(
     gap of 3 s): a scrape due 3.2 s after this publish may come before the next, and is
     rendered for now while such a gap is among the last twenty; once it is not, the next
     cycle is expected in 1.5 s and renders for it."""
-    holder = SnapshotHolder()
-    web = WebServer("127.0.0.1", 0, holder, lambda: CONFIG)
-    clock = frozen_clock(monkeypatch)
+    holder, web, clock = frozen_server(monkeypatch)
     gaps = [3.0] + [1.5] * (long_gap_ago - 1)
     holder.publish(snapshot(1))
     for cycles, gap in enumerate(gaps[:-1], start=2):
@@ -370,9 +375,7 @@ def test_a_stall_does_not_stretch_a_render_ahead_past_three_intervals(monkeypatc
     """One gap of 20 s between publishes (a fleet's connect timeouts), then 1 s cycles: a
     scrape due 14 s on is not rendered for now (it would be served 14 s old); the next
     publishes are expected within three intervals at most."""
-    holder = SnapshotHolder()
-    web = WebServer("127.0.0.1", 0, holder, lambda: CONFIG)
-    clock = frozen_clock(monkeypatch)
+    holder, web, clock = frozen_server(monkeypatch)
     holder.publish(snapshot(1))
     clock[0] += 20.0
     paced(web, clock[0] + 14.0)
@@ -386,9 +389,7 @@ def test_gaps_kept_under_another_interval_are_dropped_on_a_reload(monkeypatch: p
     """Cycles 10 s apart, then a reload to 1 s: the old gaps no longer say when the next
     publish comes (a scrape due in 2.5 s is rendered for by a later cycle, fresher)."""
     config = [parse_config({"interval": "10s", "clusters": [{"name": "m", "primary": {"dsn": "host=a"}}]})]
-    holder = SnapshotHolder()
-    web = WebServer("127.0.0.1", 0, holder, lambda: config[0])
-    clock = frozen_clock(monkeypatch)
+    holder, web, clock = frozen_server(monkeypatch, lambda: config[0])
     for cycles in range(1, 4):
         holder.publish(snapshot(cycles))
         clock[0] += 10.0
@@ -406,9 +407,7 @@ def test_an_ha_pairs_two_scrapes_due_close_together_share_one_render_ahead(monke
     2.5 s apart: the render made for the first serves the second too (it is within its
     reach), rather than the next cycle rendering for the second and throwing away the
     first's; each is served it once."""
-    holder = SnapshotHolder()
-    web = WebServer("127.0.0.1", 0, holder, lambda: CONFIG)
-    clock = frozen_clock(monkeypatch)
+    holder, web, clock = frozen_server(monkeypatch)
     for cycles in range(1, 4):
         holder.publish(snapshot(cycles))
         clock[0] += 2.5
@@ -435,9 +434,7 @@ def test_an_ha_pairs_two_scrapes_due_close_together_share_one_render_ahead(monke
 def test_a_scrape_that_never_came_is_let_go_not_carried_into_every_render(monkeypatch: pytest.MonkeyPatch) -> None:
     """A scraper stops after a render was made ahead of its scrape: once that scrape is an
     interval late, the next render ahead (for another scraper) does not carry it."""
-    holder = SnapshotHolder()
-    web = WebServer("127.0.0.1", 0, holder, lambda: CONFIG)
-    clock = frozen_clock(monkeypatch)
+    holder, web, clock = frozen_server(monkeypatch)
     holder.publish(snapshot(1))
     start = clock[0]
     paced(web, start + 0.5, scraper="10.0.0.1")
@@ -457,9 +454,7 @@ def test_a_due_served_the_current_render_is_not_kept_for_a_later_scrape(monkeypa
     """A render made ahead of 10.0.0.1's scrape serves it as the current snapshot: that due
     is done with, and the next cycle renders afresh for 10.0.0.2 rather than keep the older
     render for it as if 10.0.0.1 were still to come."""
-    holder = SnapshotHolder()
-    web = WebServer("127.0.0.1", 0, holder, lambda: CONFIG)
-    clock = frozen_clock(monkeypatch)
+    holder, web, clock = frozen_server(monkeypatch)
     holder.publish(snapshot(1))
     start = clock[0]
     paced(web, start + 0.5, scraper="10.0.0.1")
