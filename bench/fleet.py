@@ -54,6 +54,10 @@ It prints; it asserts nothing. Targets (issue 6/6: 300 x 3 at 1 s on <= 25 % of 
 control: it adds <= 20 % CPU, converged within 10 s, sessions = nodes + at most one per
 primary server, 0 overruns, cpu_ratio <= 0.8).
 
+``--log-dir DIR`` keeps each run's lagwatch log there, the web server's lines at DEBUG:
+for each /metrics render, whether it was made ahead (for which scrape, how far off) or
+when asked (and what the last render ahead was of).
+
 ``--baseline DIR`` runs each size and arm with another build too (a checkout of it: ``git
 worktree add DIR REV``), the two builds alternated (their order swapped every pass and
 size), and prints this build's CPU per node-cycle against the baseline's.
@@ -70,6 +74,7 @@ import gzip
 import math
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -339,9 +344,10 @@ class Row:
 
 
 def measure(cluster: LocalCluster, clusters: int, arm: str, pass_no: int, seconds: float, settle: float,
-            soak: bool, busy: int, daemon: Path | None = None) -> Row:
+            soak: bool, busy: int, daemon: Path | None = None, log_dir: Path | None = None) -> Row:
     """One run; ``daemon``: another build's ``daemon/`` folder to run instead of this one
-    (--baseline: its rows' arm reads ``ARM@base``)."""
+    (--baseline: its rows' arm reads ``ARM@base``); ``log_dir``: where its log is kept, the
+    web server's lines at DEBUG (why each /metrics was rendered, ahead or when asked)."""
     pool = arm == "pool"
     with tempfile.TemporaryDirectory(prefix="lagwatch-fleet-") as tmp:
         workdir = Path(tmp)
@@ -353,8 +359,7 @@ def measure(cluster: LocalCluster, clusters: int, arm: str, pass_no: int, second
         lw: Lagwatch | None = None
         try:
             # At INFO, as in production: DEBUG adds a line per cluster and cycle.
-            lw = Lagwatch(workdir, config, log_level="info",
-                          env=None if daemon is None else {"PYTHONPATH": str(daemon)})
+            lw = Lagwatch(workdir, config, log_level="info", env=_lagwatch_env(daemon, log_dir, workdir))
             # Popen returns once the child has exec'd: this is the process's start (to a few ms).
             converged = wait_converged(lw, time.monotonic(), clusters * 3, clusters if pool else 0)
             lw.wait_ready(timeout=CONVERGE_TIMEOUT)
@@ -363,7 +368,26 @@ def measure(cluster: LocalCluster, clusters: int, arm: str, pass_no: int, second
         finally:
             if lw is not None:
                 lw.stop()
+                if log_dir is not None:
+                    kept = log_dir / f"{clusters}x3-{arm}-pass{pass_no}{'' if daemon is None else '-base'}.log"
+                    shutil.copyfile(lw.log_path, kept)
+                    print(f"  log kept: {kept}", flush=True)
             neighbours.stop()
+
+
+def _lagwatch_env(daemon: Path | None, log_dir: Path | None, workdir: Path) -> dict[str, str]:
+    """PYTHONPATH for the build run, and with ``log_dir`` a sitecustomize that puts only the
+    web server's logger at DEBUG (its lines are one or two a scrape and cycle; the whole
+    DEBUG level adds a line per cluster and cycle, a cost that would change what is
+    measured)."""
+    path = [str(daemon if daemon is not None else ROOT / "daemon")]
+    if log_dir is not None:
+        site = workdir / "site"
+        site.mkdir(exist_ok=True)
+        (site / "sitecustomize.py").write_text(
+            "import logging\nlogging.getLogger('lagwatch.serve.web').setLevel(logging.DEBUG)\n")
+        path.insert(0, str(site))
+    return {"PYTHONPATH": os.pathsep.join(path)}
 
 
 def _measure_running(lw: Lagwatch, cluster: LocalCluster, clusters: int, arm: str, pass_no: int, converged: float,
@@ -508,6 +532,9 @@ def main() -> int:
                         help="CPU-bound neighbour processes running through each run (from before lagwatch starts)")
     parser.add_argument("--lag-from-wal", choices=("auto", "off"), default="auto",
                         help="every cluster's lag_from_wal (the WAL dating's cost at fleet scale)")
+    parser.add_argument("--log-dir", type=Path, default=None,
+                        help="keep each run's lagwatch log here, the web server's lines at DEBUG (why each /metrics "
+                             "was rendered ahead or when asked)")
     parser.add_argument("--soak", action="store_true", help="print RSS every minute (use with a long --seconds)")
     parser.add_argument("--pg-major", type=int, default=None)
     parser.add_argument("--baseline", type=Path, default=None,
@@ -522,6 +549,8 @@ def main() -> int:
         parser.error(f"--arms: a comma-separated list of distinct arms from {', '.join(ARMS)}")
     if args.busy < 0:
         parser.error("--busy must not be negative")
+    if args.log_dir is not None:
+        args.log_dir.mkdir(parents=True, exist_ok=True)
     binaries = find_binaries(args.pg_major)
     print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()},"
           f" PostgreSQL {binaries.major}; every cluster = the same primary + 2 replicas; interval 1s; "
@@ -535,7 +564,8 @@ def main() -> int:
                 for arm in arms if forward else list(reversed(arms)):
                     builds: list[Path | None] = [None] if args.baseline is None else [None, args.baseline / "daemon"]
                     for daemon in builds if (n + sizes.index(size)) % 2 == 0 else list(reversed(builds)):
-                        row = measure(cluster, size, arm, n, args.seconds, args.settle, args.soak, args.busy, daemon)
+                        row = measure(cluster, size, arm, n, args.seconds, args.settle, args.soak, args.busy, daemon,
+                                      args.log_dir)
                         rows.append(row)
                         print(_format(row), flush=True)
     print()

@@ -316,8 +316,12 @@ class WebServer:
             due = self._scrapes.next_due(now, besides={d.at for d in pending}, late=interval)  # as _usable
             horizon = self._publishes.next_within(interval) + self._render_margin(interval)
             if due is None or due.at > now + horizon:
+                if due is not None:
+                    log.debug("/metrics not rendered ahead yet: %s's scrape due %+.3fs, past this cycle's reach %.3fs",
+                              due.scraper or "?", due.at - now, horizon)
                 return
             if not self._rendering.acquire(blocking=False):
+                log.debug("/metrics not rendered ahead: a scrape is rendering")
                 return  # a scrape is rendering: the cycle does not wait for it
             try:
                 if cached is not None and pending and due.at <= cached.made_at + horizon:
