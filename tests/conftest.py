@@ -8,14 +8,16 @@ groups, each run one module after another in one worker:
   (milliseconds, cycles' overruns, a forecast's percent), those most sensitive to a busy
   host last (LAST: by then the other worker is done, or nearly);
 - ``integration-side``: those that judge no lag, timing or host speed (reloads, hostile
-  input, grants, the pooler files, the demo's lifecycle, Patroni's members, the formats,
-  alerts counted in cycles, bytes against pg_walinspect), SIDE, then the unit, property
-  and static tests (~1.5 minutes of one core).
+  input, grants, the pooler files, the demo's lifecycle, Patroni's members, a fleet's
+  sessions and shards, the heartbeat's writer, the formats, alerts counted in cycles,
+  bytes against pg_walinspect), SIDE, then the unit, property and static tests (~3
+  minutes of one core).
 
 The two run beside each other as a CPU-bound neighbour would (every timing test is run
 beside one before it lands); each worker starts its own servers, on ports the other's
 picks do not take (demo/ports.py). The package builds run at nice 19 in the timing
-worker (tests/integration/prebuilt.py), and the package modules come last there. Hypothesis has no
+worker (tests/integration/prebuilt.py), and the package modules come near the end there
+(before test_cli_process's 50 ms interval). Hypothesis has no
 deadline: an example's wall time on a shared host says nothing.
 
 ``-n 0`` runs everything in one process: the tests that need no server first (the
@@ -40,30 +42,35 @@ settings.load_profile("lagwatch")
 
 INTEGRATION = "tests/integration/"
 GROUPS = ("integration", "integration-side")
-# The side group's modules, in their order. Some 5 minutes of them and the unit stream
-# after, against some 11 of the timing group on the 2-core VM. Not the package modules:
-# beside the timing group their installs (apt-get, dpkg) came with two failures there
-# (below), and they run last in the timing group, as before the split.
+# The side group's modules, in their order. With the unit stream after them, some as long
+# as the timing group: a module's tests that judge no timing were moved here from timing
+# modules (test_fleet_membership, test_heartbeat_writer) when the timing group ran 897 s
+# against the side worker's 622 s (2026-11-29), the whole run waiting on the timing worker.
+# Not the package modules: beside the timing group their installs (apt-get, dpkg) came
+# with two failures there (below), and they run near the end of the timing group, as
+# before the split.
 # test_versions judges each major's headline against the oracle: a timing module (beside
 # the timing group it read two of 47 readings over the oracle's cap, see docs/development.md).
 SIDE = ("test_config_corpus.py", "test_hostile_doors.py", "test_web_security.py", "test_wire.py",
-        "test_toml_command_poolers.py", "test_localcluster.py", "test_least_privilege.py",
-        "test_http_hostile.py", "test_demo.py", "test_archiving.py", "test_patroni.py", "test_observability_e2e.py",
-        "test_exposition.py", "test_wal_compression.py", "test_vacuum_horizon.py", "test_view_cadence.py",
-        "test_failover.py", "test_systemd.py")
+        "test_fleet_membership.py", "test_heartbeat_writer.py", "test_toml_command_poolers.py",
+        "test_localcluster.py", "test_least_privilege.py", "test_http_hostile.py", "test_demo.py",
+        "test_archiving.py", "test_patroni.py", "test_observability_e2e.py", "test_exposition.py",
+        "test_wal_compression.py", "test_vacuum_horizon.py", "test_view_cadence.py", "test_failover.py",
+        "test_systemd.py")
 # The timing group's last modules, in their order, after the rest (alphabetical): those a
 # busy host has failed before (the big transaction's under-read share on a slow day,
 # test_cli_process's 50 ms interval counting 22 overruns in 125 cycles beside the unit
 # stream and a CPU-bound process at once, test_why_behind's held WAL not named "network"
 # in 10 s beside the side worker's package installs), run when the side worker is done or
-# nearly (it ends some five minutes before the timing group); then the package modules,
-# which assert on what was built in the background meanwhile (prebuilt.py). In the last
-# run with the package modules in the side group, test_walinspector's inspection ended
-# 4 kB past the flush position the test read and test_why_behind's held WAL was named
-# network with no bytes written, both while the side worker installed the package.
-LAST = ("test_why_behind.py", "test_lag_truth.py", "test_forecasts.py", "test_lag_field.py", "test_cli_process.py",
-        "test_packaging.py", "test_debian_package.py")
-
+# nearly; the package modules, which assert on what was built in the background
+# meanwhile (prebuilt.py); and test_cli_process the very last, its 50 ms interval after
+# the side worker's unit stream has ended (the two groups end within a minute or so of
+# each other). In the last run with the package modules in the side group,
+# test_walinspector's inspection ended 4 kB past the flush position the test read and
+# test_why_behind's held WAL was named network with no bytes written, both while the side
+# worker installed the package.
+LAST = ("test_why_behind.py", "test_lag_truth.py", "test_forecasts.py", "test_lag_field.py", "test_packaging.py",
+        "test_debian_package.py", "test_cli_process.py")
 
 def _module(item: pytest.Item) -> str:
     return item.nodeid[len(INTEGRATION):].split("::", 1)[0]

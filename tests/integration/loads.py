@@ -14,8 +14,11 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from chaoscluster import ChaosCluster, ChaosReplica
+from harness import cluster_config
+from lagwatch.demo.ports import free_port
 from pgbouncer_server import PgBouncerServer
 
 # pgbench's tables at scale 1 (100,000 accounts): what TPC-B-like transactions touch.
@@ -37,6 +40,21 @@ def create_heartbeat_table(cluster: ChaosCluster, schema: str | None = None) -> 
                     "-U", "postgres", "-d", "postgres", *(["-v", f"schema={schema}"] if schema else []),
                     "-f", str(ROOT / "deploy" / "sql" / "lagwatch-heartbeat.sql")],
                    check=True, capture_output=True, timeout=60)
+
+
+def heartbeat_config(cluster: ChaosCluster, *, interval: str = "1s", window: str = "1m",
+                     **cluster_keys: Any) -> dict[str, Any]:
+    """A config watching ``cluster`` on a free port, its one cluster's entry with
+    ``cluster_keys`` (a heartbeat, lag_from_wal...)."""
+    config = cluster_config(cluster, free_port(["127.0.0.1"]), interval=interval, window=window)
+    config["clusters"][0].update(cluster_keys)
+    return config
+
+
+def heartbeat_sessions(cluster: ChaosCluster) -> int:
+    """lagwatch's heartbeat writer's sessions on the primary (of the cluster named main)."""
+    return int(cluster.primary.scalar("SELECT count(*) FROM pg_stat_activity WHERE application_name = "
+                                      "'lagwatch/main/heartbeat'"))
 
 
 def prepare(cluster: ChaosCluster, big_rows: int = 0) -> None:

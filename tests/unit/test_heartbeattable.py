@@ -1,7 +1,7 @@
 """The heartbeat table's shape rule (heartbeattable.shape_problems), one row per case: what
 the shipped SQL makes passes; each thing that would run code as lagwatch's role, or let a
 stranger add it later, is named. And how the writer (heartbeat.py) says a failure of its
-own: the real-server cases are in tests/integration/test_heartbeat.py."""
+own: the real-server cases are in tests/integration/test_heartbeat_writer.py."""
 
 from __future__ import annotations
 
