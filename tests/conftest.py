@@ -17,7 +17,7 @@ The two run beside each other as a CPU-bound neighbour would (every timing test 
 beside one before it lands); each worker starts its own servers, on ports the other's
 picks do not take (demo/ports.py). The package builds run at nice 19 in the timing
 worker (tests/integration/prebuilt.py), and the package modules come near the end there
-(before test_cli_process's 50 ms interval). Hypothesis has no
+(before test_cli_process and test_lag_field). Hypothesis has no
 deadline: an example's wall time on a shared host says nothing.
 
 ``-n 0`` runs everything in one process: the tests that need no server first (the
@@ -58,19 +58,19 @@ SIDE = ("test_config_corpus.py", "test_hostile_doors.py", "test_web_security.py"
         "test_wal_compression.py", "test_vacuum_horizon.py", "test_view_cadence.py", "test_failover.py",
         "test_systemd.py")
 # The timing group's last modules, in their order, after the rest (alphabetical): those a
-# busy host has failed before (the big transaction's under-read share on a slow day,
-# test_cli_process's 50 ms interval counting 22 overruns in 125 cycles beside the unit
-# stream and a CPU-bound process at once, test_why_behind's held WAL not named "network"
-# in 10 s beside the side worker's package installs), run when the side worker is done or
-# nearly; the package modules, which assert on what was built in the background
-# meanwhile (prebuilt.py); and test_cli_process the very last, its 50 ms interval after
-# the side worker's unit stream has ended (the two groups end within a minute or so of
-# each other). In the last run with the package modules in the side group,
-# test_walinspector's inspection ended 4 kB past the flush position the test read and
-# test_why_behind's held WAL was named network with no bytes written, both while the side
-# worker installed the package.
-LAST = ("test_why_behind.py", "test_lag_truth.py", "test_forecasts.py", "test_lag_field.py", "test_packaging.py",
-        "test_debian_package.py", "test_cli_process.py")
+# busy host has failed before (test_lag_field's big transaction, its under-read share over
+# 2 % on a slow day and beside the side worker's unit stream; test_cli_process's 50 ms
+# interval counting 22 overruns in 125 cycles beside the unit stream and a CPU-bound
+# process at once; test_why_behind's held WAL not named "network" in 10 s beside the side
+# worker's package installs), run when the side worker is done or nearly; the package
+# modules, which assert on what was built in the background meanwhile (prebuilt.py), are
+# placed before the last two, so that test_cli_process and test_lag_field come after the
+# side worker's end (some two minutes before the timing group's). In the last run with the
+# package modules in the side group, test_walinspector's inspection ended 4 kB past the
+# flush position the test read and test_why_behind's held WAL was named network with no
+# bytes written, both while the side worker installed the package.
+LAST = ("test_why_behind.py", "test_lag_truth.py", "test_forecasts.py", "test_packaging.py", "test_debian_package.py",
+        "test_cli_process.py", "test_lag_field.py")
 
 def _module(item: pytest.Item) -> str:
     return item.nodeid[len(INTEGRATION):].split("::", 1)[0]
