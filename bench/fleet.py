@@ -102,6 +102,7 @@ SCRAPE_EVERY = 15.0  # as a Prometheus scraping every 15 s (its CPU counts in th
 ARMS = ("plain", "pool")
 CONVERGE_EVERY = 0.2  # /metrics polled this often from the process's start until converged
 CONVERGE_TIMEOUT = 120.0
+SAMPLE_CLEAR = 3.0  # no backends' sampling this close before a paced scrape (seconds)
 BACKENDS_EVERY = 5.0  # the backends' CPU read this often while measuring (a session that ends keeps its last reading)
 LEADER_APPLICATION_NAME = "lagwatch-leader"
 
@@ -412,20 +413,25 @@ def _measure_running(lw: Lagwatch, cluster: LocalCluster, clusters: int, arm: st
     scrapes: list[float] = []
     rss_seen: list[float] = []
     next_rss, next_backends = t0, t0 + BACKENDS_EVERY
+    late: list[float] = []  # how late each measured scrape was sent, against its place on the pace
     for _ in range(max(1, round(seconds / SCRAPE_EVERY)) - 1):
         while not paced.due():
             now = time.monotonic()
             if now >= next_rss:
                 rss_seen.append(rss_mb(lw.proc.pid))
                 next_rss += 60
-            if now >= next_backends:
+            # Not within SAMPLE_CLEAR of a scrape: on an overloaded host reading 900
+            # backends' /proc took 2.4 s once, and the scrape it delayed was sent that late.
+            if now >= next_backends and paced.at + SCRAPE_EVERY - now > SAMPLE_CLEAR:
                 backends.sample()
                 next_backends += BACKENDS_EVERY
             time.sleep(0.01)
         paced.next()
+        late.append(time.monotonic() - paced.at)
         scrapes.append(scrape(lw)[0])  # each the first after a new cycle, as Prometheus's
         backends.refresh()  # sessions opened since (a reconnect, a leader lock taken late)
     paced.wait_next()
+    late.append(time.monotonic() - paced.at)
     took, after = scrape(lw)
     scrapes.append(took)
     cpu = cpu_seconds(lw.proc.pid) - cpu0
@@ -452,7 +458,8 @@ def _measure_running(lw: Lagwatch, cluster: LocalCluster, clusters: int, arm: st
     said_renders = (f", /metrics renders while measured: {made['ahead']:.0f} ahead, {made['asked']:.0f} asked"
                     if "lagwatch_http_metrics_renders_total" in after else "")  # builds before the counter have none
     print(f"  {clusters} x 3 {arm}: healthy replicas ejected since start {ejects:.0f}, nodes read down now {down}"
-          f"{said_renders}", flush=True)
+          f"{said_renders}; measured scrapes sent at most {1000 * max(late):.0f} ms after their place on the pace",
+          flush=True)
     return Row(clusters, arm, pass_no, converged, 100 * cpu / wall, 1000 * cpu / max(1, cycles * clusters * 3),
                1000 * bucket_quantile(0.5, buckets_before, buckets_after),
                1000 * bucket_quantile(0.99, buckets_before, buckets_after),

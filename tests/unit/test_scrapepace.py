@@ -18,6 +18,30 @@ def test_the_scrape_rhythm_says_when_the_next_scrape_is_due() -> None:
     assert rhythm.expected(160.0) is None  # half a period late: scrapes stopped
 
 
+# Scrapes on a 15 s grid (0, 15, 30...), where the next is expected.
+@pytest.mark.parametrize(("scrapes", "due"), [
+    pytest.param([0.0, 15.0, 30.0, 45.0, 60.0], 75.0, id="on the grid"),
+    pytest.param([0.0, 15.01, 29.98, 45.02, 60.0], 75.0, id="on the grid, a scraper's jitter"),
+    # The bench's case: one scrape 2.4 s late; the last scrape plus a period put the next
+    # at 77.4 and the one after at 92.4, both rendered when asked.
+    pytest.param([0.0, 15.0, 30.0, 45.0, 62.4], 75.0, id="the last one 2.4 s late"),
+    pytest.param([0.0, 15.0, 30.0, 47.4, 60.0], 75.0, id="the one before 2.4 s late"),
+    pytest.param([0.0, 15.0, 30.0, 45.0, 58.0], 75.0, id="the last one 2 s early"),
+    # Polls every 0.2 s (a bench waiting for a fleet to converge), then Prometheus's pace:
+    # the median gap is its pace once two of the last four gaps are.
+    pytest.param([-0.4, -0.2, 0.0, 15.0, 30.0], 45.0, id="polls, then three on the grid"),
+    # The scraper restarted on another grid (7 s later): its first scrape there is one off
+    # the old grid; from its second the new grid is followed.
+    pytest.param([0.0, 15.0, 30.0, 45.0, 67.0], 75.0, id="a new grid, its first scrape"),
+    pytest.param([0.0, 15.0, 30.0, 45.0, 67.0, 82.0], 97.0, id="a new grid, its second scrape"),
+])
+def test_the_next_scrape_is_expected_on_the_scrapers_grid(scrapes: list[float], due: float) -> None:
+    rhythm = ScrapeRhythm()
+    for at in scrapes:
+        rhythm.scraped(at)
+    assert rhythm.expected(scrapes[-1] + 1.0) == pytest.approx(due, abs=0.05)
+
+
 def test_an_ha_pairs_two_phases_are_two_paces_and_the_sooner_is_due_first() -> None:
     """Two Prometheus servers scraping every 15 s, 5 s apart: taken together their scrapes
     make gaps of 5 and 10 s (a pace of neither); kept apart, each is due 15 s after its

@@ -31,6 +31,19 @@ PUBLISH_GAPS_KEPT = 20
 PUBLISH_GAP_CAP = 3.0
 
 
+# The scrapes the next one's place on the scraper's grid is taken from: their median is
+# the grid while no more than one of them is off it.
+PROJECTED_FROM = 3
+
+
+def _period(at: list[float]) -> float:
+    """The median gap between the scrapes ``at`` (0 while fewer than three)."""
+    if len(at) < 3:
+        return 0.0
+    gaps = sorted(b - a for a, b in itertools.pairwise(at))
+    return gaps[len(gaps) // 2]
+
+
 class ScrapeRhythm:
     """One scraper's pace: when its next scrape is due, and the format and coding its last
     one took (the next will too)."""
@@ -47,20 +60,27 @@ class ScrapeRhythm:
 
     def period(self) -> float:
         """The pace: the median gap between the last scrapes (0 while unknown)."""
-        at = list(self._at)  # one step in C: scrapes append from the HTTP threads meanwhile
-        if len(at) < 3:
-            return 0.0
-        gaps = sorted(b - a for a, b in itertools.pairwise(at))
-        return gaps[len(gaps) // 2]
+        return _period(list(self._at))  # one step in C: scrapes append from the HTTP threads meanwhile
 
     def expected(self, now: float) -> float | None:
         """When the next scrape is expected (None while the pace is not known, and once an
-        expected scrape is more than half a period late: scrapes stopped, or changed pace)."""
+        expected scrape is more than half a period late: scrapes stopped, or changed pace).
+
+        Prometheus keeps each target on a grid (its start plus whole intervals, at an
+        offset of the target's own), so one scrape that came late or early (a scraper's
+        stall, a retransmit, a bench's own sampling) does not move the next: the next is
+        where most of the last PROJECTED_FROM scrapes put it, a period after the grid
+        point nearest the last. (The last scrape plus a period followed a scrape 2.4 s
+        late with the next two rendered when asked: the late one, then the one on time,
+        early against it.) A scraper that really moves its grid (a restart) is followed
+        from its second scrape there."""
         at = list(self._at)
-        period = self.period()
-        if not period or not at:
+        period = _period(at)
+        if not period:
             return None
-        expected = at[-1] + period
+        last = at[-1]
+        projected = sorted(a + (round((last - a) / period) + 1) * period for a in at[-PROJECTED_FROM:])
+        expected = projected[len(projected) // 2]
         return expected if now - period / 2 <= expected else None
 
 
