@@ -72,6 +72,7 @@ SIDE = ("test_config_corpus.py", "test_hostile_doors.py", "test_web_security.py"
 LAST = ("test_why_behind.py", "test_lag_truth.py", "test_forecasts.py", "test_packaging.py", "test_debian_package.py",
         "test_cli_process.py", "test_lag_field.py")
 
+
 def _module(item: pytest.Item) -> str:
     return item.nodeid[len(INTEGRATION):].split("::", 1)[0]
 

@@ -238,8 +238,8 @@ def test_the_shipped_sql_makes_a_table_in_a_schema_of_its_own(beating: ChaosClus
     beat.lagwatch_heartbeat``: the beats go there and the replicas read them back."""
     create_heartbeat_table(beating, schema="beat")
     try:
-        config = heartbeat_config(beating, interval="100ms",
-                         heartbeat={"id": "own-schema", "interval": "10ms", "table": "beat.lagwatch_heartbeat"})
+        config = heartbeat_config(beating, interval="100ms", heartbeat={
+            "id": "own-schema", "interval": "10ms", "table": "beat.lagwatch_heartbeat"})
         with Lagwatch(tmp_path, config) as lw:
             lw.wait_ready()
             lw.wait_for("beating", lambda: (lw.value("lagwatch_heartbeat_beats_total") or 0) > 20, timeout=15)
@@ -274,8 +274,8 @@ def test_a_table_with_code_on_it_or_a_strangers_is_never_written(beating: ChaosC
         primary.execute("CREATE FUNCTION planted.steal() RETURNS trigger LANGUAGE plpgsql AS "
                         "$$ BEGIN INSERT INTO planted.stolen VALUES ('beat'); RETURN NEW; END $$")
         primary.execute(plant)
-        config = heartbeat_config(beating, interval="100ms",
-                         heartbeat={"id": "planted", "interval": "10ms", "table": "planted.lagwatch_heartbeat"})
+        config = heartbeat_config(beating, interval="100ms", heartbeat={
+            "id": "planted", "interval": "10ms", "table": "planted.lagwatch_heartbeat"})
         with Lagwatch(tmp_path, config) as lw:
             lw.wait_ready()
             lw.wait_for("two failed attempts counted",

@@ -30,8 +30,8 @@ def test_the_scrape_rhythm_says_when_the_next_scrape_is_due() -> None:
     # Polls every 0.2 s (a bench waiting for a fleet to converge), then Prometheus's pace:
     # the median gap is its pace once two of the last four gaps are.
     pytest.param([-0.4, -0.2, 0.0, 15.0, 30.0], 45.0, id="polls, then three on the grid"),
-    # The scraper restarted on another grid (7 s later): its first scrape there is one off
-    # the old grid; from its second the new grid is followed.
+    # The scraper's grid moved (7 s later: the target's labels changed, say): its first
+    # scrape there is taken for one off the old grid; from its second the new grid is followed.
     pytest.param([0.0, 15.0, 30.0, 45.0, 67.0], 75.0, id="a new grid, its first scrape"),
     pytest.param([0.0, 15.0, 30.0, 45.0, 67.0, 82.0], 97.0, id="a new grid, its second scrape"),
 ])

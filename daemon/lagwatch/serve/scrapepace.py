@@ -1,7 +1,8 @@
 """When the next /metrics scrape is due, scraper by scraper: the render ahead's clock.
 
-Prometheus scrapes each target at a fixed interval, so a scraper's next scrape comes a
-median gap after its last, in the format and coding its last one took. An HA pair (two
+Prometheus scrapes each target at a fixed interval, on a grid of its own, so a scraper's
+next scrape comes a period (the median gap) after the grid point its last ones were on,
+in the format and coding its last one took. An HA pair (two
 Prometheus servers scraping the same targets, the usual way to run it) keeps one pace at
 two phases: taken together their scrapes make gaps of no pace at all, so each scraper's
 is kept apart, by the host it scrapes from, and the next scrape due is the soonest of
@@ -66,14 +67,16 @@ class ScrapeRhythm:
         """When the next scrape is expected (None while the pace is not known, and once an
         expected scrape is more than half a period late: scrapes stopped, or changed pace).
 
-        Prometheus keeps each target on a grid (its start plus whole intervals, at an
-        offset of the target's own), so one scrape that came late or early (a scraper's
-        stall, a retransmit, a bench's own sampling) does not move the next: the next is
-        where most of the last PROJECTED_FROM scrapes put it, a period after the grid
-        point nearest the last. (The last scrape plus a period followed a scrape 2.4 s
-        late with the next two rendered when asked: the late one, then the one on time,
-        early against it.) A scraper that really moves its grid (a restart) is followed
-        from its second scrape there."""
+        Prometheus keeps each target on a grid (whole intervals of the clock, at an offset
+        hashed from the target), so one scrape that came late or early (a scraper starved
+        on its host, a retransmit) does not move the next: the next is the median of where
+        the last PROJECTED_FROM scrapes put it, a period after the grid point nearest the
+        last. (The last scrape plus a period followed a scrape 1.4-2.4 s late, in
+        bench/fleet.py on an overloaded host, with the next two rendered when asked: the
+        late one, then the one on time, early against it.) A scrape more than half a
+        period off its grid is taken for the nearest grid point's. A scraper whose grid
+        moves (its interval, the target's labels or its own external labels changed) is
+        followed from its second scrape on the new grid."""
         at = list(self._at)
         period = _period(at)
         if not period:
