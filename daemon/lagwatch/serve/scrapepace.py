@@ -2,13 +2,12 @@
 
 Prometheus scrapes each target at a fixed interval, on a grid of its own, so a scraper's
 next scrape comes a period (the median gap) after the grid point its last ones were on,
-in the format and coding its last one took. An HA pair (two
-Prometheus servers scraping the same targets, the usual way to run it) keeps one pace at
-two phases: taken together their scrapes make gaps of no pace at all, so each scraper's
-is kept apart, by the host it scrapes from, and the next scrape due is the soonest of
-theirs. And when the next snapshot will have been published (``PublishPace``): a render
-ahead must be made in the last cycle that publishes before its scrape. Pure: times are
-passed in.
+in the format and coding its last one took. An HA pair (two Prometheus servers scraping
+the same targets, the usual way to run it) keeps one pace at two phases: taken together
+their scrapes make gaps of no pace at all, so each scraper's is kept apart, by the host
+it scrapes from, and the next scrape due is the soonest of theirs. And when the next
+snapshot will have been published (``PublishPace``): a render ahead must be made in the
+last cycle that publishes before its scrape. Pure: times are passed in.
 """
 
 from __future__ import annotations
