@@ -417,8 +417,8 @@ def _measure_running(lw: Lagwatch, cluster: LocalCluster, clusters: int, arm: st
             if now >= next_rss:
                 rss_seen.append(rss_mb(lw.proc.pid))
                 next_rss += 60
-            # Not within SAMPLE_CLEAR of a scrape: on an overloaded host reading 900
-            # backends' /proc took 2.4 s once, and the scrape it delayed was sent that late.
+            # Not within SAMPLE_CLEAR of a scrape: reading 900 backends' /proc on an
+            # overloaded host must not send a paced scrape late (the sample can wait).
             if now >= next_backends and paced.at + SCRAPE_EVERY - now > SAMPLE_CLEAR:
                 backends.sample()
                 next_backends += BACKENDS_EVERY
